@@ -1,0 +1,51 @@
+# pdwarden — the two commands a newcomer needs are `make demo` and `make test`.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+PDW := $(VENV)/bin/pdwarden
+# Caches outside the checkout (Go binaries, tool downloads), keyed by pinned versions.
+export PDWARDEN_CACHE ?= $(HOME)/.cache/pdwarden
+export PIP_CACHE_DIR ?= $(HOME)/.cache/pip
+ARGS ?=
+
+.PHONY: setup tools test test-unit test-integration test-e2e lint demo clean crds
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[runtime,test]'
+	@touch $@
+
+setup: $(VENV)/.installed tools
+
+tools: $(VENV)/.installed
+	$(VENV)/bin/python -m pdwarden_localcluster.tools install
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/python -m pytest -p no:cacheprovider
+
+test-unit: setup
+	$(VENV)/bin/python -m pytest -m unit
+
+test-integration: setup
+	$(VENV)/bin/python -m pytest -m integration
+
+test-e2e: setup
+	$(VENV)/bin/python -m pytest -m e2e
+
+crds: $(VENV)/.installed
+	$(PDW) crd --write
+
+demo: setup
+	$(PDW) demo $(ARGS)
+
+clean:
+	-$(PDW) cluster down
+	rm -rf $(VENV) build *.egg-info

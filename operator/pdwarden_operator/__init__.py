@@ -1,0 +1,1 @@
+"""pdwarden_operator."""

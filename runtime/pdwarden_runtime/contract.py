@@ -1,0 +1,99 @@
+"""The contract between the runtime (inside every prefill/decode pod) and the operator.
+
+The operator and the Helm chart's alert rules import names from here and nothing else
+from the runtime, so renaming a metric, a port or a label is one edit in one file.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- Kubernetes API group of the DisaggregatedModel resource -------------------------
+API_GROUP: Final = "pdwarden.io"
+API_VERSION: Final = "v1alpha1"
+KIND: Final = "DisaggregatedModel"
+PLURAL: Final = "disaggregatedmodels"
+SHORT_NAME: Final = "dm"
+
+# --- Roles --------------------------------------------------------------------------
+ROLE_PREFILL: Final = "prefill"
+ROLE_DECODE: Final = "decode"
+ROLE_ROUTER: Final = "router"
+RUNTIME_ROLES: Final = (ROLE_PREFILL, ROLE_DECODE)
+
+# --- Pod labels and annotations -----------------------------------------------------
+LABEL_MODEL: Final = "pdwarden.io/model"
+LABEL_ROLE: Final = "pdwarden.io/role"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "pdwarden"
+LABEL_APP_NAME: Final = "app.kubernetes.io/name"
+LABEL_APP_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_APP_COMPONENT: Final = "app.kubernetes.io/component"
+# sglang-router's service discovery reads the prefill bootstrap port from this annotation.
+ANNOTATION_BOOTSTRAP_PORT: Final = "sglang.ai/bootstrap-port"
+# Testing only: on a DisaggregatedModel, makes the operator start runtime pods with
+# --allow-fault-injection so a test or the demo can inject a fault into ONE pod.
+ANNOTATION_ALLOW_FAULT_INJECTION: Final = "pdwarden.io/allow-fault-injection"
+
+# --- Container ports (names and defaults) -------------------------------------------
+PORT_NAME_HTTP: Final = "http"
+PORT_NAME_BOOTSTRAP: Final = "bootstrap"
+PORT_NAME_METRICS: Final = "metrics"
+DEFAULT_HTTP_PORT: Final = 30000
+DEFAULT_BOOTSTRAP_PORT: Final = 8998
+DEFAULT_METRICS_PORT: Final = 9400
+ROUTER_HTTP_PORT: Final = 8000
+ROUTER_METRICS_PORT: Final = 29000
+METRICS_PATH: Final = "/metrics"
+
+# --- HTTP surface of a runtime pod (SGLang-compatible subset) ------------------------
+HEALTH_PATH: Final = "/health"
+HEALTH_GENERATE_PATH: Final = "/health_generate"
+GENERATE_PATH: Final = "/generate"
+# Only served when the runtime runs with --allow-fault-injection.
+FAULT_PATH: Final = "/debug/fault"
+FAULTS: Final = ("none", "legacy-status-race", "stall-transfers", "drop-abort")
+
+# --- Environment variables ------------------------------------------------------------
+ENV_POD_IP: Final = "POD_IP"
+ENV_POD_NAME: Final = "POD_NAME"
+ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
+ENV_ROLE: Final = "PDWARDEN_ROLE"
+ENV_MODEL: Final = "PDWARDEN_MODEL"
+
+# --- Metrics (runtime -> operator and alerts) ----------------------------------------
+METRIC_INFLIGHT_REQUESTS: Final = "pdwarden_inflight_requests"
+METRIC_INFLIGHT_OLDEST_AGE: Final = "pdwarden_inflight_oldest_age_seconds"
+METRIC_KV_ROOMS: Final = "pdwarden_kv_rooms"
+# prometheus_client appends `_total` to counters on exposition; the names below are the
+# exposed sample names, the `*_BASE` names are what a Counter is constructed with.
+METRIC_KV_TRANSFERS_TOTAL: Final = "pdwarden_kv_transfers_total"
+METRIC_KV_TRANSFERS_BASE: Final = "pdwarden_kv_transfers"
+METRIC_KV_TRANSFER_BYTES_TOTAL: Final = "pdwarden_kv_transfer_bytes_total"
+METRIC_KV_TRANSFER_BYTES_BASE: Final = "pdwarden_kv_transfer_bytes"
+METRIC_KV_TRANSFER_SECONDS: Final = "pdwarden_kv_transfer_seconds"
+METRIC_STATUS_WRITES_REFUSED_TOTAL: Final = "pdwarden_kv_status_writes_refused_total"
+METRIC_STATUS_WRITES_REFUSED_BASE: Final = "pdwarden_kv_status_writes_refused"
+METRIC_RUNTIME_INFO: Final = "pdwarden_runtime_info"
+
+LABEL_METRIC_ROLE: Final = "role"
+LABEL_METRIC_STATE: Final = "state"
+LABEL_METRIC_OUTCOME: Final = "outcome"
+LABEL_METRIC_FROM_STATE: Final = "from_state"
+LABEL_METRIC_TO_STATE: Final = "to_state"
+
+OUTCOME_SUCCESS: Final = "success"
+OUTCOME_FAILED: Final = "failed"
+OUTCOME_ABORTED: Final = "aborted"
+OUTCOME_DEADLINE: Final = "deadline"
+OUTCOMES: Final = (OUTCOME_SUCCESS, OUTCOME_FAILED, OUTCOME_ABORTED, OUTCOME_DEADLINE)
+
+# --- Operator's own metrics (served by the operator, used by the chart's alerts) -------
+METRIC_OPERATOR_WEDGED_PODS: Final = "pdwarden_operator_wedged_pods"
+METRIC_OPERATOR_UNOBSERVED_PODS: Final = "pdwarden_operator_unobserved_pods"
+METRIC_OPERATOR_REMEDIATIONS_TOTAL: Final = "pdwarden_operator_remediations_total"
+METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL: Final = "pdwarden_operator_scrape_errors_total"
+METRIC_OPERATOR_SCRAPE_DURATION: Final = "pdwarden_operator_scrape_duration_seconds"
+METRIC_OPERATOR_BUDGET_EXHAUSTED: Final = "pdwarden_operator_remediation_budget_exhausted"
+OPERATOR_METRICS_PORT: Final = 8080
+OPERATOR_HEALTH_PORT: Final = 8081
