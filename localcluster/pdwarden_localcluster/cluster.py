@@ -1,0 +1,645 @@
+"""Start, stop and inspect the embedded local cluster (`pdwarden cluster ...`, `ensure_up()`).
+
+Processes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the process
+kubelet) run detached, each recorded in `<state>/pids/<name>.json`, so they outlive the
+CLI and `down` finds them. A fresh start wipes the etcd data and pod directories of an
+earlier run, so a run that was killed leaves nothing that trips the next one.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+import urllib3
+import yaml
+
+from pdwarden_localcluster import build, procs
+from pdwarden_localcluster.errors import ClusterError
+from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
+from pdwarden_localcluster.kubelet.container import kill_recorded
+from pdwarden_localcluster.paths import state_dir
+from pdwarden_localcluster.pki import Pki, ensure_pki
+
+Progress = Callable[[str], None]
+DEFAULT_PORT_BASE = 36000
+# Start order; `down` stops them in reverse (the kubelet first, so pods stop while the API is up).
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True)
+class Ports:
+    base: int
+
+    @property
+    def etcd_client(self) -> int:
+        return self.base + 379
+
+    @property
+    def etcd_peer(self) -> int:
+        return self.base + 380
+
+    @property
+    def apiserver(self) -> int:
+        return self.base + 443
+
+    @property
+    def controller_manager(self) -> int:
+        return self.base + 257
+
+    @property
+    def scheduler(self) -> int:
+        return self.base + 259
+
+    @property
+    def pod_ip_octet(self) -> int:
+        """Second octet of pod IPs: 0 for the default cluster, distinct for other port bases."""
+        return 0 if self.base == DEFAULT_PORT_BASE else 1 + (self.base // 100) % 254
+
+    @property
+    def kubelet(self) -> int:
+        """Node i's kubelet endpoint (for `kubectl logs`) is this + i."""
+        return self.base + 600
+
+    def all(self) -> dict[str, int]:
+        return {
+            "etcd": self.etcd_client,
+            "etcd peer": self.etcd_peer,
+            "kube-apiserver": self.apiserver,
+            "kube-controller-manager": self.controller_manager,
+            "kube-scheduler": self.scheduler,
+        }
+
+
+def ports() -> Ports:
+    raw = os.environ.get("PDWARDEN_CLUSTER_PORT_BASE", str(DEFAULT_PORT_BASE))
+    if not raw.isdigit() or not 1024 <= int(raw) <= 65000:
+        raise ClusterError(f"PDWARDEN_CLUSTER_PORT_BASE={raw!r}: want a number between 1024 and 65000")
+    return Ports(int(raw))
+
+
+@dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @property
+    def pids(self) -> Path:
+        return self.root / "pids"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def etcd_data(self) -> Path:
+        return self.root / "etcd-data"
+
+    @property
+    def pods(self) -> Path:
+        return self.root / "pods"
+
+    @property
+    def pki(self) -> Pki:
+        return Pki(self.root / "pki")
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.root / "kubeconfig"
+
+    def component_kubeconfig(self, who: str) -> Path:
+        return self.root / f"kubeconfig-{who}"
+
+    def pid_file(self, name: str) -> Path:
+        return self.pids / f"{name}.json"
+
+    def log_file(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+
+@dataclass
+class ClusterInfo:
+    kubeconfig: Path
+    server: str
+    state_dir: Path
+    kubernetes_version: str
+    nodes: list[str]
+    started: bool  # True when this call started the cluster (so the caller may stop it)
+    processes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kubeconfig": str(self.kubeconfig),
+            "server": self.server,
+            "state_dir": str(self.state_dir),
+            "kubernetes_version": self.kubernetes_version,
+            "nodes": self.nodes,
+            "started": self.started,
+            "processes": self.processes,
+            "seconds": round(self.seconds, 1),
+        }
+
+
+def layout() -> Layout:
+    return Layout(state_dir())
+
+
+def node_names(count: int) -> list[str]:
+    return [f"pdwarden-node-{i}" for i in range(count)]
+
+
+@contextlib.contextmanager
+def _locked(lay: Layout) -> Iterator[None]:
+    lay.root.mkdir(parents=True, exist_ok=True)
+    with (lay.root / "lock").open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def admin_api(lay: Layout | None = None) -> KubeApi:
+    lay = lay or layout()
+    pki = lay.pki
+    return KubeApi(
+        Credentials(
+            f"https://127.0.0.1:{ports().apiserver}",
+            pki.ca_cert,
+            pki.client_cert("admin"),
+            pki.client_key("admin"),
+        ),
+        timeout=5.0,
+    )
+
+
+def _records(lay: Layout) -> dict[str, procs.Recorded]:
+    out = {}
+    for name in COMPONENTS:
+        rec = procs.read_record(lay.pid_file(name))
+        if rec is not None:
+            out[name] = rec
+    return out
+
+
+def _healthy(lay: Layout) -> bool:
+    recs = _records(lay)
+    if set(recs) != set(COMPONENTS) or not all(r.alive() for r in recs.values()):
+        return False
+    if not lay.pki.complete():
+        return False
+    try:
+        return admin_api(lay).request("GET", "/readyz", timeout=3.0) is not None
+    except (ApiError, ValueError):
+        return False
+
+
+# --- up ---------------------------------------------------------------------------------
+
+
+def ensure_up(nodes: int = 1, gpus: int = 8, progress: Progress = _stderr) -> ClusterInfo:
+    """The running cluster, started first if it is not up. `started` says which."""
+    lay = layout()
+    with _locked(lay):
+        if _healthy(lay):
+            _upgrade_kubelet(lay, progress)
+            return _info(lay, started=False)
+        if _repair(lay, progress):
+            return _info(lay, started=False)
+        return _start(lay, Settings(nodes=nodes, gpus=gpus), progress)
+
+
+def kubelet_fingerprint() -> str:
+    """Hash of the process kubelet's code: a running kubelet from older code is restarted."""
+    digest = hashlib.sha256()
+    package = Path(__file__).resolve().parent
+    for path in sorted([*package.glob("kubelet/*.py"), package / "kubeapi.py", package / "procs.py"]):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _upgrade_kubelet(lay: Layout, progress: Progress) -> None:
+    """Restart the kubelet if its code changed since it started (pods restart, keep their IPs)."""
+    stamp = lay.root / "kubelet.fingerprint"
+    try:
+        running = stamp.read_text().strip()
+    except OSError:
+        running = ""
+    if running == kubelet_fingerprint():
+        return
+    progress("the process kubelet's code changed since it started: restarting it (its pods restart)")
+    _stop_recorded(lay, grace=5.0, only=["kubelet"])
+    _repair(lay, progress)
+
+
+up = ensure_up
+
+
+def _info(lay: Layout, started: bool, seconds: float = 0.0) -> ClusterInfo:
+    names: list[str] = []
+    try:
+        listing = admin_api(lay).get("/api/v1/nodes", params={"labelSelector": "pdwarden.io/local-node=true"})
+        names = [n["metadata"]["name"] for n in listing.get("items", [])]
+    except ApiError:
+        pass
+    return ClusterInfo(
+        kubeconfig=lay.kubeconfig,
+        server=f"https://127.0.0.1:{ports().apiserver}",
+        state_dir=lay.root,
+        kubernetes_version=build.kubernetes_version(),
+        nodes=names,
+        started=started,
+        processes={name: rec.pid for name, rec in _records(lay).items() if rec.alive()},
+        seconds=seconds,
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `up` was asked for; saved so a repair restarts the kubelet the same way."""
+
+    nodes: int = 1
+    gpus: int = 8
+
+
+def _save_settings(lay: Layout, settings: Settings) -> None:
+    (lay.root / "settings.json").write_text(json.dumps(settings.__dict__) + "\n")
+
+
+def _load_settings(lay: Layout) -> Settings:
+    try:
+        data = json.loads((lay.root / "settings.json").read_text())
+        return Settings(nodes=int(data["nodes"]), gpus=int(data["gpus"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return Settings()
+
+
+def _argv(name: str, lay: Layout, bins: Path, p: Ports, settings: Settings) -> list[str]:
+    pki = lay.pki
+    if name == "etcd":
+        return [
+            str(bins / "pdwarden-etcd"),
+            f"--data-dir={lay.etcd_data}",
+            f"--listen-client-url=http://127.0.0.1:{p.etcd_client}",
+            f"--listen-peer-url=http://127.0.0.1:{p.etcd_peer}",
+        ]
+    if name == "kube-apiserver":
+        return _apiserver_args(bins, lay, pki, p)
+    if name == "kube-controller-manager":
+        return [
+            str(bins / "kube-controller-manager"),
+            f"--kubeconfig={lay.component_kubeconfig('controller-manager')}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p.controller_manager}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}",
+            f"--cluster-signing-cert-file={pki.ca_cert}",
+            f"--cluster-signing-key-file={pki.ca_key}",
+            "--use-service-account-credentials=true",
+        ]
+    if name == "kube-scheduler":
+        return [
+            str(bins / "kube-scheduler"),
+            f"--kubeconfig={lay.component_kubeconfig('scheduler')}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p.scheduler}",
+        ]
+    if name == "kubelet":
+        return [
+            sys.executable,
+            "-m",
+            "pdwarden_localcluster.kubelet",
+            f"--server=https://127.0.0.1:{p.apiserver}",
+            f"--ca-file={pki.ca_cert}",
+            f"--cert-file={pki.client_cert('kubelet')}",
+            f"--key-file={pki.client_key('kubelet')}",
+            f"--state-dir={lay.root}",
+            f"--nodes={settings.nodes}",
+            f"--gpus={settings.gpus}",
+            f"--kubelet-version={build.kubernetes_version()}",
+            f"--kubelet-port={p.kubelet}",
+            f"--pod-ip-octet={p.pod_ip_octet}",
+        ]
+    raise ValueError(f"unknown component {name!r}")
+
+
+def _wait_ready(name: str, lay: Layout, p: Ports, settings: Settings) -> None:
+    api = admin_api(lay)
+    if name == "etcd":
+        _wait(lay, name, lambda: _http_ok(f"http://127.0.0.1:{p.etcd_client}/health"), 60)
+    elif name == "kube-apiserver":
+        _wait(lay, name, lambda: _api_ok(api, "/readyz"), 180)
+    elif name == "kube-controller-manager":
+        _wait(lay, name, lambda: _http_ok(f"https://127.0.0.1:{p.controller_manager}/healthz"), 120)
+        _wait(
+            lay,
+            name,
+            lambda: _api_ok(api, "/api/v1/namespaces/default/serviceaccounts/default"),
+            120,
+            what="ServiceAccount default/default",
+        )
+    elif name == "kube-scheduler":
+        _wait(lay, name, lambda: _http_ok(f"https://127.0.0.1:{p.scheduler}/healthz"), 120)
+    elif name == "kubelet":
+        for node in node_names(settings.nodes):
+            _wait(lay, name, lambda n=node: _node_ready(api, n), 120, what=f"node {node} Ready")  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def _stop_on_failure(lay: Layout, names: list[str]) -> Iterator[None]:
+    """If start-up fails or is interrupted (Ctrl-C, SIGTERM), stop what this call started."""
+
+    def on_signal(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old_term = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        yield
+    except KeyboardInterrupt as exc:
+        _stop_recorded(lay, grace=5.0, only=names)
+        raise ClusterError(f"interrupted ({exc or 'Ctrl-C'}); stopped the processes it had started") from None
+    except BaseException:
+        _stop_recorded(lay, grace=5.0, only=names)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+
+
+def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
+    begun = time.monotonic()
+    if not 1 <= settings.nodes <= 100:
+        raise ClusterError(f"--nodes must be between 1 and 100 (got {settings.nodes})")
+    leftovers = _stop_recorded(lay, grace=5.0)
+    if leftovers:
+        progress(f"stopped leftovers of an earlier run: {', '.join(leftovers)}")
+    bins = build.ensure_built(progress)
+    p = ports()
+    _check_ports_free(p, settings.nodes)
+    _reset_run_state(lay, progress)
+    ensure_pki(lay.root / "pki")
+    _write_kubeconfigs(lay, p)
+    _save_settings(lay, settings)
+    with _stop_on_failure(lay, list(COMPONENTS)):
+        # etcd and the apiserver must be up before the rest; the others start together
+        for name in COMPONENTS[:2]:
+            _spawn(lay, name, _argv(name, lay, bins, p, settings), progress)
+            _wait_ready(name, lay, p, settings)
+        for name in COMPONENTS[2:]:
+            _spawn(lay, name, _argv(name, lay, bins, p, settings), progress)
+        for name in COMPONENTS[2:]:
+            _wait_ready(name, lay, p, settings)
+    return _info(lay, started=True, seconds=time.monotonic() - begun)
+
+
+def _repair(lay: Layout, progress: Progress) -> bool:
+    """etcd and the apiserver serve, but a later component died: restart only that one.
+
+    Keeps the cluster's objects (other users' namespaces survive). False if it cannot.
+    """
+    recs = _records(lay)
+    core_alive = all(n in recs and recs[n].alive() for n in COMPONENTS[:2])
+    if not core_alive or not lay.pki.complete() or not _api_ok(admin_api(lay), "/readyz"):
+        return False
+    dead = [n for n in COMPONENTS[2:] if n not in recs or not recs[n].alive()]
+    if not dead:
+        return True
+    settings, p, bins = _load_settings(lay), ports(), build.ensure_built(progress)
+    progress(f"restarting {', '.join(dead)} (the rest of the cluster is running)")
+    with _stop_on_failure(lay, dead):
+        for name in dead:
+            if name == "kubelet":  # its pods' processes died with it or must go now
+                for pid_file in lay.pods.glob("*/*.pid"):
+                    kill_recorded(pid_file)
+            _spawn(lay, name, _argv(name, lay, bins, p, settings), progress)
+        for name in dead:
+            _wait_ready(name, lay, p, settings)
+    return True
+
+
+def _apiserver_args(bins: Path, lay: Layout, pki: Pki, p: Ports) -> list[str]:
+    return [
+        str(bins / "kube-apiserver"),
+        f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={p.apiserver}",
+        f"--tls-cert-file={pki.serving_cert}",
+        f"--tls-private-key-file={pki.serving_key}",
+        f"--client-ca-file={pki.ca_cert}",
+        "--service-cluster-ip-range=10.96.0.0/16",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki.sa_pub}",
+        f"--service-account-signing-key-file={pki.sa_key}",
+        "--authorization-mode=RBAC",
+        "--allow-privileged=true",
+        # Endpoints reject loopback addresses; the apiserver must not try to publish itself.
+        "--endpoint-reconciler-type=none",
+        # `kubectl logs` reaches the process kubelet at its node's InternalIP (127.0.0.1)
+        "--kubelet-preferred-address-types=InternalIP",
+        "--enable-priority-and-fairness=false",
+        "--profiling=false",
+        f"--cert-dir={lay.root / 'pki' / 'generated'}",
+        "--event-ttl=30m",
+    ]
+
+
+def _spawn(lay: Layout, name: str, argv: list[str], progress: Progress) -> None:
+    rec = procs.spawn_detached(name, argv, lay.log_file(name), lay.pid_file(name))
+    if name == "kubelet":
+        (lay.root / "kubelet.fingerprint").write_text(kubelet_fingerprint() + "\n")
+    progress(f"started {name} (pid {rec.pid}, log {lay.log_file(name)})")
+
+
+def _wait(lay: Layout, name: str, check: Callable[[], bool], timeout: float, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    rec = procs.read_record(lay.pid_file(name))
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if rec is not None and not rec.alive():
+            raise ClusterError(
+                f"{name} exited during start-up; last lines of {lay.log_file(name)}:\n{_tail(lay, name)}"
+            )
+        time.sleep(0.3)
+    log = lay.log_file(name)
+    raise ClusterError(
+        f"{what or name} not ready after {timeout:.0f}s; last lines of {log}:\n{_tail(lay, name)}"
+    )
+
+
+def _tail(lay: Layout, name: str, lines: int = 20) -> str:
+    try:
+        return "\n".join(lay.log_file(name).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with warnings_off():
+            return requests.get(url, timeout=2, verify=False).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+@contextlib.contextmanager
+def warnings_off() -> Iterator[None]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+        yield
+
+
+def _api_ok(api: KubeApi, path: str) -> bool:
+    try:
+        api.request("GET", path, timeout=3.0)
+    except (ApiError, ValueError):
+        return False
+    return True
+
+
+def _node_ready(api: KubeApi, name: str) -> bool:
+    try:
+        node = api.get(f"/api/v1/nodes/{name}")
+    except ApiError:
+        return False
+    conds = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def _check_ports_free(p: Ports, nodes: int) -> None:
+    wanted = p.all() | {f"kubelet of node {i}": p.kubelet + i for i in range(nodes)}
+    for what, port in wanted.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                raise ClusterError(
+                    f"port {port} on 127.0.0.1 (for {what}) is in use by another process: stop it "
+                    "(`ss -ltnp | grep {port}` shows which), or run `pdwarden cluster down` if it is a "
+                    "leftover local cluster, or pick other ports with PDWARDEN_CLUSTER_PORT_BASE=<n> "
+                    f"(now {p.base})".replace("{port}", str(port))
+                ) from None
+
+
+def _reset_run_state(lay: Layout, progress: Progress) -> None:
+    """A fresh start: no etcd data and no pod directories from an earlier run."""
+    for pid_file in lay.pods.glob("*/*.pid"):
+        kill_recorded(pid_file)
+    if lay.etcd_data.exists():
+        progress(f"removing etcd data of an earlier run ({lay.etcd_data})")
+        shutil.rmtree(lay.etcd_data)
+    shutil.rmtree(lay.pods, ignore_errors=True)
+    lay.logs.mkdir(parents=True, exist_ok=True)
+    for name in COMPONENTS:  # keep one previous log per component for post-mortems
+        log = lay.log_file(name)
+        if log.exists():
+            log.replace(log.with_suffix(".log.prev"))
+
+
+def _write_kubeconfigs(lay: Layout, p: Ports) -> None:
+    pki = lay.pki
+    server = f"https://127.0.0.1:{p.apiserver}"
+    for who, path in (
+        ("admin", lay.kubeconfig),
+        ("controller-manager", lay.component_kubeconfig("controller-manager")),
+        ("scheduler", lay.component_kubeconfig("scheduler")),
+    ):
+        doc = kubeconfig_doc(
+            server,
+            pki.ca_cert.read_bytes(),
+            pki.client_cert(who).read_bytes(),
+            pki.client_key(who).read_bytes(),
+            user=who,
+        )
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
+        tmp.chmod(0o600)
+        tmp.replace(path)
+
+
+def kubeconfig_doc(server: str, ca: bytes, cert: bytes, key: bytes, user: str) -> dict[str, Any]:
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "pdwarden-local", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}
+        ],
+        "users": [
+            {"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}
+        ],
+        "contexts": [{"name": "pdwarden-local", "context": {"cluster": "pdwarden-local", "user": user}}],
+        "current-context": "pdwarden-local",
+    }
+
+
+# --- down / status ------------------------------------------------------------------------
+
+
+def _stop_recorded(lay: Layout, grace: float, only: list[str] | None = None) -> list[str]:
+    stopped = []
+    for name in reversed(COMPONENTS):
+        if only is not None and name not in only:
+            continue
+        rec = procs.read_record(lay.pid_file(name))
+        if rec is None:
+            continue
+        if procs.stop(rec, grace=25.0 if name == "kubelet" else grace):
+            stopped.append(name)
+        lay.pid_file(name).unlink(missing_ok=True)
+    if only is None or "kubelet" in only:
+        # pod processes of a kubelet that was killed before it could stop them
+        for pid_file in lay.pods.glob("*/*.pid"):
+            kill_recorded(pid_file)
+    return stopped
+
+
+def down(progress: Progress = _stderr) -> list[str]:
+    """Stop every process the cluster started (pods included). Returns the names stopped."""
+    lay = layout()
+    with _locked(lay):
+        stopped = _stop_recorded(lay, grace=10.0)
+    progress(f"stopped: {', '.join(stopped)}" if stopped else "the local cluster was not running")
+    return stopped
+
+
+def status() -> dict[str, Any]:
+    lay = layout()
+    recs = _records(lay)
+    components = {
+        name: {
+            "pid": recs[name].pid if name in recs else None,
+            "running": name in recs and recs[name].alive(),
+        }
+        for name in COMPONENTS
+    }
+    ready = _healthy(lay)
+    info: dict[str, Any] = {"running": ready, "components": components, "state_dir": str(lay.root)}
+    if ready:
+        info.update(_info(lay, started=False).as_dict())
+        with contextlib.suppress(ApiError):
+            info["server_version"] = admin_api(lay).get("/version").get("gitVersion")
+    return info

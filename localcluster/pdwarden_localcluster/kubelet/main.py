@@ -1,0 +1,205 @@
+"""The process kubelet: `python -m pdwarden_localcluster.kubelet --server ... --nodes N`.
+
+Per Node: a watch on the pods bound to it (with a periodic relist), a heartbeat thread
+(Lease every 10 s, Node status every 30 s), and one PodWorker thread per pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
+from pdwarden_localcluster.kubelet import logserver
+from pdwarden_localcluster.kubelet.ipam import IpAllocator
+from pdwarden_localcluster.kubelet.node import NodeAgent, NodeShape
+from pdwarden_localcluster.kubelet.podworker import KubeletConfig, PodWorker
+from pdwarden_localcluster.paths import venv_bin
+
+JSON = dict[str, Any]
+log = logging.getLogger("pdwarden.kubelet")
+NODE_IP = "127.0.0.1"
+
+
+class NodeLoop:
+    def __init__(
+        self, api: KubeApi, cfg: KubeletConfig, ips: IpAllocator, agent: NodeAgent, stop: threading.Event
+    ) -> None:
+        self.api, self.cfg, self.ips, self.agent, self.stop = api, cfg, ips, agent, stop
+        self.workers: dict[str, PodWorker] = {}
+        self._lock = threading.Lock()
+
+    def heartbeat_forever(self) -> None:
+        last_status = time.monotonic()
+        while not self.stop.wait(10.0):
+            try:
+                self.agent.renew_lease()
+                if time.monotonic() - last_status >= 30:
+                    self.agent.heartbeat()
+                    last_status = time.monotonic()
+            except ApiError as exc:
+                log.warning("node %s heartbeat: %s", self.agent.name, exc)
+            except Exception:
+                log.exception("node %s heartbeat failed; retrying", self.agent.name)
+
+    def watch_forever(self) -> None:
+        selector = {"fieldSelector": f"spec.nodeName={self.agent.name}"}
+        while not self.stop.is_set():
+            try:
+                listing = self.api.get("/api/v1/pods", params=selector)
+                self._sync([p for p in listing.get("items", [])])
+                rv = listing["metadata"]["resourceVersion"]
+                for etype, obj in self.api.watch("/api/v1/pods", dict(selector, resourceVersion=rv), 30):
+                    if self.stop.is_set():
+                        return
+                    if etype == "ERROR":
+                        break  # e.g. 410 Gone: relist
+                    if etype == "BOOKMARK":
+                        continue
+                    if etype == "DELETED":
+                        self._forget(obj)
+                    else:
+                        self._upsert(obj)
+            except ApiError as exc:
+                log.warning("node %s pod watch: %s; relisting", self.agent.name, exc)
+                self.stop.wait(1.0)
+            except Exception:
+                log.exception("node %s pod watch failed; relisting", self.agent.name)
+                self.stop.wait(1.0)
+
+    def _sync(self, pods: list[JSON]) -> None:
+        seen = set()
+        for pod in pods:
+            seen.add(pod["metadata"]["uid"])
+            self._upsert(pod)
+        with self._lock:
+            stale = [w for uid, w in self.workers.items() if uid not in seen]
+        for worker in stale:
+            worker.gone()
+
+    def _upsert(self, pod: JSON) -> None:
+        uid = pod.get("metadata", {}).get("uid")
+        if not uid:
+            return
+        with self._lock:
+            self._reap()
+            worker = self.workers.get(uid)
+            if worker is None:
+                worker = PodWorker(self.api, self.cfg, self.ips, self.agent.name, pod)
+                self.workers[uid] = worker
+                worker.start()
+                log.info("pod %s/%s: started worker", worker.namespace, worker.pod_name)
+            else:
+                worker.update(pod)
+
+    def _forget(self, pod: JSON) -> None:
+        with self._lock:
+            worker = self.workers.get(pod.get("metadata", {}).get("uid", ""))
+        if worker is not None:
+            worker.gone()
+
+    def _reap(self) -> None:
+        for uid in [u for u, w in self.workers.items() if w.finished.is_set()]:
+            del self.workers[uid]
+
+    def shutdown(self) -> None:
+        with self._lock:
+            workers = list(self.workers.values())
+        for worker in workers:
+            worker.shutdown()
+        for worker in workers:
+            worker.join(timeout=15)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pdwarden-kubelet", description=__doc__)
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--ca-file", required=True, type=Path)
+    parser.add_argument("--cert-file", required=True, type=Path)
+    parser.add_argument("--key-file", required=True, type=Path)
+    parser.add_argument("--state-dir", required=True, type=Path)
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--node-prefix", default="pdwarden-node")
+    parser.add_argument("--cpu", default="32")
+    parser.add_argument("--memory", default="256Gi")
+    parser.add_argument("--max-pods", default="110")
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--kubelet-version", default="v0.0.0")
+    parser.add_argument(
+        "--kubelet-port",
+        type=int,
+        default=0,
+        help="HTTPS port of node 0 for `kubectl logs` (node i: +i); 0: off",
+    )
+    parser.add_argument("--pod-ip-octet", type=int, default=0, help="pod IPs are 127.<this>.x.y")
+    parser.add_argument("--backoff-base", type=float, default=2.0)
+    parser.add_argument("--backoff-cap", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    if args.nodes < 1:
+        parser.error("--nodes must be at least 1")
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s: %(message)s")
+    api = KubeApi(Credentials(args.server, args.ca_file, args.cert_file, args.key_file))
+    cfg = KubeletConfig(
+        node_ip=NODE_IP,
+        state_dir=args.state_dir,
+        venv_bin=str(venv_bin()),
+        server=args.server,
+        ca_file=args.ca_file,
+        host_env=dict(os.environ),
+        backoff_base=args.backoff_base,
+        backoff_cap=args.backoff_cap,
+    )
+    base_shape = NodeShape(
+        cpu=args.cpu,
+        memory=args.memory,
+        pods=args.max_pods,
+        gpus=args.gpus,
+        kubelet_version=args.kubelet_version,
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    ips = IpAllocator(args.pod_ip_octet)
+    loops: list[NodeLoop] = []
+    for i in range(args.nodes):
+        port = args.kubelet_port + i if args.kubelet_port else 0
+        if port:
+            try:
+                logserver.serve(port, args.state_dir / "pods", args.state_dir / "pki", stop)
+            except OSError as exc:  # logs via `pdwarden cluster logs` still work
+                log.error("cannot serve the kubelet endpoint on 127.0.0.1:%d: %s", port, exc)
+                port = 0
+        shape = dataclasses.replace(base_shape, kubelet_port=port)
+        agent = NodeAgent(api, f"{args.node_prefix}-{i}", NODE_IP, shape)
+        while not stop.is_set():
+            try:
+                agent.register()
+                break
+            except ApiError as exc:
+                log.warning("registering node %s: %s; retrying", agent.name, exc)
+                stop.wait(1.0)
+        loop = NodeLoop(api, cfg, ips, agent, stop)
+        loops.append(loop)
+        threading.Thread(target=loop.heartbeat_forever, name=f"heartbeat-{agent.name}", daemon=True).start()
+        threading.Thread(target=loop.watch_forever, name=f"pods-{agent.name}", daemon=True).start()
+        log.info("node %s registered", agent.name)
+
+    stop.wait()
+    log.info("stopping: killing pod processes")
+    for loop in loops:
+        loop.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

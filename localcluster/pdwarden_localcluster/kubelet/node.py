@@ -1,0 +1,165 @@
+"""A Node object, its status heartbeat and its Lease in kube-node-lease."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+from pdwarden_localcluster.kubeapi import ApiError, KubeApi
+
+JSON = dict[str, Any]
+LEASE_SECONDS = 40
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    cpu: str = "32"
+    memory: str = "256Gi"
+    pods: str = "110"
+    gpus: int = 8
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    kubelet_version: str = "v0.0.0"
+    kubelet_port: int = 0  # the node's HTTPS endpoint for `kubectl logs`; 0 = none
+
+
+def micro_time() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def seconds_time() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def node_labels(name: str, shape: NodeShape) -> dict[str, str]:
+    """Labels a GPU node carries (GPU feature discovery style), so selectors behave."""
+    return {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": "pdwarden-local-gpu",
+        "topology.kubernetes.io/zone": "local",
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.count": str(shape.gpus),
+        "nvidia.com/gpu.product": shape.gpu_product,
+        "pdwarden.io/local-node": "true",
+    }
+
+
+def node_status(name: str, node_ip: str, shape: NodeShape, ready_since: str) -> JSON:
+    resources = {
+        "cpu": shape.cpu,
+        "memory": shape.memory,
+        "pods": shape.pods,
+        "ephemeral-storage": "100Gi",
+        "nvidia.com/gpu": str(shape.gpus),
+    }
+    beat = seconds_time()
+
+    def cond(ctype: str, status: str, reason: str, message: str) -> JSON:
+        return {
+            "type": ctype,
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "lastHeartbeatTime": beat,
+            "lastTransitionTime": ready_since,
+        }
+
+    return {
+        "capacity": resources,
+        "allocatable": resources,
+        "conditions": [
+            cond(
+                "MemoryPressure",
+                "False",
+                "KubeletHasSufficientMemory",
+                "kubelet has sufficient memory available",
+            ),
+            cond("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+            cond("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+            cond("Ready", "True", "KubeletReady", "pdwarden process kubelet is posting ready status"),
+        ],
+        # the apiserver reaches the kubelet (kubectl logs) by the first address type it prefers;
+        # every node lives on this host, so its Hostname address is one that resolves here
+        "addresses": [
+            {"type": "InternalIP", "address": node_ip},
+            {"type": "Hostname", "address": "localhost"},
+        ],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": shape.kubelet_port}},
+        "nodeInfo": {
+            "machineID": name,
+            "systemUUID": name,
+            "bootID": ready_since,
+            "kernelVersion": platform.release(),
+            "osImage": "pdwarden local cluster",
+            "containerRuntimeVersion": "pdwarden-process://0.1",
+            "kubeletVersion": shape.kubelet_version,
+            "kubeProxyVersion": "",
+            "operatingSystem": "linux",
+            "architecture": "amd64",
+        },
+    }
+
+
+class NodeAgent:
+    def __init__(self, api: KubeApi, name: str, node_ip: str, shape: NodeShape) -> None:
+        self.api, self.name, self.node_ip, self.shape = api, name, node_ip, shape
+        self.ready_since = seconds_time()
+        self.uid = ""
+
+    def register(self) -> None:
+        node = self.api.get_or_none(f"/api/v1/nodes/{self.name}")
+        if node is None:
+            try:
+                node = self.api.post(
+                    "/api/v1/nodes",
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "metadata": {"name": self.name, "labels": node_labels(self.name, self.shape)},
+                        "spec": {},
+                    },
+                )
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                node = self.api.get(f"/api/v1/nodes/{self.name}")
+        else:
+            self.api.merge_patch(
+                f"/api/v1/nodes/{self.name}", {"metadata": {"labels": node_labels(self.name, self.shape)}}
+            )
+        self.uid = node["metadata"]["uid"]
+        self.heartbeat()
+        self.renew_lease()
+
+    def heartbeat(self) -> None:
+        self.api.merge_patch(
+            f"/api/v1/nodes/{self.name}/status",
+            {"status": node_status(self.name, self.node_ip, self.shape, self.ready_since)},
+        )
+
+    def renew_lease(self) -> None:
+        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.name}"
+        spec = {"holderIdentity": self.name, "leaseDurationSeconds": LEASE_SECONDS, "renewTime": micro_time()}
+        try:
+            self.api.merge_patch(path, {"spec": spec})
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            self.api.post(
+                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
+                {
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {
+                        "name": self.name,
+                        "namespace": "kube-node-lease",
+                        "ownerReferences": [
+                            {"apiVersion": "v1", "kind": "Node", "name": self.name, "uid": self.uid}
+                        ],
+                    },
+                    "spec": spec,
+                },
+            )

@@ -1,0 +1,441 @@
+"""One thread per pod: start its containers, probe, restart, report status, stop on deletion."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pdwarden_localcluster.kubeapi import ApiError, KubeApi
+from pdwarden_localcluster.kubelet import envvars
+from pdwarden_localcluster.kubelet.container import ContainerRun, kill_recorded, utc_now
+from pdwarden_localcluster.kubelet.ipam import IpAllocator
+from pdwarden_localcluster.kubelet.podstatus import pod_status, will_restart
+from pdwarden_localcluster.kubelet.probes import ProbeState, now, run_probe
+
+JSON = dict[str, Any]
+log = logging.getLogger("pdwarden.kubelet")
+
+TICK = 0.25
+TOKEN_SECONDS = 3600
+TOKEN_REFRESH = 1800.0
+
+
+@dataclass(frozen=True)
+class KubeletConfig:
+    node_ip: str
+    state_dir: Path
+    venv_bin: str
+    server: str
+    ca_file: Path
+    host_env: dict[str, str]
+    backoff_base: float = 2.0
+    backoff_cap: float = 60.0
+    backoff_reset_after: float = 60.0
+
+
+def pod_dir_name(pod: JSON) -> str:
+    meta = pod.get("metadata", {})
+    return f"{meta.get('namespace')}_{meta.get('name')}_{str(meta.get('uid', ''))[:8]}"
+
+
+class PodWorker(threading.Thread):
+    def __init__(self, api: KubeApi, cfg: KubeletConfig, ips: IpAllocator, node_name: str, pod: JSON) -> None:
+        meta = pod["metadata"]
+        super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
+        self.api, self.cfg, self.ips, self.node_name = api, cfg, ips, node_name
+        self.uid: str = meta["uid"]
+        self.namespace: str = meta["namespace"]
+        self.pod_name: str = meta["name"]
+        self._pod = pod
+        self._lock = threading.Lock()
+        self._gone = threading.Event()
+        self._shutdown = threading.Event()
+        self.finished = threading.Event()
+        self.pod_dir = cfg.state_dir / "pods" / pod_dir_name(pod)
+        spec = pod.get("spec", {})
+        self.init_runs = [
+            ContainerRun(c["name"], c, self.pod_dir, init=True) for c in spec.get("initContainers") or []
+        ]
+        self.runs = [ContainerRun(c["name"], c, self.pod_dir) for c in spec.get("containers") or []]
+        _carry_restart_counts(pod, self.runs)
+        self.pod_ip = ""
+        self.start_time = (pod.get("status") or {}).get("startTime") or utc_now()
+        self.kubeconfig: Path | None = None
+        self.token_at = -1e9
+        self.sandbox_error = ""
+        self.last_status: JSON | None = None
+        self.terminating_since: float | None = None
+        self.backoff_counts: dict[str, int] = {}
+        self.frozen = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+    # --- called from the watch thread -------------------------------------------------
+    def update(self, pod: JSON) -> None:
+        with self._lock:
+            self._pod = pod
+
+    def gone(self) -> None:
+        self._gone.set()
+
+    def shutdown(self) -> None:
+        """The kubelet is stopping: kill the processes, leave the API alone."""
+        self._shutdown.set()
+
+    @property
+    def pod(self) -> JSON:
+        with self._lock:
+            return self._pod
+
+    # --- the loop ---------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self._setup()
+            while True:
+                if self._shutdown.is_set() or self._gone.is_set():
+                    self._stop_all(grace=2.0 if self._gone.is_set() else 5.0)
+                    break
+                pod = self.pod
+                try:
+                    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+                        if self._terminate_step(pod):
+                            break
+                    elif not self.frozen:
+                        self._step(pod)
+                    self._report(pod)
+                except ApiError as exc:
+                    if exc.status == 404:
+                        self._gone.set()
+                    else:  # e.g. the apiserver restarting: retry, but do not spin
+                        log.warning("%s: API error: %s", self.name, exc)
+                        time.sleep(1.0)
+                except Exception:  # one bad pod must never take the kubelet down
+                    log.exception("%s: unexpected error; continuing", self.name)
+                time.sleep(TICK)
+        except Exception:
+            log.exception("%s: worker failed", self.name)
+            self._stop_all(grace=1.0)
+        finally:
+            self.ips.release(self.uid)
+            self.finished.set()
+
+    def _setup(self) -> None:
+        self.pod_dir.mkdir(parents=True, exist_ok=True)
+        for pid_file in self.pod_dir.glob("*.pid"):  # processes of an earlier kubelet
+            kill_recorded(pid_file)
+        pod = self.pod
+        if (pod.get("spec") or {}).get("hostNetwork"):
+            self.pod_ip = self.cfg.node_ip
+        else:
+            self.pod_ip = self.ips.allocate(self.uid, preferred=(pod.get("status") or {}).get("podIP"))
+
+    # --- running ----------------------------------------------------------------------
+    def _step(self, pod: JSON) -> None:
+        if not self._ensure_kubeconfig(pod):
+            return
+        restart_policy = (pod.get("spec") or {}).get("restartPolicy", "Always")
+        if not self._run_init(pod, restart_policy):
+            return
+        for run in self.runs:
+            self._supervise(pod, run, restart_policy)
+
+    def _run_init(self, pod: JSON, restart_policy: str) -> bool:
+        """True once every init container has completed successfully."""
+        for run in self.init_runs:
+            if run.terminated is not None and run.terminated.get("exitCode") == 0 and not run.running():
+                continue
+            policy = "OnFailure" if restart_policy == "Always" else restart_policy
+            self._supervise(pod, run, policy, probes=False)
+            return False
+        return True
+
+    def _supervise(self, pod: JSON, run: ContainerRun, restart_policy: str, probes: bool = True) -> None:
+        t = now()
+        if run.poll():
+            self._after_exit(run, restart_policy, t)
+        if run.running():
+            if probes:
+                self._probe(pod, run, t)
+            return
+        retry = run.waiting_reason in ("CrashLoopBackOff", "CreateContainerConfigError")
+        if t >= run.backoff_until and (run.attempts == 0 or retry):
+            self._start(pod, run, t, restart_policy)
+
+    def _after_exit(self, run: ContainerRun, restart_policy: str, t: float) -> None:
+        if will_restart(run, restart_policy):
+            ran = t - run.started_mono if run.started_mono else 0.0
+            count = 0 if ran > self.cfg.backoff_reset_after else self.backoff_counts.get(run.name, 0)
+            delay = min(self.cfg.backoff_cap, self.cfg.backoff_base * (2**count))
+            self.backoff_counts[run.name] = count + 1
+            run.backoff_until = t + delay
+            run.waiting_reason = "CrashLoopBackOff"
+            run.waiting_message = (
+                f"back-off {delay:g}s restarting failed container={run.name} pod={self.pod_name}"
+            )
+        else:
+            run.waiting_reason = ""
+            run.waiting_message = ""
+
+    def _start(self, pod: JSON, run: ContainerRun, t: float, restart_policy: str) -> None:
+        ctx = envvars.PodContext(
+            pod=pod, pod_ip=self.pod_ip, host_ip=self.cfg.node_ip, node_name=self.node_name
+        )
+        base = envvars.base_env(self.cfg.host_env, self.cfg.venv_bin)
+        if self.kubeconfig is not None:
+            base["KUBECONFIG"] = str(self.kubeconfig)
+        try:
+            env = envvars.resolve_env(ctx, run.spec, base, self._secret, self._configmap)
+        except envvars.EnvError as exc:
+            run.waiting_reason = "CreateContainerConfigError"
+            run.waiting_message = str(exc)
+            run.backoff_until = t + 2.0
+            return
+        start_error = ""
+        try:
+            argv = envvars.command_line(run.spec, env)
+        except envvars.EnvError as exc:
+            argv = []
+            start_error = str(exc)
+        if run.attempts > 0:
+            run.restart_count += 1
+        if not argv:
+            run.attempts += 1
+            if run.terminated is not None:
+                run.last_terminated = run.terminated
+            run.terminated = {
+                "exitCode": 128,
+                "reason": "StartError",
+                "message": start_error,
+                "startedAt": utc_now(),
+                "finishedAt": utc_now(),
+            }
+        else:
+            run.start(argv, env, run.spec.get("workingDir"))
+        if run.terminated is not None:  # the exec itself failed
+            run.started_mono = t
+            self._after_exit(run, restart_policy, t)
+            return
+        run.probes = {
+            kind: ProbeState(run.spec[key], started_at=t)
+            for kind, key in (
+                ("startup", "startupProbe"),
+                ("liveness", "livenessProbe"),
+                ("readiness", "readinessProbe"),
+            )
+            if run.spec.get(key)
+        }
+        run.started = "startup" not in run.probes
+        run.ready = run.started and "readiness" not in run.probes
+
+    def _probe(self, pod: JSON, run: ContainerRun, t: float) -> None:
+        if run.kill_deadline is not None:
+            return
+        cwd = run.spec.get("workingDir") or str(self.pod_dir)
+        grace = float((pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+        startup = run.probes.get("startup")
+        if startup is not None and not run.started:
+            if startup.due(t):
+                ok, msg = run_probe(startup.probe, run.spec, self.pod_ip, run.env, cwd)
+                startup.record(ok, msg, now())
+                if startup.result is True:
+                    run.started = True
+                    run.ready = "readiness" not in run.probes
+                elif startup.result is False:
+                    run.terminate(grace, f"Startup probe failed: {msg}")
+            return
+        liveness = run.probes.get("liveness")
+        if liveness is not None and liveness.due(t):
+            ok, msg = run_probe(liveness.probe, run.spec, self.pod_ip, run.env, cwd)
+            liveness.record(ok, msg, now())
+            if liveness.result is False:
+                probe_grace = liveness.probe.get("terminationGracePeriodSeconds")
+                run.terminate(
+                    float(probe_grace) if probe_grace is not None else grace, f"Liveness probe failed: {msg}"
+                )
+                run.ready = False
+                return
+        readiness = run.probes.get("readiness")
+        if readiness is not None and readiness.due(t):
+            ok, msg = run_probe(readiness.probe, run.spec, self.pod_ip, run.env, cwd)
+            readiness.record(ok, msg, now())
+            if readiness.result is not None:
+                run.ready = readiness.result
+
+    # --- deletion ---------------------------------------------------------------------
+    def _terminate_step(self, pod: JSON) -> bool:
+        """Graceful stop, then the final (grace 0) delete. True when the pod is gone."""
+        meta = pod.get("metadata") or {}
+        if self.terminating_since is None:
+            grace = meta.get("deletionGracePeriodSeconds")
+            if grace is None:
+                grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+            self.terminating_since = now()
+            for run in self.init_runs + self.runs:
+                run.terminate(float(grace))
+                run.waiting_reason = ""
+        for run in self.init_runs + self.runs:
+            run.poll()
+        if any(r.running() for r in self.init_runs + self.runs):
+            self._report(pod)
+            return False
+        self._report(pod)
+        try:
+            self.api.delete(
+                f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}",
+                {"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}},
+            )
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                raise
+        self._cleanup_dir()
+        return True
+
+    def _stop_all(self, grace: float) -> None:
+        runs = self.init_runs + self.runs
+        for run in runs:
+            run.terminate(grace)
+        deadline = now() + grace + 1
+        while any(r.running() for r in runs) and now() < deadline:
+            for run in runs:
+                run.poll()
+            time.sleep(0.1)
+        for run in runs:
+            run.kill_now()
+        if self._gone.is_set():
+            self._cleanup_dir()
+
+    def _cleanup_dir(self) -> None:
+        # keep the logs (`pdwarden cluster logs`), drop the credentials
+        if self.kubeconfig is not None:
+            self.kubeconfig.unlink(missing_ok=True)
+
+    # --- status -----------------------------------------------------------------------
+    def _report(self, pod: JSON) -> None:
+        if self.frozen and self.last_status is None:
+            self.last_status = pod.get("status") or {}
+            return
+        if self.frozen:
+            return
+        previous = dict(pod)
+        if self.last_status is not None:
+            previous = {**pod, "status": self.last_status}
+        if self.sandbox_error:
+            for run in self.init_runs + self.runs:
+                if not run.running() and run.attempts == 0:
+                    run.waiting_reason, run.waiting_message = "CreateContainerConfigError", self.sandbox_error
+        status = pod_status(
+            previous,
+            self.init_runs,
+            self.runs,
+            self.pod_ip,
+            self.cfg.node_ip,
+            self.start_time,
+            sandbox_ready=bool(self.pod_ip) and not self.sandbox_error,
+            initialized=all(
+                r.terminated is not None and r.terminated.get("exitCode") == 0 for r in self.init_runs
+            ),
+            timestamp=utc_now(),
+        )
+        if self._init_failed(pod):
+            status["phase"] = "Failed"
+        if status == self.last_status:
+            return
+        self.api.merge_patch(
+            f"/api/v1/namespaces/{self.namespace}/pods/{self.pod_name}/status", {"status": status}
+        )
+        self.last_status = status
+
+    def _init_failed(self, pod: JSON) -> bool:
+        policy = (pod.get("spec") or {}).get("restartPolicy", "Always")
+        return policy == "Never" and any(
+            r.terminated is not None and r.terminated.get("exitCode") != 0 for r in self.init_runs
+        )
+
+    # --- service account credentials ---------------------------------------------------
+    def _ensure_kubeconfig(self, pod: JSON) -> bool:
+        spec = pod.get("spec") or {}
+        if spec.get("automountServiceAccountToken") is False:
+            return True
+        if self.kubeconfig is not None and now() - self.token_at < TOKEN_REFRESH:
+            return True
+        if self.sandbox_error and now() - self.token_at < 2.0:
+            return False
+        sa = spec.get("serviceAccountName") or "default"
+        try:
+            resp = self.api.post(
+                f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token",
+                {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenRequest",
+                    "spec": {
+                        "expirationSeconds": TOKEN_SECONDS,
+                        "boundObjectRef": {
+                            "kind": "Pod",
+                            "apiVersion": "v1",
+                            "name": self.pod_name,
+                            "uid": self.uid,
+                        },
+                    },
+                },
+            )
+        except ApiError as exc:
+            self.token_at = now()
+            self.sandbox_error = f"cannot get a token for ServiceAccount {self.namespace}/{sa}: {exc.message}"
+            return self.kubeconfig is not None
+        token = resp["status"]["token"]
+        path = self.pod_dir / "kubeconfig"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(
+            yaml.safe_dump(pod_kubeconfig(self.cfg.server, self.cfg.ca_file, token, self.namespace, sa))
+        )
+        tmp.chmod(0o600)
+        tmp.replace(path)
+        self.kubeconfig, self.token_at, self.sandbox_error = path, now(), ""
+        return True
+
+    def _secret(self, namespace: str, name: str) -> JSON | None:
+        return self.api.get_or_none(f"/api/v1/namespaces/{namespace}/secrets/{name}")
+
+    def _configmap(self, namespace: str, name: str) -> JSON | None:
+        return self.api.get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
+
+
+def pod_kubeconfig(server: str, ca_file: Path, token: str, namespace: str, sa: str) -> JSON:
+    ca = base64.b64encode(ca_file.read_bytes()).decode()
+    user = f"system:serviceaccount:{namespace}:{sa}"
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "pdwarden-local", "cluster": {"server": server, "certificate-authority-data": ca}}
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [
+            {
+                "name": "pdwarden-local",
+                "context": {"cluster": "pdwarden-local", "user": user, "namespace": namespace},
+            }
+        ],
+        "current-context": "pdwarden-local",
+    }
+
+
+def remove_pod_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _carry_restart_counts(pod: JSON, runs: list[ContainerRun]) -> None:
+    """After a kubelet restart, a container that ran before restarts: its count goes on."""
+    previous = {c.get("name"): c for c in (pod.get("status") or {}).get("containerStatuses") or []}
+    for run in runs:
+        old = previous.get(run.name)
+        if old and ("running" in (old.get("state") or {}) or "terminated" in (old.get("state") or {})):
+            run.restart_count = int(old.get("restartCount") or 0) + 1
+        elif old:
+            run.restart_count = int(old.get("restartCount") or 0)

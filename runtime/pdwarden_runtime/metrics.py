@@ -1,0 +1,225 @@
+"""The runtime's Prometheus metrics (names from ``contract``), one registry per runtime.
+
+State-derived series (inflight count and oldest age, rooms per state, conclusions per
+outcome, refused writes) are read from the status table and the inflight tracker at
+scrape time by a custom collector, so the hot path never touches a metric object and a
+scrape always agrees with the table. Every label child is emitted from the first scrape
+(value 0), so alerts and the operator's rate() see the series before anything happens.
+A scrape also enforces the inflight deadline (``expire_on_scrape``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Iterator
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Final
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from pdwarden_runtime import contract as c
+from pdwarden_runtime.inflight import InflightTracker
+from pdwarden_runtime.kvpoll import KVPoll
+from pdwarden_runtime.status import STICKY_TRANSITIONS, ClosedRoom, RoomStatusTable
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+# KV transfer time from room open to conclusion: milliseconds (CPU, small) to minutes
+# (a stalled peer cut by the deadline).
+TRANSFER_SECONDS_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
+
+# Every refusal the sticky table can count, so each series exists at 0 from the start.
+REFUSAL_LABELS: Final[tuple[tuple[str, str], ...]] = tuple(
+    [(src.label, dst.label) for (src, dst), rule in STICKY_TRANSITIONS.items() if not rule.applies]
+    + [(origin.label, dst.label) for origin in ClosedRoom for dst in KVPoll]
+)
+
+
+def pdwarden_version() -> str:
+    try:
+        return metadata.version("pdwarden")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+class RuntimeMetrics:
+    """The contract metrics of one runtime (one role), in its own CollectorRegistry."""
+
+    def __init__(
+        self,
+        role: str,
+        table: RoomStatusTable,
+        tracker: InflightTracker,
+        *,
+        engine: str,
+        transfer_backend: str,
+        version: str | None = None,
+        expire_on_scrape: bool = True,
+    ) -> None:
+        if role not in c.RUNTIME_ROLES:
+            raise ValueError(f"unknown runtime role {role!r}; expected one of {c.RUNTIME_ROLES}")
+        self.role = role
+        self.registry = CollectorRegistry()
+        self._state = _StateCollector(role, table, tracker, expire_on_scrape)
+        self.registry.register(self._state)
+        role_label = [c.LABEL_METRIC_ROLE]
+        self._bytes = Counter(
+            c.METRIC_KV_TRANSFER_BYTES_BASE,
+            "Bytes of KV moved by this runtime.",
+            role_label,
+            registry=self.registry,
+        ).labels(role)
+        self._seconds = Histogram(
+            c.METRIC_KV_TRANSFER_SECONDS,
+            "Seconds from a room's open to its conclusion.",
+            role_label,
+            buckets=TRANSFER_SECONDS_BUCKETS,
+            registry=self.registry,
+        ).labels(role)
+        Gauge(
+            c.METRIC_RUNTIME_INFO,
+            "Identity of this runtime (value 1).",
+            [c.LABEL_METRIC_ROLE, "version", "engine", "transfer_backend"],
+            registry=self.registry,
+        ).labels(role, version or pdwarden_version(), engine, transfer_backend).set(1)
+        tracker.add_conclude_listener(self._observe_conclusion)
+
+    def add_bytes(self, count: int) -> None:
+        """Count KV bytes moved (call once per completed transfer or chunk)."""
+        if count < 0:
+            raise ValueError(f"transferred bytes must be >= 0, got {count}")
+        self._bytes.inc(count)
+
+    def _observe_conclusion(self, room: int, outcome: str, seconds: float) -> None:
+        self._seconds.observe(seconds)
+
+    def exposition(self) -> tuple[bytes, str]:
+        return exposition(self.registry)
+
+
+class _StateCollector(Collector):
+    """Reads the table and the tracker at scrape time."""
+
+    def __init__(self, role: str, table: RoomStatusTable, tracker: InflightTracker, expire: bool) -> None:
+        self._role = role
+        self._table = table
+        self._tracker = tracker
+        self._expire = expire
+
+    def describe(self) -> list[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterator[Metric]:
+        if self._expire:
+            self._tracker.expire()
+        return self._families(with_samples=True)
+
+    def _families(self, with_samples: bool = False) -> Iterator[Metric]:
+        role, R = self._role, c.LABEL_METRIC_ROLE
+        inflight = GaugeMetricFamily(
+            c.METRIC_INFLIGHT_REQUESTS, "Rooms holding KV in flight (opened, not yet concluded).", labels=[R]
+        )
+        oldest = GaugeMetricFamily(
+            c.METRIC_INFLIGHT_OLDEST_AGE, "Age of the oldest inflight room; 0 when none.", labels=[R]
+        )
+        rooms = GaugeMetricFamily(c.METRIC_KV_ROOMS, "Rooms per KV status.", labels=[R, c.LABEL_METRIC_STATE])
+        transfers = CounterMetricFamily(
+            c.METRIC_KV_TRANSFERS_BASE,
+            "Rooms concluded, by outcome (the progress signal).",
+            labels=[R, c.LABEL_METRIC_OUTCOME],
+        )
+        refused = CounterMetricFamily(
+            c.METRIC_STATUS_WRITES_REFUSED_BASE,
+            "Status writes the terminal-sticky rule refused, by from and to state.",
+            labels=[R, c.LABEL_METRIC_FROM_STATE, c.LABEL_METRIC_TO_STATE],
+        )
+        if with_samples:
+            inflight.add_metric([role], self._tracker.count())
+            oldest.add_metric([role], self._tracker.oldest_age())
+            for state, count in self._table.counts().items():
+                rooms.add_metric([role, state.label], count)
+            for outcome, count in self._tracker.outcomes().items():
+                transfers.add_metric([role, outcome], count)
+            counted = {(src.label, dst.label): n for (src, dst), n in self._table.refused().items()}
+            for labels in REFUSAL_LABELS:
+                refused.add_metric([role, *labels], counted.get(labels, 0))
+        yield from (inflight, oldest, rooms, transfers, refused)
+
+
+# --- serving -------------------------------------------------------------------------------
+def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """The Prometheus text exposition of ``registry`` and its Content-Type."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """An aiohttp handler serving ``registry``; mount it at ``contract.METRICS_PATH``."""
+    from aiohttp import web
+
+    async def handle(request: web.Request) -> web.Response:
+        body, content_type = exposition(registry)
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    return handle
+
+
+class MetricsServer:
+    """A background HTTP server for one registry (``/metrics``); ``stop()`` ends it."""
+
+    def __init__(self, httpd: WSGIServer, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        host, port = httpd.server_address[:2]
+        self.host: str = str(host)
+        self.port: int = int(port)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}{c.METRICS_PATH}"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def serve_metrics(
+    registry: CollectorRegistry, host: str = "127.0.0.1", port: int = c.DEFAULT_METRICS_PORT
+) -> MetricsServer:
+    """Serve ``registry`` over HTTP on host:port (port 0 picks a free one)."""
+    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    return MetricsServer(httpd, thread)

@@ -1,0 +1,53 @@
+"""Fixtures of the e2e tests: the embedded local cluster, kubectl, a fresh namespace.
+
+`cluster` reuses a cluster that is already up (and leaves it up) or starts one (and stops
+it at the end of the session). While the session runs, KUBECONFIG points at it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from pdwarden_localcluster import cluster as localcluster
+from pdwarden_localcluster import tools
+from pdwarden_localcluster.cluster import ClusterInfo
+from pdwarden_localcluster.errors import ClusterError
+from pdwarden_localcluster.testing import Kubectl, create_namespace, unique_namespace
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[ClusterInfo]:
+    try:
+        tools.install(progress=False)
+        info = localcluster.ensure_up()
+    except ClusterError as exc:
+        pytest.fail(f"the local cluster cannot start: {exc}", pytrace=False)
+    previous = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(info.kubeconfig)
+    try:
+        yield info
+    finally:
+        if previous is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = previous
+        if info.started:
+            localcluster.down(progress=lambda _msg: None)
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: ClusterInfo) -> Kubectl:
+    return Kubectl(cluster.kubeconfig)
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace of its own for one test, deleted afterwards (its pods' processes stop)."""
+    name = create_namespace(kubectl, unique_namespace(request.node.name))
+    try:
+        yield name
+    finally:
+        kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -1,0 +1,299 @@
+"""Pure pieces of the local cluster: go.mod replace lines, env resolution, pod IPs, pod status."""
+
+from __future__ import annotations
+
+import base64
+from pathlib import Path
+
+import pytest
+
+from pdwarden_localcluster import build, gomod
+from pdwarden_localcluster.kubelet import envvars, ipam, logserver
+from pdwarden_localcluster.kubelet.container import ContainerRun
+from pdwarden_localcluster.kubelet.podstatus import container_status, phase, pod_status
+
+pytestmark = pytest.mark.unit
+
+KUBERNETES_GO_MOD = """module k8s.io/kubernetes
+
+go 1.25.0
+
+require (
+	github.com/spf13/cobra v1.10.0
+	go.etcd.io/etcd/server/v3 v3.6.5 // indirect
+	k8s.io/api v0.0.0
+	k8s.io/client-go v0.0.0
+	k8s.io/klog/v2 v2.130.1
+)
+
+require k8s.io/kms v0.0.0 // indirect
+
+replace (
+	k8s.io/api => ./staging/src/k8s.io/api
+	k8s.io/client-go => ./staging/src/k8s.io/client-go
+	k8s.io/cri-api => ./staging/src/k8s.io/cri-api
+)
+
+replace k8s.io/kms => ./staging/src/k8s.io/kms
+"""
+
+OUR_GO_MOD = """// comment
+module pdwarden.io/localcluster
+
+go 1.25.0
+
+require k8s.io/kubernetes v1.35.4
+"""
+
+
+def test_staging_modules_come_from_v0_requirements_and_staging_replaces() -> None:
+    # cri-api is only replaced, kms only required on a one-line require; klog has a real version
+    assert gomod.staging_modules(KUBERNETES_GO_MOD) == [
+        "k8s.io/api",
+        "k8s.io/client-go",
+        "k8s.io/cri-api",
+        "k8s.io/kms",
+    ]
+
+
+def test_rendered_go_mod_pins_every_staging_module_to_the_matching_v0_release() -> None:
+    text = gomod.render_go_mod(OUR_GO_MOD, KUBERNETES_GO_MOD)
+    assert text.startswith(OUR_GO_MOD.rstrip("\n"))
+    assert "\tk8s.io/client-go => k8s.io/client-go v0.35.4\n" in text
+    assert text.count("=> k8s.io/") == 4
+    assert "klog" not in text.split("replace (", 1)[1]
+
+
+def test_pinned_and_staging_versions() -> None:
+    assert gomod.pinned_version(OUR_GO_MOD) == "v1.35.4"
+    assert gomod.staging_version("v1.34.2") == "v0.34.2"
+    with pytest.raises(ValueError, match=r"v1\.MINOR\.PATCH"):
+        gomod.staging_version("v1.35.0-rc.1")
+    with pytest.raises(ValueError, match="does not require"):
+        gomod.pinned_version("module x\n")
+    with pytest.raises(ValueError, match="no staging modules"):
+        gomod.render_go_mod(OUR_GO_MOD, "module k8s.io/kubernetes\n")
+
+
+def test_the_repository_pin_is_a_release_and_ldflags_carry_it() -> None:
+    version = build.kubernetes_version()
+    assert gomod.staging_version(version).startswith("v0.")
+    flags = build.version_ldflags(version)
+    assert f"-X k8s.io/component-base/version.gitVersion={version}" in flags
+    assert f"gitMinor={version.split('.')[1]}" in flags
+
+
+def test_the_build_key_names_the_version_and_changes_with_the_sources(tmp_path: Path, monkeypatch) -> None:
+    key = build.build_key()
+    assert key.startswith(f"k8s-{build.kubernetes_version()}-")
+    fake = tmp_path / "go"
+    (fake / "cmd").mkdir(parents=True)
+    (fake / "go.mod").write_text(OUR_GO_MOD)
+    (fake / "cmd" / "main.go").write_text("package main\n")
+    monkeypatch.setattr(build, "GO_MODULE_DIR", fake)
+    first = build.build_key()
+    (fake / "cmd" / "main.go").write_text("package main // changed\n")
+    assert build.build_key() != first
+
+
+def test_a_missing_go_toolchain_is_a_clear_error(monkeypatch) -> None:
+    monkeypatch.setattr(build.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(build, "GO_FALLBACK", Path("/nonexistent/go"))
+    with pytest.raises(build.ClusterError, match="install Go"):
+        build.go_binary()
+
+
+# --- env ---------------------------------------------------------------------------------
+
+POD = {
+    "metadata": {
+        "name": "p1",
+        "namespace": "ns1",
+        "uid": "u-1",
+        "labels": {"app": "web"},
+        "annotations": {"a": "b"},
+    },
+    "spec": {"nodeName": "node-0", "serviceAccountName": "sa"},
+}
+CTX = envvars.PodContext(pod=POD, pod_ip="127.0.1.5", host_ip="127.0.0.1", node_name="node-0")
+SECRETS = {("ns1", "creds"): {"data": {"token": base64.b64encode(b"s3cret").decode()}}}
+CONFIGMAPS = {("ns1", "cfg"): {"data": {"mode": "fast", "level": "3"}}}
+
+
+def resolve(container: dict) -> dict[str, str]:
+    return envvars.resolve_env(
+        CTX,
+        container,
+        {"PATH": "/venv/bin:/usr/bin"},
+        lambda n, k: SECRETS.get((n, k)),
+        lambda n, k: CONFIGMAPS.get((n, k)),
+    )
+
+
+def test_expand_follows_kubernetes_rules() -> None:
+    env = {"A": "1", "B": "two"}
+    assert envvars.expand("$(A)-$(B)", env) == "1-two"
+    assert envvars.expand("$(MISSING) $$(A) $$ $", env) == "$(MISSING) $(A) $ $"
+    assert envvars.expand("$(A", env) == "$(A"
+
+
+def test_env_resolution_covers_field_secret_and_configmap_refs() -> None:
+    env = resolve(
+        {
+            "envFrom": [{"configMapRef": {"name": "cfg"}, "prefix": "CFG_"}],
+            "env": [
+                {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                {"name": "APP", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['app']"}}},
+                {"name": "ANN", "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['a']"}}},
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode"}}},
+                {"name": "URL", "value": "http://$(IP):8080/$(MODE)"},
+                {
+                    "name": "OPT",
+                    "valueFrom": {"secretKeyRef": {"name": "nope", "key": "x", "optional": True}},
+                },
+            ],
+        }
+    )
+    assert env["POD_IP"] == env["IP"] == "127.0.1.5"
+    assert (env["NAME"], env["NS"], env["APP"], env["ANN"]) == ("p1", "ns1", "web", "b")
+    assert env["TOKEN"] == "s3cret" and env["MODE"] == "fast" and env["CFG_level"] == "3"
+    assert env["URL"] == "http://127.0.1.5:8080/fast"
+    assert "OPT" not in env
+    assert env["PATH"] == "/venv/bin:/usr/bin"
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"secretKeyRef": {"name": "nope", "key": "x"}}, 'Secret "nope" not found'),
+        ({"secretKeyRef": {"name": "creds", "key": "x"}}, "couldn't find key x"),
+        ({"configMapKeyRef": {"name": "cfg", "key": "x"}}, "couldn't find key x"),
+        ({"fieldRef": {"fieldPath": "spec.bogus"}}, "unsupported fieldRef"),
+    ],
+)
+def test_a_missing_reference_is_a_config_error(entry: dict, message: str) -> None:
+    with pytest.raises(envvars.EnvError, match=message):
+        resolve({"env": [{"name": "X", "valueFrom": entry}]})
+
+
+def test_base_env_puts_the_venv_first_and_leaks_nothing_cluster_specific() -> None:
+    env = envvars.base_env(
+        {"HOME": "/root", "KUBECONFIG": "/admin", "PDWARDEN_STATE_DIR": "/s"}, "/repo/.venv/bin"
+    )
+    assert env["PATH"].startswith("/repo/.venv/bin:")
+    assert env["HOME"] == "/root" and "KUBECONFIG" not in env and "PDWARDEN_STATE_DIR" not in env
+
+
+def test_command_line_expands_and_requires_a_command() -> None:
+    env = {"POD_IP": "127.0.1.9"}
+    assert envvars.command_line({"command": ["srv"], "args": ["--host", "$(POD_IP)"]}, env) == [
+        "srv",
+        "--host",
+        "127.0.1.9",
+    ]
+    with pytest.raises(envvars.EnvError, match="no `command`"):
+        envvars.command_line({"args": ["x"]}, env)
+
+
+# --- pod IPs -------------------------------------------------------------------------------
+
+
+def test_pod_ips_are_distinct_loopback_addresses_outside_127_0_0() -> None:
+    alloc = ipam.IpAllocator()
+    ips = [alloc.allocate(f"pod-{i}") for i in range(600)]
+    assert len(set(ips)) == 600
+    assert all(ip.startswith("127.0.") and not ip.startswith("127.0.0.") for ip in ips)
+    assert all(1 <= int(ip.split(".")[3]) <= 254 for ip in ips)
+    assert alloc.allocate("pod-3") == ips[3]  # the same owner keeps its address
+
+
+def test_a_released_ip_is_not_reused_at_once_and_a_preferred_one_is_kept() -> None:
+    alloc = ipam.IpAllocator()
+    first = alloc.allocate("a")
+    alloc.release("a")
+    assert alloc.allocate("b") != first
+    assert alloc.allocate("c", preferred="127.0.9.9") == "127.0.9.9"
+    assert alloc.allocate("d", preferred="127.0.9.9") != "127.0.9.9"  # taken
+    assert alloc.allocate("e", preferred="10.0.0.1").startswith("127.0.")
+
+
+def test_ip_index_round_trip() -> None:
+    for idx in (0, 253, 254, ipam.CAPACITY - 1):
+        assert ipam.ip_to_index(ipam.index_to_ip(idx)) == idx
+    assert ipam.ip_to_index("127.0.0.5") is None
+    with pytest.raises(ValueError):
+        ipam.index_to_ip(ipam.CAPACITY)
+
+
+# --- pod status ------------------------------------------------------------------------------
+
+
+def run(tmp_path: Path, **state) -> ContainerRun:
+    r = ContainerRun("c", {"name": "c"}, tmp_path)
+    for key, value in state.items():
+        setattr(r, key, value)
+    return r
+
+
+def test_phase_follows_containers_and_restart_policy(tmp_path: Path) -> None:
+    ok = {"exitCode": 0, "reason": "Completed"}
+    bad = {"exitCode": 1, "reason": "Error"}
+    assert phase([run(tmp_path)], "Always", True) == "Pending"
+    assert phase([run(tmp_path, attempts=1, terminated=ok)], "Never", True) == "Succeeded"
+    assert phase([run(tmp_path, attempts=1, terminated=bad)], "Never", True) == "Failed"
+    assert phase([run(tmp_path, attempts=1, terminated=bad)], "OnFailure", True) == "Running"
+    assert phase([run(tmp_path, attempts=1, terminated=ok)], "OnFailure", True) == "Succeeded"
+    assert phase([run(tmp_path, attempts=1, terminated=ok)], "Always", True) == "Running"
+    assert phase([run(tmp_path, attempts=1, terminated=ok)], "Never", False) == "Pending"
+
+
+def test_a_crash_looping_container_reports_waiting_with_the_last_termination(tmp_path: Path) -> None:
+    start_error = {"exitCode": 128, "reason": "StartError", "message": "exec: 'x': not found"}
+    r = run(tmp_path, attempts=2, restart_count=1, terminated=start_error, waiting_reason="CrashLoopBackOff")
+    status = container_status(r, "img")
+    assert status["state"] == {"waiting": {"reason": "CrashLoopBackOff"}}
+    assert status["lastState"] == {"terminated": start_error}
+    assert status["restartCount"] == 1 and status["ready"] is False
+    final = container_status(run(tmp_path, attempts=1, terminated=start_error, waiting_reason=""), "img")
+    assert final["state"] == {"terminated": start_error}
+
+
+def test_pod_conditions_keep_transition_times_and_podscheduled(tmp_path: Path) -> None:
+    scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": "t0"}
+    pod = {"spec": {"containers": [{"name": "c", "image": "img"}]}, "status": {"conditions": [scheduled]}}
+    r = run(tmp_path, attempts=1, terminated={"exitCode": 0, "reason": "Completed"})
+    first = pod_status(pod, [], [r], "127.0.1.1", "127.0.0.1", "t", True, True, "t1")
+    again = pod_status({**pod, "status": first}, [], [r], "127.0.1.1", "127.0.0.1", "t", True, True, "t2")
+    by_type = {c["type"]: c for c in again["conditions"]}
+    assert by_type["PodScheduled"] == scheduled
+    assert by_type["Ready"]["lastTransitionTime"] == "t1"  # unchanged status keeps its time
+    assert again["podIP"] == "127.0.1.1" and again["podIPs"] == [{"ip": "127.0.1.1"}]
+
+
+def test_kubectl_logs_shows_one_run_without_kubelet_markers() -> None:
+    data = (
+        b'--- pdwarden kubelet: starting ["a"] at t0\n'
+        b"first run\n"
+        b"--- pdwarden kubelet: exited with 1 at t1\n"
+        b'--- pdwarden kubelet: starting ["a"] at t2\n'
+        b"second run 1\nsecond run 2\n"
+    )
+    assert logserver.select_run(data, previous=False) == b"second run 1\nsecond run 2\n"
+    assert logserver.select_run(data, previous=True) == b"first run\n"
+    assert logserver.select_run(data[:60], previous=True) == b""
+    assert logserver.tail(b"a\nb\nc\n", 2) == b"b\nc\n"
+    assert logserver.tail(b"a\nb\n", None) == b"a\nb\n"
+
+
+def test_another_cluster_gets_its_own_pod_ip_space() -> None:
+    from pdwarden_localcluster.cluster import DEFAULT_PORT_BASE, Ports
+
+    assert Ports(DEFAULT_PORT_BASE).pod_ip_octet == 0
+    other = Ports(36700).pod_ip_octet
+    assert other != 0
+    ip = ipam.IpAllocator(other).allocate("a")
+    assert ip.startswith(f"127.{other}.") and ipam.ip_to_index(ip, other) is not None
+    assert ipam.ip_to_index(ip) is None  # not an address of the default cluster
