@@ -1,0 +1,233 @@
+"""`pdwarden bench reconcile`: how fast the operator turns DisaggregatedModels into children.
+
+Applies N synthetic models with 0 replicas (so no pod processes start) into a fresh
+namespace, one after another, while a real operator process watches that namespace. For
+each model it measures the seconds from its apply returning to its status being written
+(the reconciler writes status only after every child was applied), then checks that every
+model has all its children, and reads the operator's resident memory. Last line: JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pdwarden_runtime import contract
+
+GOAL_P50_S = 1.0
+GOAL_RSS_MIB = 150.0
+CHILDREN_PER_MODEL = 10  # 3 Deployments, SA, Role, RoleBinding, Service, 3 PDBs
+CHILD_KINDS = (
+    ("apps/v1", "Deployment"),
+    ("v1", "Service"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("policy/v1", "PodDisruptionBudget"),
+)
+
+
+def _say(msg: str) -> None:
+    print(f"[bench reconcile] {msg}", file=sys.stderr, flush=True)
+
+
+def _model(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
+        "kind": contract.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"path": "synthetic/bench"},
+            "engine": "synthetic",
+            "prefill": {"replicas": 0},
+            "decode": {"replicas": 0},
+            "router": {"replicas": 0},
+        },
+    }
+
+
+def _free_port(first: int, last: int) -> int:
+    """The first port in [first, last] nobody listens on (another run may hold the default)."""
+    for port in range(first, last + 1):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise click.ClickException(f"no free port in {first}-{last} for the operator's health endpoint")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+class StatusWatch:
+    """Records when each model's status first reports its current generation (own thread)."""
+
+    def __init__(self, kubeconfig: str, namespace: str) -> None:
+        self.namespace = namespace
+        self.done: dict[str, float] = {}
+        self._stop = threading.Event()
+        import kubernetes
+
+        cfg = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        self._api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(cfg))
+        self._thread = threading.Thread(target=self._run, name="status-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        import kubernetes
+
+        while not self._stop.is_set():
+            w = kubernetes.watch.Watch()
+            try:
+                for event in w.stream(
+                    self._api.list_namespaced_custom_object,
+                    contract.API_GROUP,
+                    contract.API_VERSION,
+                    self.namespace,
+                    contract.PLURAL,
+                    timeout_seconds=30,
+                ):
+                    obj = event["object"]
+                    meta, status = obj.get("metadata", {}), obj.get("status") or {}
+                    seen = int(status.get("observedGeneration") or 0)
+                    if seen and seen >= int(meta.get("generation") or 1):
+                        self.done.setdefault(meta["name"], time.monotonic())
+                    if self._stop.is_set():
+                        w.stop()
+            except Exception as exc:  # a dropped watch is re-opened
+                _say(f"watch restarted: {exc}")
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+async def _run(models: int, kubeconfig: str, health_port: int, timeout: float) -> dict[str, Any]:
+    from pdwarden_operator.crd import CRD_NAME, build_crd
+    from pdwarden_operator.kube import apply as kube
+    from pdwarden_operator.kube.client import connect, set_client
+    from pdwarden_operator.process import OperatorProcess
+
+    set_client(connect(kubeconfig))
+    await kube.apply(build_crd())
+    for _ in range(100):
+        crd = await kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None, CRD_NAME)
+        conds = {c["type"]: c["status"] for c in (crd or {}).get("status", {}).get("conditions", [])}
+        if conds.get("Established") == "True":
+            break
+        await asyncio.sleep(0.1)
+    namespace = f"pdw-bench-reconcile-{uuid.uuid4().hex[:6]}"
+    await kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    log_path = Path(tempfile.gettempdir()) / f"{namespace}-operator.log"
+    port = _free_port(health_port, health_port + 99)
+    op = OperatorProcess(kubeconfig, namespaces=(namespace,), health_port=port, log_path=log_path)
+    watch = StatusWatch(kubeconfig, namespace)
+    try:
+        await asyncio.to_thread(op.start)
+        _say(f"operator up (pid {op.proc.pid if op.proc else '?'}, log {log_path}); applying {models} models")
+        watch.start()
+        cpu_before = op.cpu_seconds()
+        load_before = os.getloadavg()[0]
+        started: dict[str, float] = {}
+        for i in range(models):
+            name = f"bench-{i:04d}"
+            await kube.apply(_model(name, namespace))
+            started[name] = time.monotonic()
+            if (i + 1) % 25 == 0:
+                _say(f"applied {i + 1}/{models}, status written for {len(watch.done)}")
+        deadline = time.monotonic() + timeout
+        while len(watch.done) < models and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        rss, peak = op.rss_mib()
+        cpu = op.cpu_seconds() - cpu_before
+        load_after = os.getloadavg()[0]
+        counts: Counter[str] = Counter()
+        for api_version, kind in CHILD_KINDS:
+            selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
+            for obj in await kube.list_objects(api_version, kind, namespace, selector):
+                counts[obj["metadata"]["labels"].get(contract.LABEL_MODEL, "?")] += 1
+        complete = sum(1 for n in started if counts.get(n) == CHILDREN_PER_MODEL)
+        latencies = [watch.done[n] - started[n] for n in started if n in watch.done]
+    finally:
+        watch.stop()
+        await asyncio.to_thread(op.stop)
+        try:
+            await kube.delete("v1", "Namespace", None, namespace)
+        except Exception as exc:
+            _say(f"could not delete namespace {namespace}: {exc}")
+    if not latencies:
+        raise click.ClickException(f"no model got a status within {timeout:.0f}s; see {log_path}")
+    return {
+        "bench": "reconcile",
+        "models": models,
+        "status_written": len(latencies),
+        "children_complete": complete,
+        "p50_s": round(statistics.median(latencies), 3),
+        "p99_s": round(_percentile(latencies, 0.99), 3),
+        "max_s": round(max(latencies), 3),
+        "operator_rss_mib": round(rss, 1),
+        "operator_peak_rss_mib": round(peak, 1),
+        "operator_cpu_s": round(cpu, 2),
+        # The machine is shared: say how busy it was, since that moves every latency.
+        "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
+        "cpus": os.cpu_count(),
+        "goal_p50_s": GOAL_P50_S,
+        "goal_rss_mib": GOAL_RSS_MIB,
+        "goal_met": statistics.median(latencies) <= GOAL_P50_S
+        and peak <= GOAL_RSS_MIB
+        and complete == models,
+    }
+
+
+def _kubeconfig(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    if os.environ.get("KUBECONFIG"):
+        return os.environ["KUBECONFIG"]
+    from pdwarden_localcluster.cluster import ensure_up
+
+    return str(ensure_up().kubeconfig)
+
+
+@click.command()
+@click.option("--models", type=click.IntRange(1, 5000), default=100, show_default=True)
+@click.option(
+    "--kubeconfig", default=None, help="Default: $KUBECONFIG, else the local cluster (started if down)."
+)
+@click.option(
+    "--health-port", type=int, default=35900, show_default=True, help="The operator's liveness port."
+)
+@click.option(
+    "--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for all statuses."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
+def reconcile(models: int, kubeconfig: str | None, health_port: int, timeout: float, as_json: bool) -> None:
+    """Apply N zero-replica models; p50/p99 seconds to children + status, operator RSS."""
+    result = asyncio.run(_run(models, _kubeconfig(kubeconfig), health_port, timeout))
+    if not as_json:
+        _say(
+            f"p50 {result['p50_s']}s p99 {result['p99_s']}s, RSS {result['operator_rss_mib']} MiB "
+            f"(peak {result['operator_peak_rss_mib']}), {result['children_complete']}/{models} complete"
+        )
+    print(json.dumps(result), flush=True)

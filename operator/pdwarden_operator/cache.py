@@ -1,0 +1,115 @@
+"""In-memory view of DisaggregatedModels and their children, fed by watch events.
+
+The operator's watches (kopf on.event) keep this current, so the periodic resync compares
+rendered children with what the cluster holds without asking the API server. No I/O here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdwarden_runtime import contract
+
+Obj = dict[str, Any]
+ModelKey = tuple[str, str]  # (namespace, DisaggregatedModel name)
+ChildKey = tuple[str, str]  # (kind, name)
+
+
+def slim(body: Mapping[str, Any]) -> Obj:
+    """A copy without managedFields (large, and never compared)."""
+    out = dict(body)
+    meta = dict(out.get("metadata") or {})
+    meta.pop("managedFields", None)
+    out["metadata"] = meta
+    return out
+
+
+def owner_model(body: Mapping[str, Any]) -> ModelKey | None:
+    """The DisaggregatedModel a child belongs to, from its controller owner reference."""
+    meta = body.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == contract.KIND and ref.get("apiVersion", "").startswith(
+            contract.API_GROUP + "/"
+        ):
+            return meta.get("namespace", ""), ref["name"]
+    return None
+
+
+@dataclass
+class Cache:
+    models: dict[ModelKey, Obj] = field(default_factory=dict)
+    children: dict[ModelKey, dict[ChildKey, Obj]] = field(default_factory=dict)
+    dirty: set[ModelKey] = field(default_factory=set)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    locks: dict[ModelKey, asyncio.Lock] = field(default_factory=dict)
+
+    def model_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.models.pop(key, None)
+            self.children.pop(key, None)
+            self.locks.pop(key, None)
+            self.dirty.discard(key)
+        else:
+            self.models[key] = slim(body)
+
+    def child_event(
+        self, api_version: str, kind: str, event_type: str | None, body: Mapping[str, Any]
+    ) -> ModelKey | None:
+        """Record a child's event; returns its model (marked dirty) or None if not ours."""
+        key = owner_model(body)
+        if key is None:
+            return None
+        meta = body.get("metadata") or {}
+        ckey = (kind, str(meta.get("name")))
+        kids = self.children.setdefault(key, {})
+        if event_type == "DELETED":
+            kids.pop(ckey, None)
+        else:
+            kids[ckey] = {**slim(body), "apiVersion": api_version, "kind": kind}
+        self.mark(key)
+        return key
+
+    def note_applied(self, key: ModelKey, objs: list[Obj]) -> None:
+        """Children as the API server returned them from an apply: known now, before their
+        watch events arrive (so a resync right after a create does not re-apply them).
+
+        A copy the watch already delivered is kept: it may be newer than the apply response
+        (e.g. with the Deployment controller's status), and a stale copy would hide that.
+        """
+        if key not in self.models:
+            return  # deleted meanwhile
+        kids = self.children.setdefault(key, {})
+        for obj in objs:
+            kids.setdefault((str(obj.get("kind")), str(obj["metadata"]["name"])), slim(obj))
+
+    def note_status(self, key: ModelKey, status: Mapping[str, Any]) -> None:
+        """The status just written, so the next resync compares with it, not an older copy."""
+        body = self.models.get(key)
+        if body is not None:
+            self.models[key] = {**body, "status": {**(body.get("status") or {}), **status}}
+
+    def mark(self, key: ModelKey) -> None:
+        if key in self.models:
+            self.dirty.add(key)
+            self.wake.set()
+
+    def mark_all(self) -> None:
+        self.dirty.update(self.models)
+        self.wake.set()
+
+    def take_dirty(self) -> list[ModelKey]:
+        keys = [k for k in self.dirty if k in self.models]
+        self.dirty.clear()
+        self.wake.clear()
+        return keys
+
+    def lock(self, key: ModelKey) -> asyncio.Lock:
+        return self.locks.setdefault(key, asyncio.Lock())
+
+    def children_of(self, key: ModelKey) -> dict[ChildKey, Obj]:
+        return dict(self.children.get(key, {}))

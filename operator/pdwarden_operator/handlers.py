@@ -1,0 +1,158 @@
+"""kopf handlers: thin adapters from kopf's causes to reconcile.py.
+
+- create / resume / update of a DisaggregatedModel -> `reconcile` (apply every child);
+- watch events of DisaggregatedModels and their children feed `cache.Cache`;
+- one background loop resyncs models whose children changed (a deleted or edited child is
+  restored, pod readiness reaches status) and every model every RESYNC_INTERVAL_S.
+No timers or daemons per object: those would make kopf put a finalizer on every resource,
+and deletion needs nothing but owner-reference garbage collection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import kopf
+
+from pdwarden_operator import reconcile
+from pdwarden_operator.cache import Cache
+from pdwarden_operator.kube.client import get_client
+from pdwarden_runtime import contract
+
+log = logging.getLogger("pdwarden.handlers")
+
+GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
+RESYNC_INTERVAL_S = 30.0  # safety net; events drive the usual case
+DEBOUNCE_S = 0.3  # coalesce a burst of child events into one resync
+RESYNC_CONCURRENCY = 8
+RETRY_MAX_S = 60.0
+MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
+KOPF_PREFIX = f"kopf.{GROUP}"
+
+# (group, version, plural, apiVersion, kind) of every child kind pdwarden creates.
+CHILD_KINDS = (
+    ("apps", "v1", "deployments", "apps/v1", "Deployment"),
+    ("", "v1", "services", "v1", "Service"),
+    ("", "v1", "serviceaccounts", "v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io", "v1", "roles", "rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings", "rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("policy", "v1", "poddisruptionbudgets", "policy/v1", "PodDisruptionBudget"),
+)
+
+cache = Cache()
+_failures: dict[tuple[str, str], int] = {}  # consecutive transient failures per model: backoff
+_loop_task: asyncio.Task[None] | None = None
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Progress and the last-handled spec live in kopf.pdwarden.io/ annotations (kopf ignores every
+    # annotation under its own prefix, so it must not be pdwarden.io/ itself); status is ours alone.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=KOPF_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    settings.posting.level = logging.WARNING  # Events for warnings and errors only
+    settings.watching.server_timeout = 300
+    get_client()  # fail at start, not at the first resource, when there is no cluster access
+    global _loop_task
+    _loop_task = asyncio.create_task(_resync_loop(), name="pdwarden-resync")
+
+
+@kopf.on.cleanup()
+async def stop(**_: Any) -> None:
+    if _loop_task is not None:
+        _loop_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await _loop_task
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+async def reconcile_model(body: kopf.Body, **_: Any) -> None:
+    key = (body.metadata.namespace or "", body.metadata.name or "")
+    cache.model_event("MODIFIED", body)
+    loop = asyncio.get_running_loop()
+    queued = loop.time()
+    async with cache.lock(key):
+        started = loop.time()
+        try:
+            outcome = await reconcile.reconcile(body)
+            cache.note_applied(key, outcome.applied)
+            cache.note_status(key, outcome.status)
+            log.info(
+                "%s/%s: reconciled generation %s in %.2fs (waited %.2fs for the lock)",
+                key[0],
+                key[1],
+                body.metadata.get("generation"),
+                loop.time() - started,
+                started - queued,
+            )
+        except reconcile.InvalidSpec as exc:
+            raise kopf.PermanentError(str(exc)) from exc
+        except reconcile.RetryLater as exc:
+            raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def model_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    cache.model_event(event.get("type"), body)
+
+
+def _register_child_watch(group: str, version: str, plural: str, api_version: str, kind: str) -> None:
+    async def child_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        cache.child_event(api_version, kind, event.get("type"), body)
+
+    child_event.__name__ = child_event.__qualname__ = f"watch_{plural}"
+    kopf.on.event(group, version, plural, labels=MANAGED, id=f"watch_{plural}")(child_event)
+
+
+for _kind in CHILD_KINDS:
+    _register_child_watch(*_kind)
+
+
+async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
+    async with sem, cache.lock(key):
+        body = cache.models.get(key)
+        if body is None:
+            return
+        try:
+            outcome = await reconcile.resync(body, cache.children_of(key))
+        except reconcile.InvalidSpec:
+            return  # status already says so; the next spec change reconciles
+        except reconcile.RetryLater as exc:
+            failures = _failures[key] = _failures.get(key, 0) + 1
+            delay = min(RETRY_MAX_S, exc.delay * 2 ** (failures - 1))
+            log.warning("%s/%s: %s (retry %d in %.0fs)", key[0], key[1], exc, failures, delay)
+            asyncio.get_running_loop().call_later(delay, cache.mark, key)
+            return
+        except Exception:  # never let one bad object stop the loop
+            log.exception("%s/%s: resync failed", *key)
+            return
+        _failures.pop(key, None)
+        cache.note_applied(key, outcome.applied)
+        cache.note_status(key, outcome.status)
+        if outcome.applied:
+            log.info("%s/%s: restored %s", key[0], key[1], ", ".join(outcome.applied_names))
+
+
+async def _resync_loop() -> None:
+    sem = asyncio.Semaphore(RESYNC_CONCURRENCY)
+    loop = asyncio.get_running_loop()
+    next_full = loop.time() + RESYNC_INTERVAL_S
+    while True:
+        timeout = max(0.0, next_full - loop.time())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cache.wake.wait(), timeout=timeout)
+        if loop.time() >= next_full:
+            cache.mark_all()
+            next_full = loop.time() + RESYNC_INTERVAL_S
+        await asyncio.sleep(DEBOUNCE_S)
+        keys = cache.take_dirty()
+        if keys:
+            await asyncio.gather(*(_resync_one(k, sem) for k in keys))

@@ -1,0 +1,68 @@
+"""Server-side apply with one field manager, and the few reads the reconciler needs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any
+
+from pdwarden_operator.kube.client import KubeApiError, get_client, object_path, resource_path
+
+Obj = dict[str, Any]
+FIELD_MANAGER = "pdwarden"
+
+
+async def apply(obj: Obj) -> Obj:
+    """Create or update `obj` so that pdwarden owns exactly the fields it sets.
+
+    force=True takes back fields someone changed by hand (drift is undone, not argued with).
+    """
+    return await get_client().request(
+        "PATCH",
+        object_path(obj),
+        body=obj,
+        query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+        content_type="application/apply-patch+yaml",
+    )
+
+
+async def apply_all(objs: Iterable[Obj]) -> list[Obj]:
+    """Apply every object concurrently; the first error is raised after all have finished."""
+    results = await asyncio.gather(*(apply(o) for o in objs), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return [r for r in results if not isinstance(r, BaseException)]
+
+
+async def get(api_version: str, kind: str, namespace: str | None, name: str) -> Obj | None:
+    """The object, or None when it does not exist."""
+    try:
+        return await get_client().request("GET", resource_path(api_version, kind, namespace, name))
+    except KubeApiError as exc:
+        if exc.not_found:
+            return None
+        raise
+
+
+async def list_objects(
+    api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
+) -> list[Obj]:
+    query = [("labelSelector", label_selector)] if label_selector else None
+    body = await get_client().request("GET", resource_path(api_version, kind, namespace), query=query)
+    return list(body.get("items") or [])
+
+
+async def delete(api_version: str, kind: str, namespace: str | None, name: str) -> bool:
+    """Delete (background propagation); False when it was already gone."""
+    try:
+        await get_client().request(
+            "DELETE",
+            resource_path(api_version, kind, namespace, name),
+            body={"propagationPolicy": "Background"},
+        )
+    except KubeApiError as exc:
+        if exc.not_found:
+            return False
+        raise
+    return True

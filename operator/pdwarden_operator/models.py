@@ -1,0 +1,470 @@
+"""The DisaggregatedModel resource as pydantic models: the single source of the CRD schema.
+
+Field names are camelCase on the wire (aliases) and snake_case in Python. Every field has a
+description (it becomes `kubectl explain` text), sensible defaults and bounds. Cross-field
+rules are written twice on purpose: as CEL (`x-kubernetes-validations`, enforced by the API
+server at `kubectl apply`) and as pydantic validators (enforced again when the operator
+reads a body, so an object that slipped past an older CRD still fails with a clear error).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
+from pydantic.alias_generators import to_camel
+
+from pdwarden_runtime import contract
+
+# Power-of-two tensor-parallel sizes that SGLang accepts on one node.
+TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
+DEFAULT_IMAGE = "ghcr.io/pdwarden/pdwarden-runtime:0.1.0"
+DEFAULT_ROUTER_IMAGE = "ghcr.io/pdwarden/pdwarden-router:0.1.0"
+GPU_RESOURCE = "nvidia.com/gpu"
+# Env vars the operator sets itself on runtime pods; a user may not override them.
+RESERVED_ENV = (
+    contract.ENV_POD_IP,
+    contract.ENV_POD_NAME,
+    contract.ENV_POD_NAMESPACE,
+    contract.ENV_ROLE,
+    contract.ENV_MODEL,
+)
+# Children are named `<name>-prefill` etc. and the name is a label value and a Service
+# name, so it must be a DNS-1035 label short enough for the suffixes.
+MAX_NAME_LENGTH = 40
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One `x-kubernetes-validations` entry."""
+    entry = {"rule": rule, "message": message}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+def _rules(*entries: dict[str, str]) -> dict[str, Any]:
+    return {"x-kubernetes-validations": list(entries)}
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+# Kubernetes quantity syntax (resource.Quantity): a number and an SI, binary or exponent suffix.
+_QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$")
+
+
+def _check_quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not _QUANTITY.match(value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 500m, 4Gi, 2)")
+    return value
+
+
+# A Kubernetes quantity ("500m", "4Gi", 2): an int-or-string in the schema.
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_check_quantity),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "description": "A Kubernetes quantity, e.g. 500m, 4Gi or 2.",
+        }
+    ),
+]
+
+ResourceMap = Annotated[
+    dict[str, Quantity],
+    Field(
+        max_length=8,  # bounds the CEL cost of the quantity rule
+        json_schema_extra=_rules(
+            cel(
+                f"!('{GPU_RESOURCE}' in self)",
+                f"do not set {GPU_RESOURCE} here: use the role's `gpus` field",
+            ),
+            cel("self.all(k, isQuantity(string(self[k])))", "every value must be a Kubernetes quantity"),
+        ),
+    ),
+]
+
+
+class ResourceRequirements(_Base):
+    """CPU and memory for each pod of a role. GPUs are set with the role's `gpus` field."""
+
+    requests: ResourceMap | None = Field(
+        None, description="Minimum resources per pod, e.g. {cpu: 4, memory: 32Gi}."
+    )
+    limits: ResourceMap | None = Field(None, description="Maximum resources per pod, e.g. {memory: 64Gi}.")
+
+    @model_validator(mode="after")
+    def _no_gpus(self) -> ResourceRequirements:
+        for part in (self.requests, self.limits):
+            if part and GPU_RESOURCE in part:
+                raise ValueError(f"do not set {GPU_RESOURCE} in resources: use the role's `gpus` field")
+        return self
+
+
+class EnvVar(_Base):
+    """An environment variable for the role's container."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "has(self.value) != has(self.valueFrom)",
+                "exactly one of value and valueFrom must be set",
+            ),
+            cel(
+                "!(self.name in " + str(list(RESERVED_ENV)).replace("'", '"') + ")",
+                "this variable is set by pdwarden and cannot be overridden",
+                ".name",
+            ),
+        )
+    )
+
+    name: str = Field(
+        description="Variable name.",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$",
+    )
+    value: str | None = Field(None, description="Literal value.", max_length=32768)
+    value_from: dict[str, Any] | None = Field(
+        None,
+        description="Source of the value, as in a Pod's env[].valueFrom "
+        "(secretKeyRef, configMapKeyRef, fieldRef).",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if (self.value is None) == (self.value_from is None):
+            raise ValueError(f"env {self.name}: exactly one of value and valueFrom must be set")
+        if self.name in RESERVED_ENV:
+            raise ValueError(f"env {self.name}: this variable is set by pdwarden and cannot be overridden")
+        return self
+
+
+class ModelRef(_Base):
+    """Which model to serve."""
+
+    path: str = Field(
+        description="Model path or Hugging Face id passed to SGLang as --model-path "
+        "(ignored by the synthetic engine except as a name).",
+        min_length=1,
+        max_length=512,
+    )
+    served_name: str | None = Field(
+        None,
+        description="Name clients use in requests (--served-model-name). Defaults to the resource name.",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+    )
+
+
+class TransferSpec(_Base):
+    """How KV caches move from prefill to decode, and the runtime's self-heal deadlines."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.transferDeadlineSeconds <= self.inflightDeadlineSeconds",
+                "transferDeadlineSeconds must not exceed inflightDeadlineSeconds",
+                ".transferDeadlineSeconds",
+            )
+        )
+    )
+
+    backend: Literal["nixl"] = Field("nixl", description="KV transfer backend. Only nixl is supported.")
+    ucx_transports: str | None = Field(
+        None,
+        description="UCX transports for NIXL (UCX_TLS), e.g. rc,cuda_copy. Unset: UCX chooses.",
+        max_length=256,
+        pattern=r"^\^?[a-z0-9_]+(,[a-z0-9_]+)*$",
+    )
+    inflight_deadline_seconds: int = Field(
+        300,
+        description="The runtime fails any KV room that stays unfinished longer than this (self-heal).",
+        ge=1,
+        le=86400,
+    )
+    transfer_deadline_seconds: int = Field(
+        60,
+        description="The runtime releases a single KV transfer that makes no progress for this long.",
+        ge=1,
+        le=86400,
+    )
+
+    @model_validator(mode="after")
+    def _deadlines(self) -> TransferSpec:
+        if self.transfer_deadline_seconds > self.inflight_deadline_seconds:
+            raise ValueError("transfer.transferDeadlineSeconds must not exceed inflightDeadlineSeconds")
+        return self
+
+
+class RoleSpec(_Base):
+    """One side of the disaggregated pair (prefill or decode): a Deployment of runtime pods."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.tensorParallel <= (self.gpus > 0 ? self.gpus : 1)",
+                "tensorParallel must not exceed the GPUs requested per pod (gpus; 1 without GPUs)",
+                ".tensorParallel",
+            )
+        )
+    )
+
+    replicas: int = Field(1, description="Number of pods of this role.", ge=0, le=512)
+    tensor_parallel: int = Field(
+        1,
+        description="Tensor-parallel size (--tp) of each pod: a power of two, at most `gpus`.",
+        ge=1,
+        le=64,
+        json_schema_extra=_rules(
+            cel(f"self in {list(TENSOR_PARALLEL_SIZES)}", "must be a power of two between 1 and 64")
+        ),
+    )
+    gpus: int = Field(0, description="GPUs per pod, requested as nvidia.com/gpu. 0: CPU only.", ge=0, le=64)
+    resources: ResourceRequirements | None = Field(
+        None, description="CPU and memory requests and limits per pod."
+    )
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        description="Extra arguments: SGLang server args for engine sglang (after --), "
+        "runtime flags for engine synthetic.",
+        max_length=128,
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        description="Extra environment variables for the container.",
+        max_length=64,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+    @model_validator(mode="after")
+    def _tensor_parallel(self) -> RoleSpec:
+        names = [e.name for e in self.env]
+        if len(names) != len(set(names)):
+            raise ValueError("env names must be unique")
+        if self.tensor_parallel not in TENSOR_PARALLEL_SIZES:
+            raise ValueError("tensorParallel must be a power of two between 1 and 64")
+        if self.tensor_parallel > max(self.gpus, 1):
+            raise ValueError("tensorParallel must not exceed the GPUs requested per pod (gpus)")
+        return self
+
+
+class RouterSpec(_Base):
+    """The sglang-router in front: discovers prefill and decode pods and routes requests."""
+
+    replicas: int = Field(1, description="Number of router pods.", ge=0, le=64)
+    policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = Field(
+        "cache_aware", description="Load-balancing policy for both prefill and decode."
+    )
+    image: str | None = Field(
+        None,
+        description="Router image (sglang-router). Defaults to the runtime image.",
+        min_length=1,
+        max_length=512,
+    )
+    resources: ResourceRequirements | None = Field(None, description="CPU and memory per router pod.")
+    args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list, description="Extra sglang-router arguments.", max_length=64
+    )
+
+
+class WatchdogSpec(_Base):
+    """How the operator finds and remediates wedged pods (inflight queue with no progress)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.stuckAfterSeconds >= 2 * self.scrapeIntervalSeconds",
+                "stuckAfterSeconds must be at least two scrape intervals (a wedge needs two scrapes)",
+                ".stuckAfterSeconds",
+            ),
+            cel(
+                "self.budgetWindowSeconds >= self.stuckAfterSeconds",
+                "budgetWindowSeconds must be at least stuckAfterSeconds",
+                ".budgetWindowSeconds",
+            ),
+        )
+    )
+
+    stuck_after_seconds: int = Field(
+        120,
+        description="A pod whose inflight requests make no progress for this long is wedged.",
+        ge=2,
+        le=86400,
+    )
+    scrape_interval_seconds: int = Field(
+        10, description="How often each pod's metrics are scraped.", ge=1, le=3600
+    )
+    action: Literal["alert", "restart", "evict"] = Field(
+        "restart",
+        description="What to do with a wedged pod: alert (Event and condition only), "
+        "restart (delete the pod) or evict (Eviction API, honours the PodDisruptionBudget).",
+    )
+    max_remediations: int = Field(
+        3, description="At most this many remediations per budget window.", ge=0, le=1000
+    )
+    budget_window_seconds: int = Field(
+        3600, description="Length of the remediation budget window.", ge=60, le=604800
+    )
+    max_unavailable: int = Field(
+        1,
+        description="At most this many pods of a role remediated (unavailable) at once; "
+        "also the role's PodDisruptionBudget.",
+        ge=1,
+        le=512,
+    )
+
+    @model_validator(mode="after")
+    def _intervals(self) -> WatchdogSpec:
+        if self.stuck_after_seconds < 2 * self.scrape_interval_seconds:
+            raise ValueError("watchdog.stuckAfterSeconds must be at least two scrape intervals")
+        if self.budget_window_seconds < self.stuck_after_seconds:
+            raise ValueError("watchdog.budgetWindowSeconds must be at least stuckAfterSeconds")
+        return self
+
+
+def _default_of(model: type[_Base]) -> Any:
+    """`default:` for a nested object: its fields' defaults spelled out, because the API server
+    checks a default against the object's CEL rules before nested defaults would fill it in."""
+    values = model.model_validate({}).model_dump(by_alias=True, exclude_none=True)
+    return {"default": {k: v for k, v in values.items() if v != []}}
+
+
+class DisaggregatedModelSpec(_Base):
+    """Desired state: one model served by prefill and decode pods behind an sglang-router."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.prefill.replicas == 0 || self.decode.replicas == 0 || self.router.replicas > 0",
+                "router.replicas must be at least 1 when prefill and decode have replicas",
+                ".router.replicas",
+            )
+        )
+    )
+
+    model: ModelRef = Field(description="The model to serve.")
+    image: str = Field(
+        DEFAULT_IMAGE,
+        description="Container image of the runtime pods (SGLang with pdwarden installed).",
+        min_length=1,
+        max_length=512,
+    )
+    engine: Literal["synthetic", "sglang"] = Field(
+        "sglang",
+        description="sglang serves the model; synthetic is a CPU stand-in with the same HTTP and "
+        "metrics surface (demos and tests).",
+    )
+    transfer: TransferSpec = Field(
+        default_factory=lambda: TransferSpec.model_validate({}),
+        description="KV transfer backend and self-heal deadlines.",
+        json_schema_extra=_default_of(TransferSpec),
+    )
+    prefill: RoleSpec = Field(
+        default_factory=lambda: RoleSpec.model_validate({}),
+        description="Prefill pods.",
+        json_schema_extra=_default_of(RoleSpec),
+    )
+    decode: RoleSpec = Field(
+        default_factory=lambda: RoleSpec.model_validate({}),
+        description="Decode pods.",
+        json_schema_extra=_default_of(RoleSpec),
+    )
+    router: RouterSpec = Field(
+        default_factory=lambda: RouterSpec.model_validate({}),
+        description="The router in front.",
+        json_schema_extra=_default_of(RouterSpec),
+    )
+    watchdog: WatchdogSpec = Field(
+        default_factory=lambda: WatchdogSpec.model_validate({}),
+        description="Wedge detection and remediation.",
+        json_schema_extra=_default_of(WatchdogSpec),
+    )
+
+    @model_validator(mode="after")
+    def _router_needed(self) -> DisaggregatedModelSpec:
+        if self.prefill.replicas > 0 and self.decode.replicas > 0 and self.router.replicas == 0:
+            raise ValueError("router.replicas must be at least 1 when prefill and decode have replicas")
+        return self
+
+    def role(self, role: str) -> RoleSpec:
+        if role == contract.ROLE_PREFILL:
+            return self.prefill
+        if role == contract.ROLE_DECODE:
+            return self.decode
+        raise ValueError(f"unknown runtime role {role!r}")
+
+
+# --- status ------------------------------------------------------------------------------
+
+Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
+ConditionType = Literal["Ready", "Progressing", "Degraded", "Wedged"]
+
+
+class Condition(_Base):
+    """A standard Kubernetes condition."""
+
+    type: ConditionType = Field(description="Ready, Progressing, Degraded or Wedged.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="One CamelCase word for machines.", max_length=128)
+    message: str = Field(description="What a person needs to know.", max_length=32768)
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int = Field(description="The .metadata.generation this condition describes.")
+
+
+class ReplicaStatus(_Base):
+    """Replica counts of one workload."""
+
+    replicas: int = Field(0, description="Desired pods.")
+    ready_replicas: int = Field(0, description="Pods that pass their readiness probe.")
+    summary: str = Field("0/0", description="readyReplicas/replicas, for kubectl get.")
+
+
+class DisaggregatedModelStatus(_Base):
+    """Observed state, written by the operator."""
+
+    model_config = ConfigDict(extra="allow")
+
+    observed_generation: int | None = Field(None, description="The .metadata.generation last reconciled.")
+    phase: Phase | None = Field(None, description="Pending, Progressing, Ready or Degraded.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready, Progressing, Degraded and Wedged.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    prefill: ReplicaStatus | None = Field(None, description="Prefill Deployment replicas.")
+    decode: ReplicaStatus | None = Field(None, description="Decode Deployment replicas.")
+    router: ReplicaStatus | None = Field(None, description="Router Deployment replicas.")
+    watchdog: dict[str, Any] | None = Field(
+        None,
+        description="Watchdog state: lastScrape, wedgedPods, unobservedPods, budget {windowStart, used}, "
+        "cooldownUntil, inFlight.",
+    )
+    remediations: list[dict[str, Any]] | None = Field(
+        None,
+        description="The last remediations: pod, role, reason, action, time, outcome.",
+        max_length=20,
+    )
+
+
+# Root-level rules (they may read metadata.name).
+ROOT_RULES = [
+    cel(
+        f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        f"metadata.name must be at most {MAX_NAME_LENGTH} characters (children append -prefill etc.)",
+    ),
+    cel(
+        f"self.metadata.name.matches('{NAME_PATTERN}')",
+        "metadata.name must be a DNS-1035 label (lowercase letters, digits, '-', starting with a letter)",
+    ),
+]
+
+
+def parse_spec(spec: dict[str, Any]) -> DisaggregatedModelSpec:
+    """Validate a resource's spec (raises pydantic.ValidationError with field paths)."""
+    return DisaggregatedModelSpec.model_validate(spec)

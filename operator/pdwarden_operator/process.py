@@ -1,0 +1,117 @@
+"""Run `pdwarden operator run` as a child process (benchmarks, e2e tests, the demo).
+
+Starts the operator with its own kubeconfig and ports, waits for its liveness endpoint,
+and always stops it (SIGTERM, then SIGKILL) — also when the caller fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+
+class OperatorProcess:
+    def __init__(
+        self,
+        kubeconfig: str | Path,
+        *,
+        namespaces: tuple[str, ...] = (),
+        health_port: int,
+        metrics_port: int = 0,
+        log_path: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.kubeconfig = str(kubeconfig)
+        self.namespaces = namespaces
+        self.health_port = health_port
+        self.metrics_port = metrics_port
+        self.log_path = log_path
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def command(self) -> list[str]:
+        exe = shutil.which("pdwarden", path=str(Path(sys.executable).parent)) or "pdwarden"
+        cmd = [exe, "operator", "run", "--bind-host", "127.0.0.1"]
+        cmd += ["--health-port", str(self.health_port), "--metrics-port", str(self.metrics_port)]
+        for ns in self.namespaces:
+            cmd += ["--namespace", ns]
+        return cmd
+
+    def start(self, timeout: float = 60.0) -> OperatorProcess:
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.extra_env}
+        out: int | IO[bytes] = subprocess.DEVNULL
+        if self.log_path is not None:
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            out = self._log
+        self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"operator exited with {self.proc.returncode} at start{self._log_hint()}")
+            if self.healthy():
+                return self
+            time.sleep(0.3)
+        self.stop()
+        raise TimeoutError(f"operator not healthy within {timeout:.0f}s{self._log_hint()}")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as a crash would be."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def rss_mib(self) -> tuple[float, float]:
+        """(current, peak) resident memory of the operator process, MiB."""
+        assert self.proc is not None
+        fields = {}
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+        kib = [float(fields.get(k, "0 kB").split()[0]) for k in ("VmRSS", "VmHWM")]
+        return kib[0] / 1024, kib[1] / 1024
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the operator process has used so far."""
+        assert self.proc is not None
+        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def _log_hint(self) -> str:
+        return f" (log: {self.log_path})" if self.log_path else ""
+
+    def __enter__(self) -> OperatorProcess:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

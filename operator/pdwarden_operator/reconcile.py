@@ -1,0 +1,171 @@
+"""Reconcile one DisaggregatedModel: validate -> render -> apply -> status, in a straight line.
+
+Two entry points share the steps:
+- `reconcile(body)` applies every child (create, resume, spec change);
+- `resync(body, observed)` runs every few seconds with the children the operator's watches
+  already hold in memory: it re-applies only missing or hand-edited children and writes
+  status only when it changed, so an idle, healthy resource costs no API calls.
+kopf is not imported here; handlers.py translates the exceptions below into kopf's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from pdwarden_operator import plan
+from pdwarden_operator.kube import apply as kube_apply
+from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.status import patch_status
+from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
+from pdwarden_operator.render import Owner, child_name, render_children
+from pdwarden_operator.status import (
+    ROLES,
+    Observed,
+    compute_status,
+    invalid_spec_status,
+    observe_deployment,
+    status_changed,
+)
+
+Obj = dict[str, Any]
+log = logging.getLogger("pdwarden.reconcile")
+
+
+@dataclass
+class Outcome:
+    """What one pass did: the status it computed and the children the API server returned."""
+
+    status: Obj
+    applied: list[Obj] = field(default_factory=list)
+
+    @property
+    def applied_names(self) -> list[str]:
+        return [f"{o['kind']}/{o['metadata']['name']}" for o in self.applied]
+
+
+class InvalidSpec(Exception):
+    """The spec cannot be reconciled until a person changes it."""
+
+
+class RetryLater(Exception):
+    """A transient failure (API unavailable, conflict, throttling): try again after `delay`."""
+
+    def __init__(self, message: str, delay: float = 5.0) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+def describe_validation_error(exc: ValidationError, prefix: str = "spec") -> str:
+    """`spec.prefill.tensorParallel: must be ...; spec.model: Field required`."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join([prefix, *(str(p) for p in err["loc"])])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def _previous(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
+    status = body.get("status") or {}
+    return status, status.get("watchdog")
+
+
+def _generation(body: Mapping[str, Any]) -> int:
+    return int(body["metadata"].get("generation") or 0)
+
+
+async def _write(body: Mapping[str, Any], new: Obj) -> bool:
+    current, _ = _previous(body)
+    if not status_changed(current, new):
+        return False
+    meta = body["metadata"]
+    try:
+        await patch_status(meta["namespace"], meta["name"], new)
+    except KubeApiError as exc:
+        if exc.not_found:  # deleted meanwhile: nothing to report on
+            return False
+        raise RetryLater(f"writing status failed: {exc}") from exc
+    return True
+
+
+async def _invalid(body: Mapping[str, Any], exc: ValidationError) -> InvalidSpec:
+    message = describe_validation_error(exc)
+    current, _ = _previous(body)
+    observed = Observed(
+        generation=_generation(body), previous_conditions=tuple(current.get("conditions") or ())
+    )
+    await _write(body, invalid_spec_status(f"Invalid spec: {message}", observed))
+    return InvalidSpec(message)
+
+
+def _observed(body: Mapping[str, Any], children: Mapping[tuple[str, str], Obj], **error: str) -> Observed:
+    current, _ = _previous(body)
+    name = body["metadata"]["name"]
+    workloads = {
+        role: observe_deployment(children.get(("Deployment", child_name(name, role)))) for role in ROLES
+    }
+    return Observed(
+        generation=_generation(body),
+        workloads=workloads,
+        previous_conditions=tuple(current.get("conditions") or ()),
+        error_reason=error.get("reason"),
+        error_message=error.get("message"),
+    )
+
+
+async def _apply(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: list[Obj]) -> list[Obj]:
+    try:
+        return await kube_apply.apply_all(objs)
+    except KubeApiError as exc:
+        if exc.retriable:
+            raise RetryLater(f"applying children failed: {exc}") from exc
+        # The API server rejected what we rendered from this spec (e.g. a bad quantity):
+        # retrying will not help until the spec changes. Say so in status.
+        observed = _observed(
+            body, {}, reason="ApplyFailed", message=f"The API server rejected a child: {exc}"
+        )
+        _, watchdog = _previous(body)
+        await _write(body, compute_status(spec, observed, watchdog))
+        raise InvalidSpec(f"the API server rejected a child: {exc}") from exc
+
+
+async def reconcile(body: Mapping[str, Any]) -> Outcome:
+    """Apply every child, then write status (when it changed)."""
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}))
+    except ValidationError as exc:
+        raise await _invalid(body, exc) from exc
+    owner = Owner.from_body(body)
+    applied = await _apply(body, spec, render_children(owner, spec))
+    children = {(o["kind"], o["metadata"]["name"]): o for o in applied}
+    _, watchdog = _previous(body)
+    new = compute_status(spec, _observed(body, children), watchdog)
+    await _write(body, new)
+    return Outcome(new, applied)
+
+
+async def resync(body: Mapping[str, Any], observed_children: Mapping[tuple[str, str], Obj]) -> Outcome:
+    """Restore missing or edited children, refresh status (written only when it changed)."""
+    try:
+        spec = parse_spec(dict(body.get("spec") or {}))
+    except ValidationError as exc:
+        raise await _invalid(body, exc) from exc
+    owner = Owner.from_body(body)
+    stale = plan.to_apply(render_children(owner, spec), observed_children)
+    children = dict(observed_children)
+    applied: list[Obj] = []
+    if stale:
+        names = [f"{o['kind']}/{o['metadata']['name']}" for o in stale]
+        log.info("%s/%s: restoring %s", owner.namespace, owner.name, ", ".join(names))
+        applied = await _apply(body, spec, stale)
+        for obj in applied:
+            children[(obj["kind"], obj["metadata"]["name"])] = obj
+    _, watchdog = _previous(body)
+    new = compute_status(spec, _observed(body, children), watchdog)
+    await _write(body, new)
+    return Outcome(new, applied)

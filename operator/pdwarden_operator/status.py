@@ -1,0 +1,302 @@
+"""DisaggregatedModel status from what was observed: pure functions, no API calls.
+
+`compute_conditions` is the one place conditions are computed (COMMON.md interface 5): the
+reconciler calls it with Deployments it observed, the watchdog calls it with its own
+findings, and both get the same Ready / Progressing / Degraded / Wedged semantics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pdwarden_operator.models import DisaggregatedModelSpec
+from pdwarden_runtime import contract
+
+ROLES = (contract.ROLE_PREFILL, contract.ROLE_DECODE, contract.ROLE_ROUTER)
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged")
+# Degraded reasons caused by the spec or the API, not by pods: they survive a status rebuild.
+ERROR_REASONS = ("InvalidSpec", "ApplyFailed")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One Deployment as observed (or its absence)."""
+
+    present: bool = False
+    spec_replicas: int = 0  # .spec.replicas of the Deployment
+    replicas: int = 0  # .status.replicas: non-terminated pods
+    ready: int = 0
+    updated: int = 0
+    up_to_date: bool = False  # the Deployment controller has seen the latest template
+    stalled: bool = False  # the Deployment controller gave up (ProgressDeadlineExceeded)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything status is computed from, besides the spec and the watchdog's part."""
+
+    generation: int
+    workloads: Mapping[str, Workload] = field(default_factory=dict)
+    error_reason: str | None = None  # e.g. InvalidSpec, ApplyFailed
+    error_message: str | None = None
+    previous_conditions: tuple[Mapping[str, Any], ...] = ()
+
+    def workload(self, role: str) -> Workload:
+        return self.workloads.get(role, Workload())
+
+
+def observe_deployment(obj: Mapping[str, Any] | None) -> Workload:
+    """A Workload from a Deployment body (None: the Deployment does not exist)."""
+    if obj is None:
+        return Workload()
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    st = obj.get("status") or {}
+    stalled = any(
+        c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+        for c in st.get("conditions") or []
+    )
+    return Workload(
+        present=True,
+        spec_replicas=int(spec.get("replicas", 1)),
+        replicas=int(st.get("replicas") or 0),
+        ready=int(st.get("readyReplicas") or 0),
+        updated=int(st.get("updatedReplicas") or 0),
+        up_to_date=int(st.get("observedGeneration") or 0) >= int(meta.get("generation") or 0),
+        stalled=stalled,
+    )
+
+
+def observed_from_status(status: Mapping[str, Any] | None, generation: int) -> Observed:
+    """Rebuild an Observed from a written status (for the watchdog, which reads no Deployments).
+
+    Roles are taken as settled when the last reconcile found them settled (Progressing False).
+    """
+    status = status or {}
+    conditions = tuple(status.get("conditions") or ())
+    progressing = _find(conditions, "Progressing")
+    settled = progressing is not None and progressing.get("status") == "False"
+    workloads = {}
+    for role in ROLES:
+        part = status.get(role)
+        if part is None:
+            continue
+        want = int(part.get("replicas") or 0)
+        workloads[role] = Workload(
+            present=True,
+            spec_replicas=want,
+            replicas=want,
+            ready=int(part.get("readyReplicas") or 0),
+            updated=want if settled else 0,
+            up_to_date=settled,
+        )
+    degraded = _find(conditions, "Degraded")
+    error_reason = error_message = None
+    if degraded and degraded.get("status") == "True" and degraded.get("reason") in ERROR_REASONS:
+        error_reason, error_message = degraded.get("reason"), degraded.get("message")
+    return Observed(
+        generation=generation,
+        workloads=workloads,
+        error_reason=error_reason,
+        error_message=error_message,
+        previous_conditions=conditions,
+    )
+
+
+def desired_replicas(spec: DisaggregatedModelSpec, role: str) -> int:
+    return spec.router.replicas if role == contract.ROLE_ROUTER else spec.role(role).replicas
+
+
+def _settled(w: Workload, want: int) -> bool:
+    return (
+        w.present
+        and w.up_to_date
+        and w.spec_replicas == want
+        and w.updated >= want
+        and w.ready >= want
+        and w.replicas == want
+    )
+
+
+def _find(conditions: Iterable[Mapping[str, Any]], ctype: str) -> Mapping[str, Any] | None:
+    return next((c for c in conditions if c.get("type") == ctype), None)
+
+
+def _roles_summary(spec: DisaggregatedModelSpec, observed: Observed) -> str:
+    parts = []
+    for role in ROLES:
+        w = observed.workload(role)
+        want = desired_replicas(spec, role)
+        parts.append(f"{role} {w.ready}/{want} ready" if w.present else f"{role} not created")
+    return ", ".join(parts)
+
+
+def _wedged_pods(watchdog: Mapping[str, Any] | None) -> list[str]:
+    return [str(p) for p in (watchdog or {}).get("wedgedPods") or []]
+
+
+def _budget_exhausted(spec: DisaggregatedModelSpec, watchdog: Mapping[str, Any] | None) -> bool:
+    if not watchdog:
+        return False
+    if watchdog.get("budgetExhausted") is not None:
+        return bool(watchdog["budgetExhausted"])
+    used = int(((watchdog.get("budget") or {}).get("used")) or 0)
+    return bool(_wedged_pods(watchdog)) and used >= spec.watchdog.max_remediations
+
+
+def compute_conditions(
+    spec: DisaggregatedModelSpec,
+    observed: Observed,
+    watchdog: Mapping[str, Any] | None,
+    *,
+    now: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Ready, Progressing, Degraded and Wedged, keeping lastTransitionTime when unchanged."""
+    unsettled = [r for r in ROLES if not _settled(observed.workload(r), desired_replicas(spec, r))]
+    missing = [r for r in ROLES if not observed.workload(r).present]
+    stalled = [r for r in ROLES if observed.workload(r).stalled and r in unsettled]
+    summary = _roles_summary(spec, observed)
+    wedged = _wedged_pods(watchdog)
+    error = observed.error_reason
+
+    # Ready
+    if error:
+        ready = ("False", error, observed.error_message or error)
+    elif unsettled:
+        reason = "ChildrenMissing" if missing else "ReplicasNotReady"
+        ready = ("False", reason, f"Waiting: {summary}.")
+    else:
+        ready = ("True", "AllReplicasReady", f"All replicas ready: {summary}.")
+
+    # Progressing
+    if error:
+        progressing = ("False", error, "Not rolling out until the error is fixed.")
+    elif missing:
+        progressing = ("True", "CreatingChildren", f"Creating {', '.join(missing)}: {summary}.")
+    elif unsettled:
+        progressing = ("True", "RollingOut", f"Rolling out {', '.join(unsettled)}: {summary}.")
+    else:
+        progressing = ("False", "RolloutComplete", f"Every role matches the spec: {summary}.")
+
+    # Degraded
+    if error:
+        degraded = ("True", error, observed.error_message or error)
+    elif _budget_exhausted(spec, watchdog):
+        degraded = (
+            "True",
+            "RemediationBudgetExhausted",
+            f"{len(wedged)} wedged pod(s) and the remediation budget "
+            f"({spec.watchdog.max_remediations} per {spec.watchdog.budget_window_seconds}s) is spent; "
+            f"a person must look: {', '.join(wedged)}.",
+        )
+    elif wedged and spec.watchdog.action == "alert":
+        degraded = (
+            "True",
+            "WedgedPods",
+            f"Wedged pod(s) and watchdog.action is alert (no automatic remediation): {', '.join(wedged)}.",
+        )
+    elif stalled:
+        degraded = (
+            "True",
+            "RolloutStalled",
+            f"The Deployment controller reports no progress for {', '.join(stalled)}: {summary}.",
+        )
+    else:
+        degraded = ("False", "AsExpected", "No errors, no wedged pods beyond what the watchdog handles.")
+
+    # Wedged
+    if wedged:
+        wedge = (
+            "True",
+            "InflightQueueStuck",
+            f"{len(wedged)} pod(s) hold KV transfers with no progress for at least "
+            f"{spec.watchdog.stuck_after_seconds}s: {', '.join(wedged)}.",
+        )
+    elif watchdog and watchdog.get("lastScrape"):
+        wedge = ("False", "NoWedgedPods", "Every scraped pod finishes its KV transfers.")
+    else:
+        wedge = ("Unknown", "NotScrapedYet", "The watchdog has not scraped the pods yet.")
+
+    stamp = _rfc3339(now or datetime.now(UTC))
+    out = []
+    for ctype, (cstatus, reason, message) in zip(
+        CONDITION_TYPES, (ready, progressing, degraded, wedge), strict=True
+    ):
+        before = _find(observed.previous_conditions, ctype)
+        changed = before is None or before.get("status") != cstatus
+        out.append(
+            {
+                "type": ctype,
+                "status": cstatus,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": stamp if changed else before.get("lastTransitionTime", stamp),  # type: ignore[union-attr]
+                "observedGeneration": observed.generation,
+            }
+        )
+    return out
+
+
+def compute_phase(conditions: Iterable[Mapping[str, Any]], observed: Observed) -> str:
+    conds = {c["type"]: c["status"] for c in conditions}
+    if conds.get("Degraded") == "True":
+        return "Degraded"
+    if conds.get("Ready") == "True":
+        return "Ready"
+    if not any(observed.workload(r).present for r in ROLES):
+        return "Pending"
+    return "Progressing"
+
+
+def compute_status(
+    spec: DisaggregatedModelSpec,
+    observed: Observed,
+    watchdog: Mapping[str, Any] | None,
+    *,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The part of .status the reconciler owns (the watchdog owns .watchdog and .remediations)."""
+    conditions = compute_conditions(spec, observed, watchdog, now=now)
+    status: dict[str, Any] = {
+        "observedGeneration": observed.generation,
+        "phase": compute_phase(conditions, observed),
+        "conditions": conditions,
+    }
+    for role in ROLES:
+        want = desired_replicas(spec, role)
+        ready = observed.workload(role).ready
+        status[role] = {"replicas": want, "readyReplicas": ready, "summary": f"{ready}/{want}"}
+    return status
+
+
+def invalid_spec_status(message: str, observed: Observed, *, now: datetime | None = None) -> dict[str, Any]:
+    """Status for a spec the operator cannot use (no spec model to compute from)."""
+    stamp = _rfc3339(now or datetime.now(UTC))
+    conditions = []
+    for ctype, cstatus in (("Ready", "False"), ("Progressing", "False"), ("Degraded", "True")):
+        before = _find(observed.previous_conditions, ctype)
+        changed = before is None or before.get("status") != cstatus
+        conditions.append(
+            {
+                "type": ctype,
+                "status": cstatus,
+                "reason": "InvalidSpec",
+                "message": message,
+                "lastTransitionTime": stamp if changed else before.get("lastTransitionTime", stamp),  # type: ignore[union-attr]
+                "observedGeneration": observed.generation,
+            }
+        )
+    return {"observedGeneration": observed.generation, "phase": "Degraded", "conditions": conditions}
+
+
+def status_changed(current: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether writing `new` would change anything in `current` (keys `new` owns only)."""
+    current = current or {}
+    return any(current.get(k) != v for k, v in new.items())
+
+
+def _rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

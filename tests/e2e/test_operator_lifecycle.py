@@ -1,0 +1,319 @@
+"""The operator against the local cluster: a DisaggregatedModel becomes prefill, decode and
+router workloads that serve requests, scale per role, heal hand-made damage, disappear with
+the resource, and converge after the operator is killed mid-reconcile."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from pdwarden_operator.process import OperatorProcess
+
+from ._operator_helpers import CRD_FILE, ROOT, Kubectl, condition, new_namespace, wait_for
+
+pytestmark = pytest.mark.e2e
+
+HEALTH_PORT = 35101  # this module's operator (range 35000-35999 belongs to the operator tests)
+NS_PREFIX = "pdwe-op-"
+CHILD_KINDS = ("deployments", "services", "serviceaccounts", "roles", "rolebindings", "poddisruptionbudgets")
+CHILDREN = {
+    "deployments": {"prefill", "decode", "router"},
+    "services": {"router"},
+    "serviceaccounts": {"router"},
+    "roles": {"router"},
+    "rolebindings": {"router"},
+    "poddisruptionbudgets": {"prefill", "decode", "router"},
+}
+runtime_missing = importlib.util.find_spec("pdwarden_runtime.cli") is None
+needs_runtime = pytest.mark.skipif(
+    runtime_missing, reason="pdwarden_runtime.cli (synthetic runtime) not built yet"
+)
+
+
+@pytest.fixture(scope="module")
+def kubectl(cluster) -> Kubectl:  # type: ignore[no-untyped-def]
+    k = Kubectl(cluster.kubeconfig)
+    k.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    k.run("wait", "--for=condition=Established", "crd/disaggregatedmodels.pdwarden.io", "--timeout=60s")
+    return k
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:  # type: ignore[no-untyped-def]
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    op = OperatorProcess(
+        cluster.kubeconfig, namespaces=(f"{NS_PREFIX}*",), health_port=HEALTH_PORT, log_path=log
+    )
+    with op:
+        yield op
+    print(f"operator log: {log}")
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl) -> Iterator[str]:
+    yield from new_namespace(kubectl, NS_PREFIX)
+
+
+def _dm(kubectl: Kubectl, name: str, ns: str) -> dict[str, Any] | None:
+    return kubectl.get("disaggregatedmodel", name, ns)
+
+
+def _children(
+    kubectl: Kubectl, name: str, ns: str, *, managed_fields: bool = False
+) -> dict[str, list[dict[str, Any]]]:
+    sel = f"pdwarden.io/model={name}"
+    return {kind: kubectl.items(kind, ns, sel, managed_fields=managed_fields) for kind in CHILD_KINDS}
+
+
+def _complete(kubectl: Kubectl, name: str, ns: str) -> bool:
+    found = _children(kubectl, name, ns)
+    return all(
+        sorted(o["metadata"]["name"] for o in found[kind]) == sorted(f"{name}-{r}" for r in roles)
+        for kind, roles in CHILDREN.items()
+    )
+
+
+def _zero_model(kubectl: Kubectl, name: str, ns: str) -> None:
+    doc = {
+        "apiVersion": "pdwarden.io/v1alpha1",
+        "kind": "DisaggregatedModel",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "model": {"path": "synthetic/none"},
+            "engine": "synthetic",
+            "prefill": {"replicas": 0},
+            "decode": {"replicas": 0},
+            "router": {"replicas": 0},
+        },
+    }
+    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+
+
+def _ready(kubectl: Kubectl, name: str, ns: str) -> dict[str, Any] | None:
+    dm = _dm(kubectl, name, ns)
+    if not dm or (dm.get("status") or {}).get("phase") != "Ready":
+        return None
+    if dm["status"].get("observedGeneration") != dm["metadata"]["generation"]:
+        return None
+    return dm
+
+
+def _uid(kubectl: Kubectl, kind: str, name: str, ns: str) -> str | None:
+    obj = kubectl.get(kind, name, ns)
+    return obj["metadata"]["uid"] if obj else None
+
+
+# --- zero-replica models: the control loop alone ------------------------------------------------
+
+
+def test_zero_replica_model_gets_every_child_and_status(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    _zero_model(kubectl, "zero", namespace)
+    wait_for(lambda: _complete(kubectl, "zero", namespace), 60, "all 10 children")
+    dm = wait_for(lambda: _ready(kubectl, "zero", namespace), 60, "status Ready")
+    assert condition(dm, "Ready")["status"] == "True"
+    assert condition(dm, "Progressing")["status"] == "False"
+    assert condition(dm, "Degraded")["status"] == "False"
+    for kind in CHILD_KINDS:
+        for obj in _children(kubectl, "zero", namespace, managed_fields=True)[kind]:
+            [ref] = obj["metadata"]["ownerReferences"]
+            assert ref["uid"] == dm["metadata"]["uid"] and ref["controller"] is True
+            managers = {
+                m["manager"] for m in obj["metadata"].get("managedFields", []) if m["operation"] == "Apply"
+            }
+            assert managers == {"pdwarden"}
+    table = kubectl.run("get", "dm", "zero", "-n", namespace).stdout
+    assert "READY" in table and "PHASE" in table and "Ready" in table
+
+
+def test_hand_deleted_children_come_back(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+    _zero_model(kubectl, "heal", namespace)
+    wait_for(lambda: _complete(kubectl, "heal", namespace), 60, "all children")
+    victims = [("deployment", "heal-decode"), ("service", "heal-router"), ("role", "heal-router")]
+    before = {v: _uid(kubectl, *v, namespace) for v in victims}
+    for kind, name in victims:
+        kubectl.run("delete", kind, name, "-n", namespace, "--wait=true")
+
+    def restored() -> bool:
+        now = {v: _uid(kubectl, *v, namespace) for v in victims}
+        return all(now[v] is not None and now[v] != before[v] for v in victims)
+
+    wait_for(restored, 60, "deleted children recreated")
+    assert _complete(kubectl, "heal", namespace)
+
+
+def test_hand_edits_are_reverted(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+    _zero_model(kubectl, "edit", namespace)
+    wait_for(lambda: _complete(kubectl, "edit", namespace), 60, "all children")
+    kubectl.run("scale", "deployment", "edit-prefill", "-n", namespace, "--replicas=2")
+    kubectl.run(
+        "patch", "pdb", "edit-decode", "-n", namespace, "--type=merge", "-p", '{"spec":{"maxUnavailable":5}}'
+    )
+
+    def reverted() -> bool:
+        dep = kubectl.get("deployment", "edit-prefill", namespace)
+        pdb = kubectl.get("pdb", "edit-decode", namespace)
+        return bool(dep and pdb and dep["spec"]["replicas"] == 0 and pdb["spec"]["maxUnavailable"] == 1)
+
+    wait_for(reverted, 60, "hand edits reverted to the spec")
+
+
+def test_deleting_the_model_removes_every_child(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    _zero_model(kubectl, "gone", namespace)
+    wait_for(lambda: _complete(kubectl, "gone", namespace), 60, "all children")
+    kubectl.run("delete", "dm", "gone", "-n", namespace, "--wait=true", timeout=90)
+    assert _dm(kubectl, "gone", namespace) is None, "no finalizer may hold the resource"
+
+    def empty() -> bool:
+        found = _children(kubectl, "gone", namespace)
+        return not any(found.values()) and not kubectl.items(
+            "replicasets", namespace, "pdwarden.io/model=gone"
+        )
+
+    wait_for(empty, 90, "garbage collection of every child")
+
+
+def test_operator_killed_mid_reconcile_converges_without_duplicates(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    names = [f"crash-{i}" for i in range(5)]
+    for name in names:
+        _zero_model(kubectl, name, namespace)
+    # Kill as soon as the operator has started writing children: some models are half done.
+    wait_for(lambda: kubectl.items("deployments", namespace), 60, "the first child", interval=0.05)
+    operator.kill()
+    partial = sum(_complete(kubectl, n, namespace) for n in names)
+    operator.start()
+    for name in names:
+
+        def ready(n: str = name) -> dict[str, Any] | None:
+            return _ready(kubectl, n, namespace)
+
+        wait_for(ready, 90, f"{name} Ready after restart")
+    for name in names:
+        found = _children(kubectl, name, namespace)
+        for kind, roles in CHILDREN.items():
+            assert len(found[kind]) == len(roles), f"{name}: {kind} duplicated or missing: {found[kind]}"
+        for role in ("prefill", "decode", "router"):
+            rs = kubectl.items("replicasets", namespace, f"pdwarden.io/model={name},pdwarden.io/role={role}")
+            assert len(rs) == 1, f"{name}-{role}: {len(rs)} ReplicaSets"
+    print(f"models complete when killed: {partial}/{len(names)}")
+
+
+def test_invalid_spec_that_passes_the_crd_is_reported(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    """A spec the CRD accepts but whose child the API server refuses: Degraded, not a crash loop."""
+    doc = {
+        "apiVersion": "pdwarden.io/v1alpha1",
+        "kind": "DisaggregatedModel",
+        "metadata": {"name": "badenv", "namespace": namespace},
+        "spec": {
+            "model": {"path": "x"},
+            "engine": "synthetic",
+            "prefill": {"replicas": 0, "env": [{"name": "X", "valueFrom": {"nonsense": {}}}]},
+            "decode": {"replicas": 0},
+            "router": {"replicas": 0},
+        },
+    }
+    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+
+    def degraded() -> dict[str, Any] | None:
+        dm = _dm(kubectl, "badenv", namespace)
+        return dm if condition(dm, "Degraded").get("status") == "True" else None
+
+    dm = wait_for(degraded, 60, "Degraded condition")
+    assert dm["status"]["phase"] == "Degraded"
+    assert condition(dm, "Degraded")["reason"] == "ApplyFailed"
+    assert "badenv-prefill" in condition(dm, "Degraded")["message"]
+    assert operator.healthy()
+
+
+# --- the synthetic example with real runtime and router processes ---------------------------------
+
+
+def _router_ip(kubectl: Kubectl, name: str, ns: str) -> str | None:
+    for pod in kubectl.items("pods", ns, f"pdwarden.io/model={name},pdwarden.io/role=router"):
+        ip = (pod.get("status") or {}).get("podIP")
+        if ip and any(c.get("ready") for c in pod["status"].get("containerStatuses") or []):
+            return str(ip)
+    return None
+
+
+def _generate(ip: str) -> dict[str, Any] | None:
+    body = json.dumps({"text": "hello pdwarden", "sampling_params": {"max_new_tokens": 8}}).encode()
+    req = urllib.request.Request(
+        f"http://{ip}:8000/generate", data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return dict(json.loads(resp.read())) if resp.status == 200 else None
+    except OSError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def synthetic(kubectl: Kubectl, operator: OperatorProcess) -> Iterator[tuple[str, str]]:
+    for ns in new_namespace(kubectl, NS_PREFIX):
+        kubectl.run("apply", "-n", ns, "-f", str(ROOT / "examples" / "synthetic.yaml"))
+        yield "synthetic", ns
+
+
+@needs_runtime
+@pytest.mark.timeout(900)
+def test_synthetic_example_becomes_ready_and_serves_through_the_router(
+    kubectl: Kubectl, synthetic: tuple[str, str]
+) -> None:
+    name, ns = synthetic
+    dm = wait_for(lambda: _ready(kubectl, name, ns), 420, "examples/synthetic.yaml Ready", interval=1)
+    assert dm["status"]["prefill"] == {"replicas": 1, "readyReplicas": 1, "summary": "1/1"}
+    assert dm["status"]["router"]["readyReplicas"] == 1
+    ip = wait_for(lambda: _router_ip(kubectl, name, ns), 60, "a ready router pod")
+    answer = wait_for(lambda: _generate(ip), 90, "a /generate answer through the router", interval=2)
+    assert answer, answer
+
+
+@needs_runtime
+@pytest.mark.timeout(1500)
+def test_scaling_prefill_changes_only_prefill(kubectl: Kubectl, synthetic: tuple[str, str]) -> None:
+    name, ns = synthetic
+    wait_for(lambda: _ready(kubectl, name, ns), 420, "Ready before scaling", interval=1)
+    decode_gen = kubectl.get("deployment", f"{name}-decode", ns)["metadata"]["generation"]  # type: ignore[index]
+    router_gen = kubectl.get("deployment", f"{name}-router", ns)["metadata"]["generation"]  # type: ignore[index]
+    for replicas in (3, 1):
+        kubectl.run(
+            "patch",
+            "dm",
+            name,
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"prefill": {"replicas": replicas}}}),
+        )
+
+        def scaled(r: int = replicas) -> dict[str, Any] | None:
+            dm = _ready(kubectl, name, ns)
+            ok = (
+                dm
+                and dm["status"]["prefill"]["readyReplicas"] == r
+                and dm["status"]["prefill"]["replicas"] == r
+            )
+            return dm if ok else None
+
+        wait_for(scaled, 420, f"prefill at {replicas} ready replicas", interval=1)
+        pods = kubectl.items("pods", ns, f"pdwarden.io/model={name},pdwarden.io/role=prefill")
+        assert len([p for p in pods if not p["metadata"].get("deletionTimestamp")]) == replicas
+    assert kubectl.get("deployment", f"{name}-decode", ns)["metadata"]["generation"] == decode_gen  # type: ignore[index]
+    assert kubectl.get("deployment", f"{name}-router", ns)["metadata"]["generation"] == router_gen  # type: ignore[index]

@@ -1,0 +1,112 @@
+"""The in-memory view fed by watch events, and the pure bits of the API layer."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdwarden_operator.cache import Cache, owner_model
+from pdwarden_operator.kube.client import KubeApiError, resource_path
+
+pytestmark = pytest.mark.unit
+
+
+def _dm(name: str, ns: str = "ns") -> dict:
+    return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}"}, "spec": {}}
+
+
+def _child(name: str, owner: str | None, ns: str = "ns") -> dict:
+    meta: dict = {"name": name, "namespace": ns, "managedFields": [{"manager": "x"}]}
+    if owner:
+        meta["ownerReferences"] = [
+            {"apiVersion": "pdwarden.io/v1alpha1", "kind": "DisaggregatedModel", "name": owner, "uid": "u"}
+        ]
+    return {"metadata": meta, "spec": {"replicas": 1}}
+
+
+def test_child_events_mark_their_model_dirty_and_keep_a_slim_copy() -> None:
+    cache = Cache()
+    cache.model_event(None, _dm("m"))
+    assert cache.child_event("apps/v1", "Deployment", "ADDED", _child("m-prefill", "m")) == ("ns", "m")
+    assert cache.take_dirty() == [("ns", "m")]
+    kid = cache.children_of(("ns", "m"))[("Deployment", "m-prefill")]
+    assert kid["kind"] == "Deployment" and kid["apiVersion"] == "apps/v1"
+    assert "managedFields" not in kid["metadata"]
+    cache.child_event("apps/v1", "Deployment", "DELETED", _child("m-prefill", "m"))
+    assert cache.children_of(("ns", "m")) == {}
+    assert cache.take_dirty() == [("ns", "m")]
+
+
+def test_foreign_objects_and_unknown_models_are_ignored() -> None:
+    cache = Cache()
+    assert cache.child_event("apps/v1", "Deployment", "ADDED", _child("other", None)) is None
+    cache.child_event("apps/v1", "Deployment", "ADDED", _child("x-prefill", "x"))
+    assert cache.take_dirty() == [], "no model x known: nothing to resync"
+    assert owner_model(_child("a", "b", ns="n2")) == ("n2", "b")
+
+
+def test_deleted_model_forgets_children_and_locks() -> None:
+    cache = Cache()
+    cache.model_event("ADDED", _dm("m"))
+    cache.child_event("v1", "Service", "ADDED", _child("m-router", "m"))
+    cache.lock(("ns", "m"))
+    cache.model_event("DELETED", _dm("m"))
+    assert cache.children_of(("ns", "m")) == {} and cache.locks == {} and cache.take_dirty() == []
+
+
+def test_mark_all_covers_every_known_model() -> None:
+    cache = Cache()
+    for n in ("a", "b"):
+        cache.model_event(None, _dm(n))
+    cache.mark_all()
+    assert sorted(cache.take_dirty()) == [("ns", "a"), ("ns", "b")]
+    assert not cache.wake.is_set()
+
+
+def test_resource_paths() -> None:
+    assert resource_path("apps/v1", "Deployment", "ns", "d") == "/apis/apps/v1/namespaces/ns/deployments/d"
+    assert resource_path("v1", "Service", "ns") == "/api/v1/namespaces/ns/services"
+    assert resource_path("v1", "Namespace", None, "ns") == "/api/v1/namespaces/ns"
+    assert (
+        resource_path("pdwarden.io/v1alpha1", "DisaggregatedModel", "n", "m")
+        == "/apis/pdwarden.io/v1alpha1/namespaces/n/disaggregatedmodels/m"
+    )
+    with pytest.raises(ValueError, match="namespaced"):
+        resource_path("apps/v1", "Deployment", None, "d")
+    with pytest.raises(ValueError, match="does not know"):
+        resource_path("v1", "Secret", "ns", "s")
+
+
+def test_error_classification() -> None:
+    assert KubeApiError(503, "ServiceUnavailable", "").retriable
+    assert KubeApiError(409, "Conflict", "").retriable
+    assert KubeApiError(0, "ConnectionRefused", "").retriable
+    assert not KubeApiError(422, "Invalid", "").retriable
+    assert not KubeApiError(403, "Forbidden", "").retriable
+    schema_error = KubeApiError(
+        500, "InternalError", "failed to create typed patch object (x): field not declared"
+    )
+    assert not schema_error.retriable
+    assert KubeApiError(404, "NotFound", "").not_found
+
+
+def test_applied_children_and_written_status_are_known_at_once() -> None:
+    cache = Cache()
+    cache.model_event(None, {**_dm("m"), "status": {"phase": "Pending", "watchdog": {"lastScrape": "t"}}})
+    applied = {**_child("m-decode", "m"), "apiVersion": "apps/v1", "kind": "Deployment"}
+    cache.note_applied(("ns", "m"), [applied])
+    assert ("Deployment", "m-decode") in cache.children_of(("ns", "m"))
+    assert cache.take_dirty() == [], "our own apply is not a reason to resync"
+    cache.note_status(("ns", "m"), {"phase": "Ready"})
+    assert cache.models[("ns", "m")]["status"] == {"phase": "Ready", "watchdog": {"lastScrape": "t"}}
+    cache.note_applied(("ns", "gone"), [applied])
+    assert cache.children_of(("ns", "gone")) == {}
+
+
+def test_an_apply_response_never_replaces_what_the_watch_delivered() -> None:
+    cache = Cache()
+    cache.model_event(None, _dm("m"))
+    watched = {**_child("m-decode", "m"), "status": {"observedGeneration": 1}}
+    cache.child_event("apps/v1", "Deployment", "MODIFIED", watched)
+    applied = {**_child("m-decode", "m"), "apiVersion": "apps/v1", "kind": "Deployment"}
+    cache.note_applied(("ns", "m"), [applied])
+    assert cache.children_of(("ns", "m"))[("Deployment", "m-decode")]["status"] == {"observedGeneration": 1}

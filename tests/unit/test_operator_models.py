@@ -1,0 +1,56 @@
+"""The pydantic models: examples parse, defaults hold, and the invalid corpus is rejected here too."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from pdwarden_operator.models import parse_spec
+from pdwarden_operator.reconcile import describe_validation_error
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+INVALID = sorted((ROOT / "tests/data/invalid").glob("*.yaml"))
+
+
+def expected_path(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# expect: "), f"{path.name}: first line must be '# expect: <field path>'"
+    return first.removeprefix("# expect: ").strip()
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid(example: Path) -> None:
+    doc = yaml.safe_load(example.read_text())
+    spec = parse_spec(doc["spec"])
+    assert spec.model.path
+
+
+def test_defaults() -> None:
+    spec = parse_spec({"model": {"path": "m"}})
+    assert spec.engine == "sglang"
+    assert (spec.prefill.replicas, spec.decode.replicas, spec.router.replicas) == (1, 1, 1)
+    assert spec.prefill.tensor_parallel == 1 and spec.prefill.gpus == 0
+    assert spec.watchdog.stuck_after_seconds == 120 and spec.watchdog.action == "restart"
+    assert spec.transfer.backend == "nixl"
+
+
+def test_invalid_corpus_is_large_enough() -> None:
+    assert len(INVALID) >= 25
+
+
+# Rules on metadata and on the presence of spec live only in the CRD.
+SPEC_LEVEL = [p for p in INVALID if expected_path(p).startswith("spec.")]
+
+
+@pytest.mark.parametrize("manifest", SPEC_LEVEL, ids=lambda p: p.name)
+def test_invalid_spec_is_rejected_by_the_models_too(manifest: Path) -> None:
+    doc = yaml.safe_load(manifest.read_text())
+    with pytest.raises(ValidationError) as info:
+        parse_spec(doc["spec"])
+    message = describe_validation_error(info.value)
+    assert message.startswith("spec"), message
