@@ -1,0 +1,243 @@
+"""The chart on the local cluster's real API server: schema-valid manifests, a real install
+whose operator pod reconciles a model with the chart's RBAC, a refused bad value, and an
+uninstall that leaves no operator objects behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pdwarden_cli import chart
+from pdwarden_runtime import contract
+
+pytestmark = pytest.mark.e2e
+
+EXAMPLE = chart.REPO_ROOT / "examples" / "synthetic.yaml"
+# prometheus-operator kinds: no CRD on the local cluster; their required fields are unit-tested.
+MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+
+
+def run(
+    cmd: list[str], kubeconfig: Path, stdin: str | None = None, timeout: float = 240
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    return subprocess.run(
+        cmd, input=stdin, capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return run([chart.find_tool("kubectl"), *args], kubeconfig, stdin)
+
+
+def helm(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run([chart.find_tool("helm"), *args], kubeconfig)
+
+
+def get_json(kubeconfig: Path, *args: str) -> Any:
+    proc = kubectl(kubeconfig, "get", *args, "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def wait_until(what: str, check: Any, timeout: float, interval: float = 2.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+@pytest.fixture
+def kubeconfig(cluster: Any) -> Path:
+    return Path(cluster.kubeconfig)
+
+
+@pytest.fixture
+def namespace(kubeconfig: Path) -> Iterator[str]:
+    name = f"pdw-helm-{uuid.uuid4().hex[:6]}"
+    assert kubectl(kubeconfig, "create", "namespace", name).returncode == 0
+    yield name
+    kubectl(kubeconfig, "delete", "namespace", name, "--wait=false")
+
+
+def rendered(namespace: str, values: Mapping[str, str], release: str = "pdw") -> str:
+    docs = chart.helm_template(release=release, namespace=namespace, set_values=values, include_crds=True)
+    return yaml.safe_dump_all([d for d in docs if d["kind"] not in MONITORING_KINDS])
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {
+            "operator.scope": "namespace",
+            "monitoring.grafanaDashboard.enabled": "true",
+            "metricsService.type": "NodePort",
+            "serviceAccount.annotations.team": "ml",
+            "podLabels.tier": "control",
+            "tolerations[0].key": "nvidia.com/gpu",
+            "tolerations[0].operator": "Exists",
+        },
+    ],
+    ids=["default", "non-default"],
+)
+def test_rendered_manifests_pass_the_api_servers_schema_validation(
+    kubeconfig: Path, namespace: str, values: Mapping[str, str]
+) -> None:
+    # --dry-run=server: the real API server validates every object against its OpenAPI
+    # schemas (and the CRD), runs admission, and persists nothing.
+    manifest = rendered(namespace, values)
+    proc = kubectl(kubeconfig, "apply", "--dry-run=server", "--validate=strict", "-f", "-", stdin=manifest)
+    assert proc.returncode == 0, proc.stderr
+    applied = [line for line in proc.stdout.splitlines() if "(server dry run)" in line]
+    assert len(applied) == len([d for d in yaml.safe_load_all(manifest) if d])
+
+
+def test_the_dry_run_validation_catches_a_bad_object(kubeconfig: Path, namespace: str) -> None:
+    # Guards the test above: a field the schema does not know must be refused.
+    docs = [d for d in yaml.safe_load_all(rendered(namespace, {})) if d]
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    deploy["spec"]["template"]["spec"]["containers"][0]["livenessProb"] = {}
+    proc = kubectl(
+        kubeconfig, "apply", "--dry-run=server", "--validate=strict", "-f", "-", stdin=yaml.safe_dump(deploy)
+    )
+    assert proc.returncode != 0
+    assert "livenessProb" in proc.stderr
+
+
+def test_a_value_that_violates_the_schema_is_refused_at_install(kubeconfig: Path, namespace: str) -> None:
+    proc = helm(
+        kubeconfig,
+        "install",
+        "bad",
+        str(chart.CHART_DIR),
+        "-n",
+        namespace,
+        "--set",
+        "operator.scope=everywhere",
+    )
+    assert proc.returncode != 0
+    assert "/operator/scope" in proc.stderr
+    assert helm(kubeconfig, "status", "bad", "-n", namespace).returncode != 0  # no release was recorded
+    assert get_json(kubeconfig, "deployments", "-n", namespace)["items"] == []
+
+
+RBAC_KINDS = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_rbac_is_least_privilege_on_the_real_authorizer(kubeconfig: Path, namespace: str, scope: str) -> None:
+    release = f"rbac-{namespace[-6:]}"  # cluster-scoped names must not collide across runs
+    docs = chart.helm_template(release=release, namespace=namespace, set_values={"operator.scope": scope})
+    manifest = yaml.safe_dump_all([d for d in docs if d["kind"] in RBAC_KINDS])
+    proc = kubectl(kubeconfig, "apply", "-f", "-", stdin=manifest)
+    assert proc.returncode == 0, proc.stderr
+    sa = f"system:serviceaccount:{namespace}:{release}-pdwarden"
+
+    def can(*args: str) -> bool:
+        return kubectl(kubeconfig, "auth", "can-i", *args, "--as", sa).stdout.strip() == "yes"
+
+    try:
+        models = f"disaggregatedmodels.{contract.API_GROUP}"
+        assert can("patch", models, "--subresource=status", "-n", namespace)
+        assert can("watch", models, "-n", namespace)
+        assert can("delete", "pods", "-n", namespace)
+        assert can("create", "pods", "--subresource=eviction", "-n", namespace)
+        assert can("patch", "deployments.apps", "-n", namespace)
+        assert can("create", "events", "-n", namespace)
+        assert not can("get", "secrets", "-n", namespace)
+        assert not can("create", "pods", "-n", namespace)  # it never runs pods itself
+        assert not can("delete", "nodes")
+        if scope == "cluster":
+            assert can("list", models, "--all-namespaces")
+            assert not can("list", "secrets", "--all-namespaces")
+        else:
+            assert not can("list", "pods", "-n", "kube-system")  # nothing outside its namespace
+            assert not can("list", models, "--all-namespaces")
+    finally:
+        kubectl(kubeconfig, "delete", "-f", "-", "--wait=false", stdin=manifest)
+
+
+def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
+    kubeconfig: Path, namespace: str
+) -> None:
+    release = "pdwe2e"
+    proc = helm(
+        kubeconfig,
+        "install",
+        release,
+        str(chart.CHART_DIR),
+        "-n",
+        namespace,
+        "--wait",
+        "--timeout",
+        "180s",
+        "--set",
+        "operator.scope=namespace",
+        "--set",
+        f"operator.watchNamespace={namespace}",
+    )
+    assert proc.returncode == 0, proc.stderr
+    selector = f"app.kubernetes.io/instance={release}"
+    try:
+        (pod,) = get_json(
+            kubeconfig, "pods", "-n", namespace, "-l", f"{selector},app.kubernetes.io/component=operator"
+        )["items"]
+        # The operator runs as a pod with the chart's ServiceAccount (its token is its identity).
+        assert pod["spec"]["serviceAccountName"] == f"{release}-pdwarden"
+        assert pod["spec"]["containers"][0]["command"] == ["pdwarden", "operator", "run"]
+
+        model = yaml.safe_load(EXAMPLE.read_text())
+        model["metadata"]["namespace"] = namespace
+        assert kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(model)).returncode == 0
+        name = model["metadata"]["name"]
+
+        def reconciled() -> Any:
+            dm = get_json(kubeconfig, "disaggregatedmodels", name, "-n", namespace)
+            status = dm.get("status") or {}
+            deploys = get_json(
+                kubeconfig, "deployments", "-n", namespace, "-l", f"{contract.LABEL_MODEL}={name}"
+            )
+            return (
+                status.get("observedGeneration") == dm["metadata"]["generation"]
+                and len(deploys["items"]) == 3
+            )
+
+        wait_until("the operator pod to reconcile the model", reconciled, 180)
+        deploys = get_json(kubeconfig, "deployments", "-n", namespace, "-l", f"{contract.LABEL_MODEL}={name}")
+        roles = sorted(d["metadata"]["labels"][contract.LABEL_ROLE] for d in deploys["items"])
+        assert roles == ["decode", "prefill", "router"]
+
+        # Models go before the operator: their finalizer needs it.
+        assert (
+            kubectl(
+                kubeconfig, "delete", "disaggregatedmodels", name, "-n", namespace, "--timeout=120s"
+            ).returncode
+            == 0
+        )
+    finally:
+        proc = helm(kubeconfig, "uninstall", release, "-n", namespace, "--wait", "--timeout", "120s")
+    assert proc.returncode == 0, proc.stderr
+
+    def gone() -> bool:
+        namespaced = get_json(
+            kubeconfig, "deploy,svc,sa,role,rolebinding,pods", "-n", namespace, "-l", selector
+        )["items"]
+        cluster_wide = get_json(kubeconfig, "clusterrole,clusterrolebinding", "-l", selector)["items"]
+        return not namespaced and not cluster_wide
+
+    wait_until("every operator object to be deleted", gone, 120)
+    assert helm(kubeconfig, "status", release, "-n", namespace).returncode != 0

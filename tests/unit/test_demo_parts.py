@@ -1,0 +1,175 @@
+"""The demo's pure parts: its model manifest, its verdict, and the scraped-series grid that
+promtool replays (fed by a real RuntimeMetrics exposition and judged by the real promtool)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from pdwarden_cli import chart, demo, demo_alerts
+from pdwarden_cli.demo_scrape import SeriesStore, Target, parse_samples, target_labels
+from pdwarden_operator.models import parse_spec
+from pdwarden_runtime import contract
+from pdwarden_runtime.inflight import InflightTracker
+from pdwarden_runtime.kvpoll import KVPoll
+from pdwarden_runtime.metrics import RuntimeMetrics
+from pdwarden_runtime.status import RoomStatusTable
+
+pytestmark = pytest.mark.unit
+
+
+def test_demo_manifest_is_the_example_with_2_2_1_pods_and_fault_injection_allowed() -> None:
+    example = yaml.safe_load(demo.EXAMPLE.read_text())
+    m = demo.demo_manifest(example, "ns1")
+    assert m["metadata"]["namespace"] == "ns1"
+    assert m["metadata"]["annotations"][contract.ANNOTATION_ALLOW_FAULT_INJECTION] == "true"
+    spec = parse_spec(m["spec"])  # the operator's own validation (the CRD's rules too)
+    assert (spec.prefill.replicas, spec.decode.replicas, spec.router.replicas) == (2, 2, 1)
+    assert spec.engine == "synthetic"
+    assert spec.watchdog.action == "restart"
+    assert spec.prefill.args == ["--hardening", "off", "--race-window", "5"]  # so the race can wedge it
+    assert spec.decode.args == example["spec"].get("decode", {}).get("args", [])
+    # the operator acts before the runtime's own deadline would hide the wedge
+    assert spec.watchdog.stuck_after_seconds < spec.transfer.inflight_deadline_seconds
+    assert "annotations" not in example.get("metadata", {}) or (
+        contract.ANNOTATION_ALLOW_FAULT_INJECTION not in example["metadata"]["annotations"]
+    )  # the example itself stays safe
+
+
+def good_result() -> demo.DemoResult:
+    return demo.DemoResult(
+        wedges_injected=1,
+        wedges_detected=1,
+        detection_seconds=23.456,
+        remediations=1,
+        requests_ok=300,
+        requests_failed=12,
+        recovered=True,
+        alerts_fired=["PdwardenInflightOldestAgeHigh", "PdwardenWedgeRemediated"],
+        alerts_for_wedged_pod=["PdwardenInflightOldestAgeHigh"],
+        alerts_before_fault=["PdwardenStatusWritesRefused"],
+    )
+
+
+def test_demo_result_json_line_has_the_promised_keys() -> None:
+    line = good_result().json_line()
+    assert "\n" not in line
+    data = json.loads(line)
+    for key in (
+        "wedges_injected",
+        "wedges_detected",
+        "detection_seconds",
+        "remediations",
+        "requests_ok",
+        "requests_failed",
+        "recovered",
+    ):
+        assert key in data
+    assert data["detection_seconds"] == 23.5 and data["recovered"] is True
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        ({"wedges_detected": 0}, "did not detect"),
+        ({"remediations": 0}, "not remediated"),
+        ({"recovered": False}, "did not recover"),
+        ({"alerts_for_wedged_pod": []}, "no inflight alert"),
+        ({"alerts_fired": ["PdwardenInflightOldestAgeHigh"]}, "PdwardenWedgeRemediated"),
+        (
+            {"alerts_before_fault": ["PdwardenInflightStuck"]},
+            "before the fault was injected: PdwardenInflightStuck",
+        ),
+        ({"wedges_injected": 0, "wedges_detected": 0}, "no wedge was injected"),
+        ({"error": "helm install failed"}, "helm install failed"),
+    ],
+)
+def test_demo_fails_when_anything_did_not_happen(change: dict[str, object], complaint: str) -> None:
+    assert good_result().failures() == []
+    result = good_result()
+    for key, value in change.items():
+        setattr(result, key, value)
+    assert any(complaint in failure for failure in result.failures())
+    if result.error:  # an aborted demo names its error, not the consequences
+        assert result.failures() == [result.error]
+
+
+def exposition_of_a_runtime(rooms_in_flight: int, finished: int) -> str:
+    table = RoomStatusTable(mode="sticky")
+    tracker = InflightTracker(table)
+    metrics = RuntimeMetrics("prefill", table, tracker, engine="synthetic", transfer_backend="nixl")
+    for room in range(finished):
+        table.open(room, KVPoll.Bootstrapping)
+        table.update(room, KVPoll.Transferring)
+        table.update(room, KVPoll.Success)
+    for room in range(1000, 1000 + rooms_in_flight):
+        table.open(room, KVPoll.Bootstrapping)
+        table.update(room, KVPoll.Transferring)
+    body, _ = metrics.exposition()
+    return body.decode()
+
+
+def test_parse_samples_keeps_the_contract_series_of_a_real_runtime_exposition() -> None:
+    samples = parse_samples(exposition_of_a_runtime(rooms_in_flight=3, finished=5))
+    names = {name for name, _, _ in samples}
+    assert contract.METRIC_INFLIGHT_REQUESTS in names and contract.METRIC_KV_TRANSFERS_TOTAL in names
+    assert not any(n.endswith(("_bucket", "_created", "_sum", "_count")) for n in names)
+    inflight = [v for n, _, v in samples if n == contract.METRIC_INFLIGHT_REQUESTS]
+    assert inflight == [3.0]
+    success = [
+        v
+        for n, labels, v in samples
+        if n == contract.METRIC_KV_TRANSFERS_TOTAL and labels[contract.LABEL_METRIC_OUTCOME] == "success"
+    ]
+    assert success == [5.0]
+
+
+def test_target_labels_follow_prometheus_honor_labels_semantics() -> None:
+    scraped = {"namespace": "models", "model": "m"}
+    plain = Target("http://x/metrics", {"namespace": "ops", "job": "j"})
+    honored = Target("http://x/metrics", {"namespace": "ops", "job": "j"}, honor_labels=True)
+    assert target_labels(scraped, plain)["namespace"] == "ops"
+    assert target_labels(scraped, honored)["namespace"] == "models"
+
+
+def test_series_grid_marks_missed_scrapes() -> None:
+    store = SeriesStore(start=100.0, step=2.0)
+    labels = {"__name__": "up", "job": 'a"b', "instance": "i"}
+    store.add(100.1, labels, 1)
+    store.add(104.0, labels, 0)
+    store.add(106.2, {**labels, "instance": "k"}, 0.5)
+    rows = {r["series"]: r["values"] for r in store.input_series()}
+    assert rows['up{instance="i", job="a\\"b"}'] == "1 _ 0 _"
+    assert rows['up{instance="k", job="a\\"b"}'] == "_ _ _ 0.5"
+
+
+def test_promtool_judges_a_wedge_in_scraped_series() -> None:
+    # Series shaped like the demo's: a progressing prefill pod whose queue then stops.
+    groups = chart.rule_groups(chart.helm_template(release=demo.RELEASE, set_values=demo.DEMO_RULE_VALUES))
+    store = SeriesStore(start=0.0, step=2.0)
+    target = {
+        "job": "d/rt",
+        "instance": "127.0.1.2:9400",
+        "namespace": "d",
+        "pod": "m-prefill-a",
+        "model": "m",
+    }
+    for i in range(50):
+        at = i * 2.0
+        store.add(at, {"__name__": "up", **target}, 1)
+        store.add(at, {"__name__": contract.METRIC_INFLIGHT_REQUESTS, **target, "role": "prefill"}, 2)
+        done = {
+            "__name__": contract.METRIC_KV_TRANSFERS_TOTAL,
+            **target,
+            "role": "prefill",
+            "outcome": "success",
+        }
+        store.add(at, done, 3 * min(i, 25))  # progress stops at slot 25 (50 s)
+        age = {"__name__": contract.METRIC_INFLIGHT_OLDEST_AGE, **target, "role": "prefill"}
+        store.add(at, age, 1 if i <= 25 else 2 * (i - 25))
+    assert not demo_alerts.was_firing(groups, store, until_slot=24)
+    fired = demo_alerts.firing_alerts(groups, store, matchers={"pod": "m-prefill-a"})
+    assert fired == ["PdwardenInflightStuck", "PdwardenInflightOldestAgeHigh"]
+    assert demo_alerts.firing_alerts(groups, store, matchers={"pod": "another-pod"}) == []
