@@ -1,0 +1,230 @@
+"""`pdwarden runtime serve --engine sglang` with real SGLang processes (CPU: SGLang starts,
+spawns its scheduler, and is stopped or fails; serving a model needs the GPU check)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from pdwarden_runtime.sglang_boot import SITE_DIR
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PDW = [
+    sys.executable,
+    "-c",
+    "import sys; from pdwarden_cli.main import main; sys.argv[0] = 'pdwarden'; main()",
+]
+START_TIMEOUT = 600  # generous: SGLang start-up on a loaded 2-core machine is slow
+
+
+def tiny_model(directory: Path) -> Path:
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_pd_check
+    finally:
+        sys.path.pop(0)
+    gpu_pd_check.make_model(directory)
+    config = json.loads((directory / "config.json").read_text())
+    config.update(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+    )
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
+
+
+def group_alive(pgid: int, within: float = 0.0) -> bool:
+    """Whether a live (non-zombie) process of group ``pgid`` remains after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        alive = False
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                alive = True
+                break
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.5)
+
+
+def serve(args: list[str], sglang_args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [*PDW, "runtime", "serve", "--engine", "sglang", *args, "--", *sglang_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_launcher_runs_sglang_hardened_and_stops_its_whole_tree(tmp_path: Path) -> None:
+    model = tiny_model(tmp_path / "model")
+    proc = serve(
+        [
+            "--role",
+            "decode",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "32510",
+            "--bootstrap-port",
+            "32511",
+            "--metrics-port",
+            "32512",
+        ],
+        [
+            "--model-path",
+            str(model),
+            "--load-format",
+            "dummy",
+            "--device",
+            "cpu",
+            "--cuda-graph-backend-decode",
+            "disabled",
+            "--cuda-graph-backend-prefill",
+            "disabled",
+        ],
+    )
+    sglang_pid = None
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        spawned: list[int] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            kids = children(proc.pid)
+            if kids:
+                sglang_pid = kids[0]
+                spawned = children(sglang_pid)
+                if any(
+                    "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
+                    for p in spawned
+                    if Path(f"/proc/{p}").exists()
+                ):
+                    break
+            time.sleep(1)
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert sglang_pid is not None and spawned, "SGLang never spawned its processes"
+        # the contract metrics port is up while SGLang starts
+        with urllib.request.urlopen("http://127.0.0.1:32512/metrics", timeout=10) as resp:
+            assert resp.status == 200
+        # SGLang's main and its spawned children carry the seam
+        for pid in [sglang_pid, *spawned]:
+            env = environ_of(pid)
+            assert env["PDWARDEN_HARDENING"] == "1"
+            assert env["PYTHONPATH"].split(os.pathsep)[0] == str(SITE_DIR)
+            assert env["PROMETHEUS_MULTIPROC_DIR"].startswith("/tmp/pdwarden-decode-prom-")
+        prom_dir = environ_of(sglang_pid)["PROMETHEUS_MULTIPROC_DIR"]
+        cmdline = Path(f"/proc/{sglang_pid}/cmdline").read_text().split("\0")
+        assert cmdline[1:3] == ["-m", "sglang.launch_server"]
+        assert cmdline[3:5] == ["--disaggregation-mode", "decode"]
+
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        if sglang_pid is not None and group_alive(sglang_pid):
+            os.killpg(sglang_pid, signal.SIGKILL)
+    assert proc.returncode == 0, out
+    assert (
+        "arguments added to SGLang: --disaggregation-mode decode --disaggregation-transfer-backend nixl"
+        in out
+    )
+    assert f"your SGLang arguments (untouched): --model-path {model}" in out
+    # SIGKILLed children take a moment to be reaped; the bound is generous, not a timing claim
+    assert not group_alive(sglang_pid, within=30), "SGLang's processes outlived the launcher"
+    assert not Path(prom_dir).exists()
+
+
+def test_sglang_failure_is_the_launcher_exit_status(tmp_path: Path) -> None:
+    proc = serve(
+        [
+            "--role",
+            "prefill",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "32520",
+            "--bootstrap-port",
+            "32521",
+            "--metrics-port",
+            "32522",
+        ],
+        ["--model-path", str(tmp_path / "no-such-model"), "--load-format", "dummy", "--device", "cpu"],
+    )
+    try:
+        out, _ = proc.communicate(timeout=START_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    assert proc.returncode not in (0, None), out
+    assert "pdwarden: SGLang exited with status" in out
+
+
+def test_conflicting_arguments_stop_before_sglang_starts() -> None:
+    done = subprocess.run(
+        [
+            *PDW,
+            "runtime",
+            "serve",
+            "--engine",
+            "sglang",
+            "--role",
+            "prefill",
+            "--port",
+            "32530",
+            "--metrics-port",
+            "32532",
+            "--",
+            "--model-path",
+            "/m",
+            "--port",
+            "31000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "--port 31000 (pdwarden sets --port 32530)" in done.stdout + done.stderr
+    assert "sglang.launch_server" not in done.stdout + done.stderr
