@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import click
+
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.status import RoomStatusTable

@@ -7,6 +7,7 @@ import threading
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import TERMINAL, KVPoll
 from pdwarden_runtime.status import RoomStatusTable

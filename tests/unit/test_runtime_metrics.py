@@ -9,13 +9,14 @@ import urllib.request
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import REGISTRY
+from prometheus_client.parser import text_string_to_metric_families
+
 from pdwarden_runtime import contract as c
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import STATE_LABELS, KVPoll
 from pdwarden_runtime.metrics import RuntimeMetrics, exposition, metrics_handler, serve_metrics
 from pdwarden_runtime.status import RoomStatusTable
-from prometheus_client import REGISTRY
-from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.unit
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pdwarden_runtime.kvpoll import OPENING, TERMINAL, KVPoll, coerce
 from pdwarden_runtime.status import (
     STICKY_TRANSITIONS,

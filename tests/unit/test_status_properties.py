@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pdwarden_runtime.kvpoll import OPENING, TERMINAL, KVPoll
 from pdwarden_runtime.status import RoomStatusTable
 
