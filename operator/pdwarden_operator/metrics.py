@@ -1,0 +1,94 @@
+"""The operator's own Prometheus metrics (its `/metrics`), names from the runtime contract.
+
+One registry per process (`METRICS`), served by `serve(port)` on a background thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from pdwarden_runtime.contract import (
+    ENV_POD_IP,
+    METRIC_OPERATOR_BUDGET_EXHAUSTED,
+    METRIC_OPERATOR_REMEDIATIONS_TOTAL,
+    METRIC_OPERATOR_SCRAPE_DURATION,
+    METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL,
+    METRIC_OPERATOR_UNOBSERVED_PODS,
+    METRIC_OPERATOR_WEDGED_PODS,
+)
+
+_MODEL = ("namespace", "model")
+
+
+def _base(name: str) -> str:
+    """prometheus_client appends `_total` to counters itself."""
+    return name.removesuffix("_total")
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.wedged_pods = Gauge(
+            METRIC_OPERATOR_WEDGED_PODS,
+            "Runtime pods the watchdog judges wedged now",
+            [*_MODEL, "role"],
+            registry=r,
+        )
+        self.unobserved_pods = Gauge(
+            METRIC_OPERATOR_UNOBSERVED_PODS,
+            "Runtime pods whose /metrics could not be scraped or parsed",
+            [*_MODEL, "role"],
+            registry=r,
+        )
+        self.remediations = Counter(
+            _base(METRIC_OPERATOR_REMEDIATIONS_TOTAL),
+            "Watchdog decisions on wedged pods, by action and outcome",
+            [*_MODEL, "action", "outcome"],
+            registry=r,
+        )
+        self.scrape_errors = Counter(
+            _base(METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL),
+            "Failed scrapes of runtime pods' /metrics",
+            [*_MODEL, "role"],
+            registry=r,
+        )
+        self.scrape_duration = Histogram(
+            METRIC_OPERATOR_SCRAPE_DURATION,
+            "Duration of one watchdog scrape round over a model's pods",
+            list(_MODEL),
+            registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.budget_exhausted = Gauge(
+            METRIC_OPERATOR_BUDGET_EXHAUSTED,
+            "1 while a model's remediation budget is spent",
+            list(_MODEL),
+            registry=r,
+        )
+
+    def forget_model(self, namespace: str, model: str) -> None:
+        """Drop a deleted model's gauges so they do not report stale values."""
+        for gauge in (self.wedged_pods, self.unobserved_pods):
+            for role in ("prefill", "decode"):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(namespace, model, role)
+        with contextlib.suppress(KeyError):
+            self.budget_exhausted.remove(namespace, model)
+
+
+METRICS = OperatorMetrics()
+
+
+def serve(port: int, host: str | None = None) -> Any:
+    """Serve METRICS at http://host:port/metrics on a daemon thread; returns the server.
+
+    host defaults to $POD_IP (the pod's own address), else 127.0.0.1.
+    """
+    addr = host or os.environ.get(ENV_POD_IP) or "127.0.0.1"
+    server, _thread = start_http_server(port, addr=addr, registry=METRICS.registry)
+    return server

@@ -1,0 +1,137 @@
+"""Perform a plan's actions and announce its decisions: the watchdog's only side effects on pods.
+
+Every decision becomes an Event on the DisaggregatedModel (and on the pod when there is one)
+and a count in pdwarden_operator_remediations_total; API failures become outcomes, never
+exceptions, so one bad call cannot stop the watchdog.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+from pdwarden_operator.kube import events, pods
+from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.metrics import OperatorMetrics
+from pdwarden_operator.watchdog import ladder
+from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
+from pdwarden_runtime import contract
+
+log = logging.getLogger("pdwarden.watchdog")
+DM_API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    namespace: str
+    name: str
+    uid: str
+
+
+class Executor:
+    def __init__(self, model: ModelRef, metrics: OperatorMetrics) -> None:
+        self.model = model
+        self.metrics = metrics
+
+    async def perform(self, plan: Plan) -> list[ActionResult]:
+        results = [await self._perform(action) for action in plan.actions]
+        for notice in plan.notices:
+            await self._announce_notice(notice)
+        return results
+
+    async def _perform(self, action: Action) -> ActionResult:
+        ns = self.model.namespace
+        try:
+            if action.kind == "alert":
+                result = ActionResult(action, ladder.ALERTED)
+            elif action.kind == "restart":
+                done = await pods.delete_pod(ns, action.pod, action.uid)
+                result = ActionResult(action, ladder.DELETED if done == "done" else ladder.POD_GONE)
+            else:
+                outcome = await pods.evict_pod(ns, action.pod, action.uid)
+                result = ActionResult(
+                    action,
+                    {
+                        "done": ladder.EVICTED,
+                        "gone": ladder.POD_GONE,
+                        "refused-by-pdb": ladder.REFUSED_BY_PDB,
+                    }[outcome],
+                )
+        except KubeApiError as exc:
+            result = ActionResult(action, ladder.ERROR, f"{exc.status} {exc.reason}: {exc.message[:300]}")
+        except Exception as exc:  # never let an unexpected failure end the watchdog
+            log.exception("%s/%s: %s of %s failed", ns, self.model.name, action.kind, action.pod)
+            result = ActionResult(action, ladder.ERROR, f"{type(exc).__name__}: {exc}")
+        self.metrics.remediations.labels(ns, self.model.name, action.kind, result.outcome).inc()
+        await self._announce_result(result)
+        return result
+
+    async def _announce_result(self, result: ActionResult) -> None:
+        a = result.action
+        if a.resumed and result.outcome == a.previous_outcome:
+            return  # the same refusal or error again: already announced
+        resumed = (
+            " (resuming a remediation decided earlier)"
+            if a.resumed and a.previous_outcome == "pending"
+            else ""
+        )
+        what: dict[str, tuple[str, str, Literal["Normal", "Warning"]]] = {
+            ladder.ALERTED: (
+                "PodWedged",
+                f"{a.role} pod {a.pod} is wedged: {a.reason}. watchdog.action is alert: reporting only",
+                "Warning",
+            ),
+            ladder.DELETED: (
+                "WedgedPodRestarted",
+                f"deleted wedged {a.role} pod {a.pod} so its Deployment replaces it{resumed}: {a.reason}",
+                "Warning",
+            ),
+            ladder.EVICTED: (
+                "WedgedPodEvicted",
+                f"evicted wedged {a.role} pod {a.pod}{resumed}: {a.reason}",
+                "Warning",
+            ),
+            ladder.REFUSED_BY_PDB: (
+                "EvictionRefused",
+                f"eviction of wedged {a.role} pod {a.pod} refused by its "
+                "PodDisruptionBudget; retrying each round, not bypassing it",
+                "Warning",
+            ),
+            ladder.POD_GONE: (
+                "WedgedPodGone",
+                f"wedged {a.role} pod {a.pod} was already gone{resumed}",
+                "Normal",
+            ),
+            ladder.ERROR: (
+                "RemediationError",
+                f"{a.kind} of wedged {a.role} pod {a.pod} failed: {result.message}; retrying",
+                "Warning",
+            ),
+        }
+        reason, message, kind = what[result.outcome]
+        log.warning("%s/%s: %s: %s", self.model.namespace, self.model.name, reason, message)
+        await self._post(a.pod, a.uid, reason, message, kind)
+
+    async def _announce_notice(self, notice: Notice) -> None:
+        if notice.outcome:
+            self.metrics.remediations.labels(
+                self.model.namespace, self.model.name, notice.action, notice.outcome
+            ).inc()
+        log.warning(
+            "%s/%s: %s: %s", self.model.namespace, self.model.name, notice.event_reason, notice.message
+        )
+        await self._post(notice.pod, "", notice.event_reason, notice.message, "Warning")
+
+    async def _post(
+        self, pod: str | None, pod_uid: str, reason: str, message: str, kind: Literal["Normal", "Warning"]
+    ) -> None:
+        ns = self.model.namespace
+        await events.post_event(
+            events.involved(DM_API_VERSION, contract.KIND, ns, self.model.name, self.model.uid),
+            reason,
+            message,
+            kind,
+        )
+        if pod:
+            await events.post_event(events.involved("v1", "Pod", ns, pod, pod_uid), reason, message, kind)

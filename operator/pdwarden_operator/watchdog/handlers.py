@@ -1,0 +1,253 @@
+"""The watchdog's kopf wiring: one asyncio task per DisaggregatedModel, one round per scrape interval.
+
+A round: list the model's runtime pods -> scrape them -> wedge rule per pod -> ladder plan ->
+persist the intent (status) -> perform -> persist outcomes and conditions -> metrics.
+Models are tracked through a watch-event handler rather than a kopf daemon, which would put a
+finalizer on every DisaggregatedModel (E's handlers avoid them for the same reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+
+from pdwarden_operator.kube import pods as kube_pods
+from pdwarden_operator.kube.status import patch_status
+from pdwarden_operator.metrics import METRICS, OperatorMetrics
+from pdwarden_operator.watchdog import ladder
+from pdwarden_operator.watchdog.executor import Executor, ModelRef
+from pdwarden_operator.watchdog.history import Histories, Observation
+from pdwarden_operator.watchdog.rule import Verdict, judge
+from pdwarden_operator.watchdog.scrape import Scraper, Target
+from pdwarden_operator.watchdog.settings import SettingsError, WatchdogSettings, settings_from_spec
+from pdwarden_operator.watchdog.state import WatchdogState, state_from_status, state_to_status
+from pdwarden_operator.watchdog.targets import metrics_url, pod_view
+from pdwarden_runtime import contract
+
+log = logging.getLogger("pdwarden.watchdog")
+
+GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
+SCRAPE_CONCURRENCY = 100
+# Testing only: exit the process right after a remediation's intent is persisted and before it
+# is performed, so an e2e test can prove a restarted operator neither repeats nor forgets it.
+CRASH_AFTER_INTENT_ENV = "PDWARDEN_TEST_CRASH_AFTER_INTENT"
+
+Key = tuple[str, str]
+
+
+def _conditions_and_phase(body: Mapping[str, Any], watchdog: Mapping[str, Any]) -> dict[str, Any]:
+    """Conditions and phase from E's shared pure functions; {} when the spec does not validate."""
+    from pdwarden_operator.models import DisaggregatedModelSpec
+    from pdwarden_operator.status import compute_conditions, compute_phase, observed_from_status
+
+    status = body.get("status") or {}
+    try:
+        spec = DisaggregatedModelSpec.model_validate(body.get("spec") or {})
+    except Exception:  # the reconciler reports InvalidSpec; the watchdog leaves conditions alone
+        return {}
+    generation = int(status.get("observedGeneration") or (body.get("metadata") or {}).get("generation") or 0)
+    observed = observed_from_status(status, generation)
+    conditions = compute_conditions(spec, observed, watchdog)
+    return {"conditions": conditions, "phase": compute_phase(conditions, observed)}
+
+
+class ModelWatchdog:
+    """The watchdog of one DisaggregatedModel; state survives restarts through the status."""
+
+    def __init__(self, namespace: str, name: str, uid: str, metrics: OperatorMetrics = METRICS) -> None:
+        self.model = ModelRef(namespace, name, uid)
+        self.metrics = metrics
+        self.executor = Executor(self.model, metrics)
+        self.histories = Histories(keep_seconds=150.0)
+        self.scraper: Scraper | None = None
+        self.state: WatchdogState | None = None  # loaded from status on the first round
+        self.verdicts: dict[str, Verdict] = {}
+
+    async def run(self, latest_body: Callable[[], Mapping[str, Any] | None]) -> None:
+        try:
+            while True:
+                body = latest_body()
+                if body is None:
+                    return
+                interval = 10.0
+                started = time.monotonic()
+                try:
+                    interval = await self.round(body)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # one bad round (API down, ...) must not end the watchdog
+                    log.exception("%s/%s: watchdog round failed", self.model.namespace, self.model.name)
+                await asyncio.sleep(max(0.5, interval - (time.monotonic() - started)))
+        finally:
+            if self.scraper is not None:
+                await self.scraper.close()
+            self.metrics.forget_model(self.model.namespace, self.model.name)
+
+    async def round(self, body: Mapping[str, Any]) -> float:
+        """One scrape-judge-act round; returns the scrape interval to wait."""
+        ns, name = self.model.namespace, self.model.name
+        spec = body.get("spec") or {}
+        try:
+            settings = settings_from_spec(spec.get("watchdog"))
+        except SettingsError as exc:
+            log.warning("%s/%s: watchdog idle: %s", ns, name, exc)
+            return 10.0
+        if self.state is None:
+            self.state = state_from_status(body.get("status"))
+        if self.scraper is None or self.scraper.timeout_seconds != settings.scrape_timeout_seconds:
+            if self.scraper is not None:
+                await self.scraper.close()
+            self.scraper = Scraper(
+                concurrency=SCRAPE_CONCURRENCY, timeout_seconds=settings.scrape_timeout_seconds
+            )
+        self.histories.set_keep_seconds(settings.stuck_after_seconds + 3 * settings.scrape_interval_seconds)
+
+        pod_objs = await kube_pods.list_runtime_pods(ns, name)
+        views = {}
+        targets = []
+        for obj in pod_objs:
+            view = pod_view(obj)
+            if view is None:
+                continue
+            views[view.uid] = view
+            url = metrics_url(obj)
+            if url is not None and (view.ready or self._seen(view.uid)):
+                # a pod that has never been Ready nor answered is starting, not unobserved
+                targets.append(Target(view.uid, url))
+        started = time.perf_counter()
+        results = await self.scraper.scrape(targets)
+        self.metrics.scrape_duration.labels(ns, name).observe(time.perf_counter() - started)
+        at = time.monotonic()
+        verdicts: dict[str, Verdict] = {}
+        for res in results:
+            history = self.histories.add(res.key, Observation(at, res.sample, res.error))
+            verdicts[res.key] = judge(history.observations(), settings.stuck_after_seconds)
+            if res.error is not None:
+                self.metrics.scrape_errors.labels(ns, name, views[res.key].role).inc()
+        self.histories.retain(views)
+        self._log_changes(views, verdicts)
+        self.verdicts = verdicts
+
+        now = time.time()
+        desired = {role: int((spec.get(role) or {}).get("replicas", 1)) for role in contract.RUNTIME_ROLES}
+        plan = ladder.plan(
+            verdicts=verdicts,
+            pods=list(views.values()),
+            state=self.state,
+            settings=settings,
+            now=now,
+            desired=desired,
+        )
+        wedged = [views[uid].name for uid, v in verdicts.items() if v.state == "wedged"]
+        unobserved = [views[uid].name for uid, v in verdicts.items() if v.state == "unobserved"]
+
+        if any(not a.resumed for a in plan.actions):
+            # Intent first: the budget, cooldown and in-flight entry are durable before any pod is touched.
+            await patch_status(ns, name, self._status(body, plan.state, settings, now, wedged, unobserved))
+            if os.environ.get(CRASH_AFTER_INTENT_ENV) == "1":
+                log.critical(
+                    "%s is set: exiting after persisting the intent (testing only)", CRASH_AFTER_INTENT_ENV
+                )
+                os._exit(17)
+        results_done = await self.executor.perform(plan)
+        self.state = ladder.apply_results(plan.state, results_done)
+        await patch_status(ns, name, self._status(body, self.state, settings, now, wedged, unobserved))
+        self._update_gauges(views, verdicts, self.state)
+        return settings.scrape_interval_seconds
+
+    def _seen(self, uid: str) -> bool:
+        history = self.histories.get(uid)
+        return history is not None and any(o.sample is not None for o in history.observations())
+
+    def _status(
+        self,
+        body: Mapping[str, Any],
+        state: WatchdogState,
+        settings: WatchdogSettings,
+        now: float,
+        wedged: list[str],
+        unobserved: list[str],
+    ) -> dict[str, Any]:
+        patch = state_to_status(
+            state,
+            last_scrape=now,
+            wedged_pods=wedged,
+            unobserved_pods=unobserved,
+            max_remediations=settings.max_remediations,
+        )
+        patch["watchdog"]["budgetExhausted"] = state.exhausted and settings.action != "alert"
+        patch.update(_conditions_and_phase(body, patch["watchdog"]))
+        return patch
+
+    def _log_changes(self, views: Mapping[str, ladder.PodView], verdicts: Mapping[str, Verdict]) -> None:
+        for uid, verdict in verdicts.items():
+            before = self.verdicts.get(uid)
+            if before is None or before.state != verdict.state:
+                level = logging.WARNING if verdict.state != "ok" else logging.INFO
+                log.log(
+                    level,
+                    "%s/%s: %s pod %s is %s: %s",
+                    self.model.namespace,
+                    self.model.name,
+                    views[uid].role,
+                    views[uid].name,
+                    verdict.state,
+                    verdict.reason,
+                )
+
+    def _update_gauges(
+        self, views: Mapping[str, ladder.PodView], verdicts: Mapping[str, Verdict], state: WatchdogState
+    ) -> None:
+        ns, name = self.model.namespace, self.model.name
+        for role in contract.RUNTIME_ROLES:
+            of_role = [v for uid, v in verdicts.items() if views[uid].role == role]
+            self.metrics.wedged_pods.labels(ns, name, role).set(sum(v.state == "wedged" for v in of_role))
+            self.metrics.unobserved_pods.labels(ns, name, role).set(
+                sum(v.state == "unobserved" for v in of_role)
+            )
+        self.metrics.budget_exhausted.labels(ns, name).set(1.0 if state.exhausted else 0.0)
+
+
+# --- kopf wiring ------------------------------------------------------------------------------
+
+_bodies: dict[Key, Mapping[str, Any]] = {}
+_tasks: dict[Key, asyncio.Task[None]] = {}
+
+
+def _stop(key: Key) -> None:
+    _bodies.pop(key, None)
+    task = _tasks.pop(key, None)
+    if task is not None:
+        task.cancel()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, id="watchdog_track")
+async def track_model(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    key: Key = (body.metadata.namespace or "", body.metadata.name or "")
+    if event.get("type") == "DELETED" or body.metadata.get("deletionTimestamp"):
+        _stop(key)
+        return
+    _bodies[key] = dict(body)
+    task = _tasks.get(key)
+    if task is None or task.done():
+        watchdog = ModelWatchdog(key[0], key[1], body.metadata.uid or "")
+        _tasks[key] = asyncio.create_task(
+            watchdog.run(lambda: _bodies.get(key)), name=f"watchdog-{key[0]}-{key[1]}"
+        )
+
+
+@kopf.on.cleanup(id="watchdog_stop")
+async def stop_all(**_: Any) -> None:
+    tasks = list(_tasks.values())
+    for key in list(_tasks):
+        _stop(key)
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

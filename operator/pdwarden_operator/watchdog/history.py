@@ -1,0 +1,73 @@
+"""A short, bounded, per-pod history of scrape observations (in memory; rebuilt after a restart)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pdwarden_operator.watchdog.parse import PodSample
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One scrape of one pod at monotonic time `at`: a sample, or the error that prevented one."""
+
+    at: float
+    sample: PodSample | None
+    error: str | None = None
+
+
+class PodHistory:
+    """Observations of one pod, oldest first, trimmed to what the wedge rule can use."""
+
+    def __init__(self, keep_seconds: float, keep_min: int = 3, keep_max: int = 512) -> None:
+        self.keep_seconds = keep_seconds
+        self.keep_min = keep_min
+        self._items: deque[Observation] = deque(maxlen=keep_max)
+
+    def add(self, observation: Observation) -> None:
+        if self._items and observation.at < self._items[-1].at:
+            self._items.clear()  # the clock went backwards: start over rather than mis-measure
+        self._items.append(observation)
+        horizon = observation.at - self.keep_seconds
+        while len(self._items) > self.keep_min and self._items[0].at < horizon:
+            self._items.popleft()
+
+    def observations(self) -> tuple[Observation, ...]:
+        return tuple(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Histories:
+    """Per-pod histories keyed by pod UID (a replaced pod starts a fresh history)."""
+
+    def __init__(self, keep_seconds: float) -> None:
+        self.keep_seconds = keep_seconds
+        self._by_pod: dict[str, PodHistory] = {}
+
+    def set_keep_seconds(self, keep_seconds: float) -> None:
+        self.keep_seconds = keep_seconds
+        for history in self._by_pod.values():
+            history.keep_seconds = keep_seconds
+
+    def add(self, pod_uid: str, observation: Observation) -> PodHistory:
+        history = self._by_pod.get(pod_uid)
+        if history is None:
+            history = self._by_pod[pod_uid] = PodHistory(self.keep_seconds)
+        history.add(observation)
+        return history
+
+    def get(self, pod_uid: str) -> PodHistory | None:
+        return self._by_pod.get(pod_uid)
+
+    def retain(self, pod_uids: Iterable[str]) -> None:
+        """Forget pods that no longer exist."""
+        keep = set(pod_uids)
+        for uid in [uid for uid in self._by_pod if uid not in keep]:
+            del self._by_pod[uid]
+
+    def __len__(self) -> int:
+        return len(self._by_pod)

@@ -1,0 +1,135 @@
+"""Runtime `/metrics` text -> the three figures the wedge rule needs, or a ParseError.
+
+Tolerant by construction: whatever the body (truncated, huge, wrong types, NaN, duplicate
+series, binary junk), `parse_metrics` returns a `PodSample` or raises `ParseError`; nothing
+else escapes. A pod whose body does not parse is *unobserved*, never wedged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdwarden_runtime.contract import (
+    METRIC_INFLIGHT_OLDEST_AGE,
+    METRIC_INFLIGHT_REQUESTS,
+    METRIC_KV_TRANSFERS_BASE,
+    METRIC_KV_TRANSFERS_TOTAL,
+)
+
+# A runtime pod's body is a few KiB; anything far bigger is hostile or broken.
+DEFAULT_MAX_BYTES = 1 << 20
+# Far above any real queue or age; larger values are treated as garbage, not as a wedge.
+MAX_PLAUSIBLE_VALUE = 1e12
+
+# family name as the parser reports it -> (sample name, allowed family types)
+_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    METRIC_INFLIGHT_REQUESTS: (METRIC_INFLIGHT_REQUESTS, ("gauge", "unknown")),
+    METRIC_INFLIGHT_OLDEST_AGE: (METRIC_INFLIGHT_OLDEST_AGE, ("gauge", "unknown")),
+}
+# A counter's family is reported without `_total` when typed, with it when untyped.
+_COUNTER_FAMILIES: dict[str, tuple[str, ...]] = {
+    METRIC_KV_TRANSFERS_BASE: ("counter",),
+    METRIC_KV_TRANSFERS_TOTAL: ("unknown",),
+}
+# Only lines about these names reach the (pure-Python, comparatively slow) parser.
+_PREFIXES = (METRIC_INFLIGHT_REQUESTS, METRIC_INFLIGHT_OLDEST_AGE, METRIC_KV_TRANSFERS_TOTAL)
+
+
+class ParseError(ValueError):
+    """The body cannot be trusted; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class PodSample:
+    """What one scrape says about a pod: queue depth, oldest room's age, finished rooms (all outcomes)."""
+
+    inflight: float
+    oldest_age: float
+    transfers: float
+
+
+def _relevant_lines(text: str) -> str:
+    keep: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(_PREFIXES):
+            keep.append(line)
+        elif line.startswith("#"):
+            parts = line.split(None, 3)
+            if len(parts) >= 3 and parts[1] in ("TYPE", "HELP") and parts[2].startswith(_PREFIXES):
+                keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def _checked(name: str, value: float) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ParseError(f"{name}: value {value!r} is not a number")
+    if math.isnan(value) or math.isinf(value):
+        raise ParseError(f"{name}: value {value} is not finite")
+    if value < 0:
+        raise ParseError(f"{name}: negative value {value}")
+    if value > MAX_PLAUSIBLE_VALUE:
+        raise ParseError(f"{name}: implausible value {value:g}")
+    return float(value)
+
+
+def parse_metrics(body: str | bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> PodSample:
+    """Parse a runtime pod's metrics body. Raises only ParseError."""
+    try:
+        return _parse(body, max_bytes)
+    except ParseError:
+        raise
+    except Exception as exc:  # the parser raises ValueError, IndexError, ... on junk
+        raise ParseError(f"unparseable metrics: {type(exc).__name__}: {str(exc)[:120]}") from None
+
+
+def _parse(body: str | bytes, max_bytes: int) -> PodSample:
+    if len(body) > max_bytes:
+        raise ParseError(f"body of {len(body)} bytes exceeds the limit of {max_bytes}")
+    if isinstance(body, bytes):
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ParseError("body is not UTF-8") from None
+    else:
+        text = body
+    if "\x00" in text:
+        raise ParseError("body contains NUL bytes")
+
+    gauges: dict[str, list[float]] = {name: [] for name in _GAUGES}
+    transfers: list[float] = []
+    transfers_declared = False  # a labelled counter with no child yet exposes only its TYPE line
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for family in text_string_to_metric_families(_relevant_lines(text)):
+        if family.name in _GAUGES:
+            sample_name, types = _GAUGES[family.name]
+            target = gauges[family.name]
+        elif family.name in _COUNTER_FAMILIES:
+            sample_name, types = METRIC_KV_TRANSFERS_TOTAL, _COUNTER_FAMILIES[family.name]
+            target = transfers
+            transfers_declared = True
+        else:
+            continue
+        if family.type not in types:
+            raise ParseError(f"{family.name}: type {family.type!r}, expected one of {types}")
+        for sample in family.samples:
+            if sample.name != sample_name:
+                continue
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            if key in seen:
+                raise ParseError(f"{sample.name}: duplicate series {dict(key[1])}")
+            seen.add(key)
+            target.append(_checked(sample.name, sample.value))
+
+    for name, values in gauges.items():
+        if not values:
+            raise ParseError(f"metric {name} missing")
+    if not transfers_declared:
+        raise ParseError(f"metric {METRIC_KV_TRANSFERS_TOTAL} missing")
+    inflight = sum(gauges[METRIC_INFLIGHT_REQUESTS])
+    # The age only means something while a request is in flight (the two gauges are read
+    # at slightly different instants, so a just-emptied queue may still show an age).
+    oldest_age = max(gauges[METRIC_INFLIGHT_OLDEST_AGE]) if inflight > 0 else 0.0
+    return PodSample(inflight=inflight, oldest_age=oldest_age, transfers=sum(transfers))

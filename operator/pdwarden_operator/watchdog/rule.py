@@ -1,0 +1,118 @@
+"""The wedge rule (docs: ARCHITECTURE "Wedge: definition and remediation"), as a pure function.
+
+A pod is wedged when, for at least `stuck_after` seconds and at least two consecutive scrapes,
+it had requests in flight and its finished-transfer counter did not increase; or when its
+oldest in-flight request was older than `stuck_after` on two consecutive scrapes (and kept
+ageing between them: the same request, not a succession of slow ones). A failed latest
+scrape makes it *unobserved*, never wedged. A counter that went down means the process
+restarted: evidence before that point is discarded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pdwarden_operator.watchdog.history import Observation
+from pdwarden_operator.watchdog.parse import PodSample
+
+State = Literal["ok", "wedged", "unobserved"]
+# The oldest request's age must grow by at least this fraction of the time between two
+# scrapes for the two readings to count as the same stuck request.
+AGEING_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class Verdict:
+    state: State
+    reason: str
+    figures: dict[str, float] = field(default_factory=dict)
+    # True when the evidence shows health (idle, or a transfer finished while observed), which
+    # ends an alert episode; False for "busy, not yet long enough" or too little history.
+    cleared: bool = False
+
+    @property
+    def wedged(self) -> bool:
+        return self.state == "wedged"
+
+
+def _trusted_run(observations: Sequence[Observation]) -> list[tuple[float, PodSample]]:
+    """The latest consecutive successful samples, cut at a counter reset; oldest first."""
+    run: list[tuple[float, PodSample]] = []
+    for obs in reversed(observations):
+        if obs.sample is None:
+            break
+        if run and obs.sample.transfers > run[-1][1].transfers:
+            break  # the counter went down after this sample: a restart; older evidence is void
+        run.append((obs.at, obs.sample))
+    run.reverse()
+    return run
+
+
+def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
+    """Verdict for one pod from its observations (oldest first)."""
+    if not observations:
+        return Verdict("unobserved", "not scraped yet")
+    last = observations[-1]
+    if last.sample is None:
+        return Verdict("unobserved", f"scrape failed: {last.error or 'unknown error'}")
+
+    run = _trusted_run(observations)
+    now, latest = run[-1]
+    figures = {
+        "inflight": latest.inflight,
+        "oldestAgeSeconds": latest.oldest_age,
+        "transfersTotal": latest.transfers,
+    }
+
+    # (1) no progress while busy: walk back over samples busy with the same counter value
+    start = len(run) - 1
+    while start > 0 and run[start - 1][1].inflight > 0 and run[start - 1][1].transfers == latest.transfers:
+        start -= 1
+    scrapes = len(run) - start
+    stalled_for = now - run[start][0]
+    if latest.inflight > 0 and scrapes >= 2 and stalled_for >= stuck_after:
+        figures |= {"stalledSeconds": stalled_for, "scrapes": float(scrapes)}
+        return Verdict(
+            "wedged",
+            f"no progress for {stalled_for:.0f}s over {scrapes} scrapes: inflight={latest.inflight:g}, "
+            f"transfers_total stayed {latest.transfers:g}, oldest age {latest.oldest_age:.0f}s "
+            f"(stuckAfterSeconds={stuck_after:g})",
+            figures,
+        )
+
+    # (2) an old request that keeps ageing on two consecutive scrapes: the same request, so its
+    # age grew with the time between the scrapes (half of it, for scrape-timing jitter). A busy
+    # pod whose successive oldest requests are each slow but finish is not wedged.
+    if len(run) >= 2:
+        prev_at, prev = run[-2]
+        if (
+            latest.inflight > 0
+            and prev.inflight > 0
+            and prev.oldest_age > stuck_after
+            and latest.oldest_age > stuck_after
+            and latest.oldest_age - prev.oldest_age >= AGEING_FRACTION * (now - prev_at)
+        ):
+            figures |= {"scrapes": 2.0}
+            return Verdict(
+                "wedged",
+                f"oldest inflight request {latest.oldest_age:.0f}s old "
+                f"(previous scrape {prev.oldest_age:.0f}s) "
+                f"> stuckAfterSeconds={stuck_after:g}: inflight={latest.inflight:g}, "
+                f"transfers_total={latest.transfers:g}",
+                figures,
+            )
+
+    if latest.inflight == 0:
+        return Verdict("ok", "idle", figures, cleared=True)
+    if start > 0:  # an earlier sample in the trusted run had a lower counter: progress seen
+        return Verdict(
+            "ok",
+            f"progressing: transfers_total {run[0][1].transfers:g} -> {latest.transfers:g}",
+            figures,
+            cleared=True,
+        )
+    return Verdict(
+        "ok", f"busy, no progress seen for {stalled_for:.0f}s of {stuck_after:g}s allowed", figures
+    )

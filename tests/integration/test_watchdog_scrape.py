@@ -1,0 +1,178 @@
+"""The scraper over real HTTP: slow, huge, broken and absent endpoints become errors, never exceptions."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+
+from pdwarden_operator.watchdog.scrape import Scraper, Target
+from tests.unit.test_watchdog_fuzz import hostile
+
+pytestmark = pytest.mark.integration
+
+HOST = "127.0.209.1"  # not 127.0.0.1: its ephemeral client ports may sit on ours
+PORT = 33010
+CLOSED_PORT = 33011
+GOOD = (
+    "# TYPE pdwarden_inflight_requests gauge\npdwarden_inflight_requests 2\n"
+    "# TYPE pdwarden_inflight_oldest_age_seconds gauge\npdwarden_inflight_oldest_age_seconds 1.5\n"
+    "# TYPE pdwarden_kv_transfers_total counter\n"
+    'pdwarden_kv_transfers_total{outcome="success"} 7\npdwarden_kv_transfers_total{outcome="failed"} 1\n'
+)
+
+
+async def good(_: web.Request) -> web.Response:
+    return web.Response(text=GOOD)
+
+
+async def slow(_: web.Request) -> web.Response:
+    await asyncio.sleep(2.5)
+    return web.Response(text=GOOD)
+
+
+async def huge_streamed(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse()
+    await resp.prepare(request)
+    for _ in range(200):  # 12.8 MiB without a Content-Length
+        await resp.write(b"#" * 65536)
+    return resp
+
+
+async def binary(_: web.Request) -> web.Response:
+    return web.Response(body=bytes(range(256)) * 10)
+
+
+async def error(_: web.Request) -> web.Response:
+    return web.Response(status=503, text="overloaded")
+
+
+async def redirect(_: web.Request) -> web.Response:
+    raise web.HTTPFound("http://127.0.209.1:33010/good")
+
+
+async def reset(request: web.Request) -> web.Response:
+    assert request.transport is not None
+    request.transport.close()
+    return web.Response(text="")
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[str]:
+    app = web.Application()
+    for path, handler in [
+        ("/good", good),
+        ("/slow", slow),
+        ("/huge", huge_streamed),
+        ("/binary", binary),
+        ("/error", error),
+        ("/redirect", redirect),
+        ("/reset", reset),
+    ]:
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, HOST, PORT)
+    await site.start()
+    try:
+        yield f"http://{HOST}:{PORT}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_every_failure_is_reported_per_pod_and_the_round_completes(server: str) -> None:
+    scraper = Scraper(concurrency=4, timeout_seconds=1.0, max_bytes=1 << 20)
+    try:
+        names = ["good", "slow", "huge", "binary", "error", "redirect", "reset"]
+        targets = [Target(n, f"{server}/{n}") for n in names]
+        targets.append(Target("closed", f"http://{HOST}:{CLOSED_PORT}/metrics"))
+        results = await asyncio.wait_for(scraper.scrape(targets), timeout=20)
+        by_key = {r.key: r for r in results}
+        assert [r.key for r in results] == [*names, "closed"]
+        ok = by_key["good"]
+        assert ok.error is None and ok.sample is not None
+        assert (ok.sample.inflight, ok.sample.oldest_age, ok.sample.transfers) == (2, 1.5, 8)
+        assert by_key["slow"].error == "timeout after 1s"
+        assert "exceeds the limit" in (by_key["huge"].error or "")
+        assert by_key["binary"].error == "body is not UTF-8"
+        assert by_key["error"].error == "HTTP 503 from http://127.0.209.1:33010/error"
+        assert "HTTP 302" in (by_key["redirect"].error or "")
+        assert by_key["reset"].sample is None and by_key["reset"].error
+        assert by_key["closed"].sample is None and "ClientConnectorError" in (by_key["closed"].error or "")
+        # the session survives: a second round over the good endpoint reuses it
+        again = await scraper.scrape([Target("good", f"{server}/good")])
+        assert again[0].sample == ok.sample
+    finally:
+        await scraper.close()
+
+
+async def test_operator_metrics_are_served_over_http() -> None:
+    import aiohttp
+
+    from pdwarden_operator.metrics import METRICS, serve
+
+    METRICS.remediations.labels("it-ns", "it-model", "restart", "deleted").inc()
+    server = serve(33021, HOST)
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"http://{HOST}:33021/metrics") as resp:
+            text = await resp.text()
+        assert resp.status == 200
+        assert (
+            'pdwarden_operator_remediations_total{action="restart",model="it-model",namespace="it-ns",'
+            'outcome="deleted"} 1.0'
+        ) in text
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def hostile_server() -> Iterator[dict[str, bytes]]:
+    """A real HTTP endpoint on its own thread serving whatever body the test puts in the dict."""
+    current: dict[str, bytes] = {"body": b""}
+
+    async def serve_current(_: web.Request) -> web.Response:
+        return web.Response(body=current["body"], content_type="text/plain")
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_get("/metrics", serve_current)
+    runner = web.AppRunner(app, access_log=None)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, HOST, PORT + 2).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield current
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=hostile())
+def test_hostile_bodies_over_http_never_escape_the_scraper(
+    hostile_server: dict[str, bytes], body: str | bytes
+) -> None:
+    hostile_server["body"] = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+
+    async def once() -> None:
+        scraper = Scraper(concurrency=1, timeout_seconds=5.0, max_bytes=64 * 1024)
+        try:
+            (result,) = await scraper.scrape([Target("p", f"http://{HOST}:{PORT + 2}/metrics")])
+        finally:
+            await scraper.close()
+        if result.sample is None:
+            assert result.error
+        else:
+            s = result.sample
+            assert all(math.isfinite(v) and v >= 0 for v in (s.inflight, s.oldest_age, s.transfers))
+
+    asyncio.run(once())

@@ -1,0 +1,113 @@
+"""The watchdog reads what the runtime really exposes, and sees pods as the kubelet reports them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from pdwarden_operator.metrics import OperatorMetrics
+from pdwarden_operator.watchdog.parse import parse_metrics
+from pdwarden_operator.watchdog.targets import metrics_url, pod_view
+from pdwarden_runtime import contract
+from pdwarden_runtime.inflight import InflightTracker
+from pdwarden_runtime.kvpoll import KVPoll
+from pdwarden_runtime.metrics import RuntimeMetrics
+from pdwarden_runtime.status import RoomStatusTable
+
+pytestmark = pytest.mark.unit
+
+
+def test_parses_the_runtime_exposition_through_a_room_lifecycle() -> None:
+    table = RoomStatusTable(mode="sticky")
+    tracker = InflightTracker(table)
+    metrics = RuntimeMetrics("prefill", table, tracker, engine="synthetic", transfer_backend="nixl")
+    idle = parse_metrics(metrics.exposition()[0])
+    assert (idle.inflight, idle.oldest_age, idle.transfers) == (0, 0, 0)
+    table.open(7, KVPoll.Bootstrapping)
+    table.update(7, KVPoll.Transferring)
+    time.sleep(0.05)
+    busy = parse_metrics(metrics.exposition()[0])
+    assert busy.inflight == 1 and busy.oldest_age > 0 and busy.transfers == 0
+    table.update(7, KVPoll.Success)
+    table.open(8, KVPoll.Bootstrapping)
+    table.update(8, KVPoll.Failed)
+    done = parse_metrics(metrics.exposition()[0])
+    assert (done.inflight, done.transfers) == (0, 2)  # success and failure both count as progress
+
+
+def pod(**overrides: object) -> dict:
+    obj: dict = {
+        "metadata": {"name": "m-prefill-abc", "uid": "u1", "labels": {contract.LABEL_ROLE: "prefill"}},
+        "spec": {
+            "containers": [
+                {
+                    "ports": [
+                        {"name": "http", "containerPort": 30000},
+                        {"name": "metrics", "containerPort": 9555},
+                    ]
+                }
+            ]
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "127.0.3.4",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    for key, value in overrides.items():
+        obj[key] = value
+    return obj
+
+
+def test_pod_view_and_metrics_url() -> None:
+    view = pod_view(pod())
+    assert view is not None and (view.name, view.role, view.ready, view.terminating) == (
+        "m-prefill-abc",
+        "prefill",
+        True,
+        False,
+    )
+    assert metrics_url(pod()) == "http://127.0.3.4:9555/metrics"
+    terminating = pod(
+        metadata={
+            "name": "x",
+            "uid": "u2",
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+            "labels": {contract.LABEL_ROLE: "decode"},
+        }
+    )
+    assert pod_view(terminating).terminating  # type: ignore[union-attr]
+    assert metrics_url(terminating) is None
+    assert metrics_url(pod(status={"phase": "Pending"})) is None
+    assert pod_view(pod(status={"phase": "Running", "podIP": "1.2.3.4"})).ready is False  # type: ignore[union-attr]
+    assert (
+        pod_view(pod(metadata={"name": "r", "uid": "u3", "labels": {contract.LABEL_ROLE: "router"}})) is None
+    )
+    no_ports = pod(spec={"containers": [{}]})
+    assert metrics_url(no_ports) == f"http://127.0.3.4:{contract.DEFAULT_METRICS_PORT}/metrics"
+
+
+def test_operator_metric_names_follow_the_contract() -> None:
+    from prometheus_client import generate_latest
+
+    m = OperatorMetrics()
+    m.wedged_pods.labels("ns", "m", "prefill").set(1)
+    m.unobserved_pods.labels("ns", "m", "decode").set(2)
+    m.remediations.labels("ns", "m", "restart", "deleted").inc()
+    m.scrape_errors.labels("ns", "m", "decode").inc()
+    m.scrape_duration.labels("ns", "m").observe(0.2)
+    m.budget_exhausted.labels("ns", "m").set(1)
+    text = generate_latest(m.registry).decode()
+    for name in (
+        contract.METRIC_OPERATOR_WEDGED_PODS,
+        contract.METRIC_OPERATOR_UNOBSERVED_PODS,
+        contract.METRIC_OPERATOR_REMEDIATIONS_TOTAL,
+        contract.METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL,
+        contract.METRIC_OPERATOR_SCRAPE_DURATION + "_bucket",
+        contract.METRIC_OPERATOR_BUDGET_EXHAUSTED,
+    ):
+        assert f"\n{name}{{" in text, name
+    assert 'action="restart"' in text and 'outcome="deleted"' in text
+    m.forget_model("ns", "m")
+    assert "pdwarden_operator_wedged_pods{" not in generate_latest(m.registry).decode()

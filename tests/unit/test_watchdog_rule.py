@@ -1,0 +1,181 @@
+"""The wedge rule over recorded metric histories (bodies as a runtime pod serves them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from pdwarden_operator.watchdog.history import Observation, PodHistory
+from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
+from pdwarden_operator.watchdog.rule import Verdict, judge
+
+pytestmark = pytest.mark.unit
+
+STUCK = 60.0
+INTERVAL = 10.0
+
+
+def body(inflight: float, age: float, success: float, failed: float = 0, role: str = "prefill") -> str:
+    """A runtime pod's /metrics body, with the noise a real one carries."""
+    return f"""# HELP pdwarden_inflight_requests Requests holding KV in flight
+# TYPE pdwarden_inflight_requests gauge
+pdwarden_inflight_requests{{role="{role}"}} {inflight}
+# HELP pdwarden_inflight_oldest_age_seconds Age of the oldest non-terminal room
+# TYPE pdwarden_inflight_oldest_age_seconds gauge
+pdwarden_inflight_oldest_age_seconds{{role="{role}"}} {age}
+# HELP pdwarden_kv_transfers_total Finished rooms
+# TYPE pdwarden_kv_transfers_total counter
+pdwarden_kv_transfers_total{{outcome="success",role="{role}"}} {success}
+pdwarden_kv_transfers_total{{outcome="failed",role="{role}"}} {failed}
+pdwarden_kv_transfers_total{{outcome="aborted",role="{role}"}} 0.0
+pdwarden_kv_transfers_total{{outcome="deadline",role="{role}"}} 0.0
+# HELP pdwarden_kv_transfers_created Finished rooms
+# TYPE pdwarden_kv_transfers_created gauge
+pdwarden_kv_transfers_created{{outcome="success",role="{role}"}} 1.79e+09
+# HELP pdwarden_kv_transfer_seconds Room start to terminal
+# TYPE pdwarden_kv_transfer_seconds histogram
+pdwarden_kv_transfer_seconds_bucket{{le="0.1",role="{role}"}} 3.0
+pdwarden_kv_transfer_seconds_bucket{{le="+Inf",role="{role}"}} 4.0
+pdwarden_kv_transfer_seconds_count{{role="{role}"}} 4.0
+pdwarden_kv_transfer_seconds_sum{{role="{role}"}} 0.3
+# HELP pdwarden_runtime_info identity
+# TYPE pdwarden_runtime_info gauge
+pdwarden_runtime_info{{engine="synthetic",transfer_backend="nixl",version="0.1.0"}} 1.0
+"""
+
+
+def replay(bodies: Sequence[str | None], start: float = 1000.0, interval: float = INTERVAL) -> list[Verdict]:
+    """Feed recorded bodies (None: the scrape failed) through parse + history + rule, one per interval."""
+    history = PodHistory(keep_seconds=STUCK + 3 * interval)
+    verdicts = []
+    for i, text in enumerate(bodies):
+        at = start + i * interval
+        if text is None:
+            history.add(Observation(at, None, "timeout after 5s"))
+        else:
+            try:
+                history.add(Observation(at, parse_metrics(text)))
+            except ParseError as exc:
+                history.add(Observation(at, None, str(exc)))
+        verdicts.append(judge(history.observations(), STUCK))
+    return verdicts
+
+
+def test_busy_pod_that_keeps_finishing_transfers_is_never_wedged() -> None:
+    # a deep queue (500 in flight) for 30 minutes, but transfers complete between every scrape
+    verdicts = replay([body(500, 40, 100 + 7 * i) for i in range(180)])
+    assert all(v.state == "ok" for v in verdicts)
+    assert verdicts[-1].cleared and "progressing" in verdicts[-1].reason
+
+
+def test_idle_pod_is_ok() -> None:
+    verdicts = replay([body(0, 0, 42) for _ in range(30)])
+    assert {v.state for v in verdicts} == {"ok"}
+    assert verdicts[-1].reason == "idle"
+
+
+def test_no_progress_while_inflight_is_wedged_after_stuck_after_seconds() -> None:
+    bodies = [body(3, 5 + i, 10 + i) for i in range(5)] + [body(3, 9 + i, 14) for i in range(1, 12)]
+    verdicts = replay(bodies)
+    states = [v.state for v in verdicts]
+    first_wedged = states.index("wedged")
+    # the counter last moved at index 4 (value 14); 60 s later is index 10
+    assert first_wedged == 4 + int(STUCK / INTERVAL)
+    assert all(s == "wedged" for s in states[first_wedged:])
+    wedged = verdicts[first_wedged]
+    assert "no progress for 60s" in wedged.reason and "inflight=3" in wedged.reason
+    assert "transfers_total stayed 14" in wedged.reason
+    assert wedged.figures["stalledSeconds"] == 60.0 and wedged.figures["inflight"] == 3
+
+
+def test_just_under_stuck_after_is_not_wedged() -> None:
+    verdicts = replay([body(2, 1, 7)] * int(STUCK / INTERVAL))  # 6 scrapes span 50 s
+    assert all(v.state == "ok" for v in verdicts)
+    assert not verdicts[-1].cleared and "busy, no progress" in verdicts[-1].reason
+
+
+def test_wedged_by_age_although_other_rooms_progress() -> None:
+    # one room stuck since t=0 while others keep finishing: the counter moves, the age grows
+    bodies = [body(4, 10 * i + 1, 100 + 5 * i) for i in range(12)]
+    verdicts = replay(bodies)
+    states = [v.state for v in verdicts]
+    # age > 60 first at i=6 (61 s); confirmed on the next scrape, i=7
+    assert states.index("wedged") == 7
+    assert "oldest inflight request 71s old (previous scrape 61s)" in verdicts[7].reason
+
+
+def test_slow_requests_that_finish_are_not_wedged_by_age() -> None:
+    # overloaded but working: each oldest request is over the threshold, yet a different one
+    # every scrape (ages do not grow with time) while transfers complete
+    bodies = [body(2, 65 + (i % 3), 100 + 3 * i) for i in range(12)]
+    assert all(v.state == "ok" for v in replay(bodies))
+
+
+def test_age_over_threshold_once_then_a_younger_oldest_is_not_wedged() -> None:
+    # a slow room finished; the new oldest is young: not the same stuck request
+    bodies = [body(4, 70, 100), body(4, 20, 105), body(4, 75, 110), body(4, 30, 115)]
+    assert all(v.state == "ok" for v in replay(bodies))
+
+
+def test_counter_reset_after_a_pod_restart_discards_old_evidence() -> None:
+    stuck_before = [body(3, 1, 500)] * 5  # 40 s without progress...
+    after_restart = [body(3, 1, 2)] * 5  # ...then the process restarted: counter went down
+    verdicts = replay(stuck_before + after_restart)
+    assert all(v.state == "ok" for v in verdicts)
+    # and the new process is judged on its own: 60 s more without progress wedges it
+    verdicts = replay(stuck_before + after_restart + [body(3, 1, 2)] * 3)
+    assert verdicts[-1].state == "wedged"
+    assert verdicts[-1].figures["stalledSeconds"] == 70.0
+
+
+def test_unobserved_pod_is_never_wedged() -> None:
+    bodies: list[str | None] = [body(3, 1, 9)] * 8 + [None] * 10
+    verdicts = replay(bodies)
+    assert verdicts[7].state == "wedged"
+    assert all(v.state == "unobserved" for v in verdicts[8:])
+    assert "timeout" in verdicts[-1].reason
+
+
+def test_gap_in_scrapes_restarts_the_consecutive_count() -> None:
+    bodies: list[str | None] = []
+    for _ in range(20):
+        bodies += [body(3, 1, 9), None]  # every other scrape fails: never two consecutive
+    assert all(v.state != "wedged" for v in replay(bodies))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "garbage\x00\x01",
+        'pdwarden_inflight_requests{role="prefill"} NaN\n',
+        body(3, 1, 9).replace(" 9\n", " -9\n"),
+        body(3, 1, 9).replace(
+            'pdwarden_inflight_oldest_age_seconds{role="prefill"} 1',
+            'pdwarden_inflight_oldest_age_seconds{role="prefill"} +Inf',
+        ),
+        body(3, 1, 9).replace(
+            "# TYPE pdwarden_inflight_requests gauge", "# TYPE pdwarden_inflight_requests counter"
+        ),
+        body(3, 1, 9) + 'pdwarden_inflight_requests{role="prefill"} 5\n',
+        body(3, 1, 9)[:120],
+    ],
+    ids=["empty", "binary", "nan", "negative-counter", "inf-age", "wrong-type", "duplicate", "truncated"],
+)
+def test_garbage_input_is_unobserved(text: str) -> None:
+    # a pod judged wedged whose next bodies are garbage is unobserved, not (still) wedged
+    verdicts = replay([body(3, 1, 9)] * 7 + [text] * 3)
+    assert verdicts[6].state == "wedged"
+    assert [v.state for v in verdicts[7:]] == ["unobserved"] * 3
+
+
+def test_no_history_is_unobserved() -> None:
+    assert judge([], STUCK).state == "unobserved"
+
+
+def test_history_keeps_only_what_the_rule_needs() -> None:
+    history = PodHistory(keep_seconds=90)
+    for i in range(1000):
+        history.add(Observation(float(i * 10), None, "x"))
+    assert 3 <= len(history) <= 11
