@@ -81,7 +81,7 @@ def run(
         log.warning("watchdog not built in: pods are not scraped for wedges")
     metrics = _optional_module("pdwarden_operator.metrics")
     if metrics is not None and metrics_port:
-        metrics.serve(metrics_port)
+        metrics.serve(metrics_port, bind_host)
     elif metrics_port:
         log.warning("operator metrics not built in: --metrics-port %d ignored", metrics_port)
     if namespaces and not any(set(ns) & set("*?[!") for ns in namespaces):
