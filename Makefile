@@ -8,7 +8,7 @@ export PDWARDEN_CACHE ?= $(HOME)/.cache/pdwarden
 export PIP_CACHE_DIR ?= $(HOME)/.cache/pip
 ARGS ?=
 
-.PHONY: setup tools test test-unit test-integration test-e2e lint demo clean crds
+.PHONY: setup tools test test-all test-unit test-integration test-e2e lint demo clean crds
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
@@ -26,10 +26,14 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# The default run skips the few multi-minute scenarios marked `slow` (CI budget); test-all runs them.
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -m "not slow" --durations=25
+
+test-all: setup
+	$(VENV)/bin/python -m pytest -p no:cacheprovider --durations=25
 
 test-unit: setup
 	$(VENV)/bin/python -m pytest -m unit

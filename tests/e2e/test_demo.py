@@ -13,7 +13,7 @@ import pytest
 
 from pdwarden_cli import demo
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_demo_detects_remediates_recovers_alerts_and_cleans_up(cluster: Any) -> None:

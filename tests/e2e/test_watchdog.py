@@ -559,7 +559,6 @@ def test_alert_action_only_reports(env: Env) -> None:
     assert status["watchdog"]["budget"]["used"] == 0
 
 
-@pytest.mark.timeout(900)
 def _two_ready_prefill(env: Env, name: str) -> list[dict[str, Any]]:
     ready = env.live_ready_pods(name, contract.ROLE_PREFILL)
     return ready if len(ready) == 2 else []
@@ -569,6 +568,8 @@ def _with_outcome(env: Env, name: str, pod: str, outcome: str) -> list[dict[str,
     return [r for r in _remediations(env, name, pod) if r["outcome"] == outcome]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_flapping_fault_exhausts_the_budget_and_stops(env: Env) -> None:
     name = "flap"
     _, port = _up(env, name, {**WATCHDOG, "maxRemediations": 2}, LEGACY_PREFILL)
@@ -595,6 +596,7 @@ def test_flapping_fault_exhausts_the_budget_and_stops(env: Env) -> None:
     assert len(deleted) == 2
 
 
+@pytest.mark.slow
 def test_operator_killed_during_a_remediation_does_not_act_twice(env: Env) -> None:
     name = "crash"
     first, _ = _up(env, name, WATCHDOG, LEGACY_PREFILL, crash_after_intent=True)
