@@ -2,49 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pdwarden_localcluster.testing import Kubectl as SharedKubectl
+
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "pdwarden.io_disaggregatedmodels.yaml"
 T = TypeVar("T")
 
 
-class Kubectl:
-    def __init__(self, kubeconfig: str | Path) -> None:
-        from pdwarden_localcluster.tools import require
-
-        self.exe = str(require("kubectl"))
-        self.env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-
-    def run(
-        self, *args: str, check: bool = True, stdin: str | None = None, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [self.exe, *args], env=self.env, input=stdin, capture_output=True, text=True, timeout=timeout
-        )
-        if check and proc.returncode != 0:
-            raise AssertionError(
-                f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}"
-            )
-        return proc
-
-    def json(self, *args: str) -> Any:
-        return json.loads(self.run(*args, "-o", "json").stdout)
-
-    def get(self, kind: str, name: str, ns: str) -> dict[str, Any] | None:
-        proc = self.run("get", kind, name, "-n", ns, "-o", "json", check=False)
-        if proc.returncode != 0:
-            if "NotFound" in proc.stderr:
-                return None
-            raise AssertionError(f"kubectl get {kind} {name}: {proc.stderr.strip()}")
-        return dict(json.loads(proc.stdout))
+class Kubectl(SharedKubectl):
+    """The local cluster's kubectl helper, plus managed fields on listings (SSA tests read them)."""
 
     def items(
         self, kind: str, ns: str, selector: str | None = None, *, managed_fields: bool = False
