@@ -1,0 +1,268 @@
+"""Start, watch and stop synthetic runtime processes (and sglang-router) on loopback.
+
+Used by the transfer/abort-storm benchmarks and the integration tests: every process is
+a real ``pdwarden runtime serve`` (or ``python -m sglang_router.launch_router``) in its
+own session, so a test can SIGSTOP one and stopping kills its whole tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PORT_RANGE = (31000, 31999)
+_taken: set[int] = set()
+
+
+def free_port(host: str = "127.0.0.1", lo: int = PORT_RANGE[0], hi: int = PORT_RANGE[1]) -> int:
+    """A port in [lo, hi] that binds now on host and was not handed out before here."""
+    for _ in range(500):
+        port = random.randint(lo, hi)
+        if port in _taken:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _taken.add(port)
+        return port
+    raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as err:
+        return 0, str(err)
+
+
+def http_post_json(url: str, body: Any, timeout: float = 10.0) -> tuple[int, Any]:
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+
+    def stop(self, grace: float = 5.0) -> None:
+        if not self.alive():
+            return
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            self.popen.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.popen.wait(5)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class Runtime:
+    role: str
+    host: str
+    port: int
+    bootstrap_port: int
+    metrics_port: int
+    proc: Proc
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def state(self) -> dict[str, Any]:
+        status, text = http_get(f"{self.url}/debug/state")
+        if status != 200:
+            raise RuntimeError(f"{self.role} /debug/state answered {status}: {text[:200]}")
+        result: dict[str, Any] = json.loads(text)
+        return result
+
+    def metrics(self) -> str:
+        status, text = http_get(self.metrics_url)
+        if status != 200:
+            raise RuntimeError(f"{self.role} metrics answered {status}")
+        return text
+
+
+def _python_bin() -> str:
+    return sys.executable
+
+
+def spawn(name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None) -> Proc:
+    log_path = log_dir / f"{name}.log"
+    log = open(log_path, "wb")  # noqa: SIM115 - handed to the child
+    popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                             env={**os.environ, **(env or {})})
+    log.close()
+    return Proc(name, popen, log_path)
+
+
+def start_runtime(role: str, log_dir: Path, *, host: str = "127.0.0.1", extra: Sequence[str] = (),
+                  bootstrap_port: int | None = None, env: dict[str, str] | None = None) -> Runtime:
+    port, metrics_port = free_port(host), free_port(host)
+    boot = bootstrap_port or free_port(host)
+    argv = [_python_bin(), "-c", "from pdwarden_cli.main import main; main()",
+            "runtime", "serve", "--role", role,
+            "--engine", "synthetic", "--host", host, "--port", str(port), "--bootstrap-port", str(boot),
+            "--metrics-port", str(metrics_port), *extra]
+    proc = spawn(f"{role}-{port}", argv, log_dir, env)
+    return Runtime(role, host, port, boot, metrics_port, proc)
+
+
+def wait_healthy(runtimes: Sequence[Runtime], timeout: float = 180.0) -> None:
+    end = time.monotonic() + timeout
+    pending = list(runtimes)
+    while pending:
+        for rt in list(pending):
+            if not rt.proc.alive():
+                raise RuntimeError(f"{rt.role} runtime exited early:\n{rt.proc.log_tail()}")
+            if http_get(f"{rt.url}/health", timeout=2)[0] == 200:
+                pending.remove(rt)
+        if pending and time.monotonic() > end:
+            raise TimeoutError(f"runtimes not healthy after {timeout}s: {[r.role for r in pending]}\n"
+                               + "\n".join(r.proc.log_tail(15) for r in pending))
+        if pending:
+            time.sleep(0.5)
+
+
+@dataclass
+class Router:
+    host: str
+    port: int
+    proc: Proc
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def start_router(prefill: Runtime, decode: Runtime, log_dir: Path, host: str = "127.0.0.1") -> Router:
+    port = free_port(host)
+    argv = [_python_bin(), "-m", "sglang_router.launch_router", "--pd-disaggregation",
+            "--prefill", prefill.url, str(prefill.bootstrap_port), "--decode", decode.url,
+            "--host", host, "--port", str(port), "--prometheus-port", str(free_port(host)),
+            "--log-level", "warn", "--worker-startup-check-interval", "1"]
+    return Router(host, port, spawn(f"router-{port}", argv, log_dir))
+
+
+def wait_router(router: Router, timeout: float = 180.0) -> None:
+    """Until a real PD request through the router succeeds."""
+    end = time.monotonic() + timeout
+    body = {"text": "router warm-up", "sampling_params": {"max_new_tokens": 1}}
+    while True:
+        if not router.proc.alive():
+            raise RuntimeError(f"router exited early:\n{router.proc.log_tail()}")
+        try:
+            status, _ = http_post_json(f"{router.url}/generate", body, timeout=10)
+        except (urllib.error.URLError, OSError):
+            status = 0
+        if status == 200:
+            return
+        if time.monotonic() > end:
+            raise TimeoutError(f"router not routing after {timeout}s:\n{router.proc.log_tail()}")
+        time.sleep(1.0)
+
+
+@dataclass
+class Fleet:
+    """Processes a test or benchmark started; ``stop()`` ends them all."""
+
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pdwarden-rt-")))
+    procs: list[Proc] = field(default_factory=list)
+
+    def runtime(self, role: str, **kwargs: Any) -> Runtime:
+        rt = start_runtime(role, self.log_dir, **kwargs)
+        self.procs.append(rt.proc)
+        return rt
+
+    def router(self, prefill: Runtime, decode: Runtime) -> Router:
+        router = start_router(prefill, decode, self.log_dir)
+        self.procs.append(router.proc)
+        return router
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit so ``finally: fleet.stop()`` runs (no orphans)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+@contextlib.contextmanager
+def fleet() -> Iterator[Fleet]:
+    f = Fleet()
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value} (label order as exposed)."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            samples[key] = float(value)
+    return samples
+
+
+def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
+    total = 0.0
+    for key, value in samples.items():
+        base, _, rest = key.partition("{")
+        if base != name:
+            continue
+        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            total += value
+    return total

@@ -1,0 +1,174 @@
+"""``pdwarden runtime ...``: the command a runtime pod runs.
+
+``serve`` implements the pod command the operator renders (COMMON interface 1):
+
+    pdwarden runtime serve --role prefill|decode --engine synthetic|sglang --host $(POD_IP)
+        --port 30000 --bootstrap-port 8998 --metrics-port 9400 [--allow-fault-injection]
+        [--fault NAME] [--inflight-deadline S] [--transfer-deadline S] [synthetic flags]
+        [-- <sglang server args>]
+
+``--engine sglang`` hands over to ``pdwarden_runtime.engines.sglang_engine.serve`` (lazy:
+SGLang's import is slow and only that engine needs it at start); ``doctor`` comes from
+``pdwarden_runtime.doctor``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from pdwarden_runtime import contract as c
+
+
+@dataclass
+class ServeOptions:
+    role: str
+    engine: str
+    host: str
+    port: int
+    bootstrap_port: int
+    metrics_port: int
+    allow_fault_injection: bool
+    fault: str
+    inflight_deadline: float | None
+    transfer_deadline: float
+    hardening: str
+    race_window: float
+    model: str
+    page_size: int
+    pool_pages: int
+    layers: int
+    page_bytes: int
+    aux_slots: int
+    chunk_pages: int
+    compute_ms: float
+
+
+class LazyGroup(click.Group):
+    """Subcommands imported on first use (``doctor`` pulls in SGLang)."""
+
+    lazy = {"doctor": ("pdwarden_runtime.doctor", "doctor")}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in self.lazy:
+            import importlib
+
+            module, attr = self.lazy[name]
+            command = getattr(importlib.import_module(module), attr)
+            return command if isinstance(command, click.Command) else None
+        return super().get_command(ctx, name)
+
+
+@click.group("runtime", cls=LazyGroup)
+def runtime() -> None:
+    """The runtime inside prefill/decode pods: NIXL KV transfer, hardened, with metrics."""
+
+
+def _deadline(value: str) -> float | None:
+    if value.lower() in ("off", "none", "0"):
+        return None
+    seconds = float(value)
+    if seconds <= 0:
+        raise click.BadParameter("must be > 0 seconds, or 'off'")
+    return seconds
+
+
+@runtime.command("serve", context_settings={"ignore_unknown_options": False})
+@click.option("--role", type=click.Choice(c.RUNTIME_ROLES), required=True)
+@click.option("--engine", type=click.Choice(["synthetic", "sglang"]), default="synthetic", show_default=True)
+@click.option("--host", default=lambda: os.environ.get(c.ENV_POD_IP) or "127.0.0.1",
+              show_default="$POD_IP, else 127.0.0.1", help="Address every port binds to.")
+@click.option("--port", type=click.IntRange(1, 65535), default=c.DEFAULT_HTTP_PORT, show_default=True)
+@click.option("--bootstrap-port", type=click.IntRange(1, 65535), default=c.DEFAULT_BOOTSTRAP_PORT,
+              show_default=True, help="Prefill: SGLang's KV bootstrap server port.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=c.DEFAULT_METRICS_PORT,
+              show_default=True)
+@click.option("--allow-fault-injection", is_flag=True,
+              help="Serve POST /debug/fault (testing only).")
+@click.option("--fault", type=click.Choice(c.FAULTS), default="none", show_default=True,
+              help="Inject a fault from the start (testing only).")
+@click.option("--inflight-deadline", default="300", show_default=True,
+              help="Seconds a prefill room may stay non-terminal before it is failed (D), or 'off'.")
+@click.option("--transfer-deadline", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True, help="Seconds a NIXL handle may stay in progress before it is released (C).")
+@click.option("--hardening", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="off: SGLang's NIXL path with the old max() status rule and no fixes (tests only).")
+@click.option("--race-window", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+              help="legacy-status-race: how long a finished chunk's status write waits for an ABORT.")
+@click.option("--model", default="pdwarden/synthetic", show_default=True,
+              help="Synthetic: served model name.")
+@click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="Synthetic: tokens per KV page.")
+@click.option("--pool-pages", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Synthetic: KV pool size in pages.")
+@click.option("--layers", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Synthetic: layers (each a K and a V buffer).")
+@click.option("--page-bytes", type=click.IntRange(min=8), default=16384, show_default=True,
+              help="Synthetic: bytes per page per buffer (multiple of 8).")
+@click.option("--aux-slots", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Synthetic: aux (metadata) slots, i.e. concurrent requests.")
+@click.option("--chunk-pages", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Synthetic prefill: pages per chunk sent.")
+@click.option("--compute-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Synthetic prefill: simulated compute time between chunks.")
+@click.option("--log-level", default="WARNING", show_default=True)
+@click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)
+def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, **kwargs: Any) -> None:
+    """Serve one role of a runtime pod (HTTP, metrics, KV transfer)."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        deadline = _deadline(inflight_deadline)
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--inflight-deadline") from None
+    options = ServeOptions(inflight_deadline=deadline, compute_ms=kwargs.pop("compute_ms"), **kwargs)
+    if options.page_bytes % 8:
+        raise click.BadParameter("must be a multiple of 8", param_hint="--page-bytes")
+    if options.engine == "sglang":
+        from pdwarden_runtime.engines.sglang_engine import serve as serve_sglang
+
+        sys.exit(serve_sglang(options, list(sglang_args)))
+    if sglang_args:
+        given = " ".join(sglang_args)
+        raise click.UsageError(f"the synthetic engine takes no SGLang arguments (got {given})")
+    sys.exit(_serve_synthetic(options))
+
+
+def _serve_synthetic(options: ServeOptions) -> int:
+    import asyncio
+
+    from pdwarden_runtime.engines.synthetic import SyntheticOptions, build_engine
+    from pdwarden_runtime.hardening import HardeningConfig
+    from pdwarden_runtime.hardening.config import ALL_FIXES, NO_FIXES, FaultSwitch
+    from pdwarden_runtime.server import run_synthetic
+
+    hardening = HardeningConfig(
+        fixes=ALL_FIXES if options.hardening == "on" else NO_FIXES,
+        transfer_deadline=options.transfer_deadline,
+        inflight_deadline=options.inflight_deadline,
+        fault=FaultSwitch(options.fault),
+        race_window=options.race_window,
+        engine="synthetic",
+    )
+    engine = build_engine(SyntheticOptions(
+        role=options.role, host=options.host, port=options.port, bootstrap_port=options.bootstrap_port,
+        metrics_port=options.metrics_port, model=options.model, page_size=options.page_size,
+        pool_pages=options.pool_pages, layers=options.layers, page_bytes=options.page_bytes,
+        aux_slots=options.aux_slots, chunk_pages=options.chunk_pages,
+        compute_ms_per_chunk=options.compute_ms), hardening)
+    try:
+        asyncio.run(run_synthetic(engine, allow_fault_injection=options.allow_fault_injection))
+    except Exception as err:
+        print(f"pdwarden runtime serve: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)  # SGLang's NIXL threads are not daemons: never hang on exit
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,4 @@
+"""Engines behind a runtime pod's HTTP surface: ``synthetic`` (CPU, no model) and
+``sglang`` (SGLang itself, with the NIXL hardening installed)."""
+
+ENGINES = ("synthetic", "sglang")

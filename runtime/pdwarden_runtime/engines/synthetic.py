@@ -1,0 +1,556 @@
+"""The synthetic engine: the PD path of SGLang on CPU, without a model.
+
+One process per role. Its KV pool is torch tensors registered with NIXL as DRAM by
+SGLang's own (hardened) NixlKVManager; requests move through SGLang's real
+NixlKVSender/NixlKVReceiver exactly as SGLang's schedulers drive them:
+
+- prefill: open a sender (Bootstrapping) -> wait for decode's metadata (WaitingForInput)
+  -> fill the request's pages deterministically, chunk by chunk, ``send()`` each chunk ->
+  poll until Success/Failed (SGLang's inflight queue) -> ``clear()``.
+- decode: open a receiver, resolve the prefill at ``bootstrap_host:bootstrap_port``,
+  allocate pages and an aux slot, ``send_metadata()`` -> poll until Success/Failed ->
+  verify every page and aux byte -> answer with synthetic tokens.
+
+A client that disconnects aborts its request (``sender.abort()`` / ``receiver.abort()``,
+as SGLang does); decode keeps an aborted request's pages until prefill acknowledges the
+drain (SGLang's deferred KV release) or a timeout, so a late write cannot corrupt a
+later request. Blocking SGLang calls (bootstrap HTTP) run in a thread pool; status
+changes wake the waiting request through the manager's status listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import numpy as np
+
+from pdwarden_runtime import contract as c
+from pdwarden_runtime.engines.synthetic_pattern import (
+    BadRequest,
+    RequestSpec,
+    fill,
+    output_ids,
+    output_text,
+    verify,
+)
+from pdwarden_runtime.hardening import HardeningConfig, install
+from pdwarden_runtime.hardening.config import FaultSwitch
+from pdwarden_runtime.hardening.nixl import HardenedNixlKVManager
+from pdwarden_runtime.kvpoll import KVPoll
+from pdwarden_runtime.transfer.context import publish_sglang_context
+from pdwarden_runtime.transfer.kvpool import KVPool, PagesExhausted, PoolShape
+
+log = logging.getLogger(__name__)
+
+ENGINE_NAME: Final = "synthetic"
+# A waiting request re-polls at least this often even without a status change (SGLang's
+# own timeouts are evaluated inside poll()).
+REPOLL_S: Final = 0.05
+# How long decode keeps an aborted request's pages without prefill's drain ACK.
+ABORT_RELEASE_TIMEOUT_S: Final = 30.0
+PARALLEL_INFO_TIMEOUT_S: Final = 30.0
+
+
+@dataclass(frozen=True)
+class SyntheticOptions:
+    role: str
+    host: str
+    port: int
+    bootstrap_port: int
+    metrics_port: int
+    model: str = "pdwarden/synthetic"
+    page_size: int = 16
+    pool_pages: int = 1024
+    layers: int = 4
+    page_bytes: int = 16 * 1024
+    aux_slots: int = 512
+    chunk_pages: int = 8
+    compute_ms_per_chunk: float = 0.0
+
+    def shape(self) -> PoolShape:
+        return PoolShape(layers=self.layers, pages=self.pool_pages, page_bytes=self.page_bytes,
+                         aux_slots=self.aux_slots, page_size_tokens=self.page_size)
+
+
+class RequestFailed(Exception):
+    """The KV transfer of a request ended Failed (reason from SGLang/pdwarden)."""
+
+    def __init__(self, reason: str, status: int = 500) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+class _Waiters:
+    """asyncio wake-ups for rooms, fed from SGLang's threads via the status listener."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._events: dict[int, asyncio.Event] = {}
+
+    def listener(self, room: int) -> None:  # any thread
+        if room in self._events:
+            self._loop.call_soon_threadsafe(self._wake, room)
+
+    def _wake(self, room: int) -> None:
+        event = self._events.get(room)
+        if event is not None:
+            event.set()
+
+    def register(self, room: int) -> asyncio.Event:
+        event = self._events[room] = asyncio.Event()
+        return event
+
+    def drop(self, room: int) -> None:
+        self._events.pop(room, None)
+
+    async def until(self, room: int, poll: Any, wanted: Iterable[int], timeout: float | None = None) -> int:
+        wanted = frozenset(int(w) for w in wanted)
+        event = self._events.get(room) or self.register(room)
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            event.clear()
+            state = int(poll())
+            if state in wanted:
+                return state
+            if end is not None and time.monotonic() >= end:
+                return state
+            try:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
+                # cancellation of a client disconnect when the event fires at once.
+                async with asyncio.timeout(REPOLL_S):
+                    await event.wait()
+            except TimeoutError:
+                pass
+
+
+class SyntheticEngine:
+    """Shared part of both roles: the pool, the hardened manager, request bookkeeping."""
+
+    def __init__(self, options: SyntheticOptions, hardening: HardeningConfig) -> None:
+        self.options = options
+        self.hardening = hardening
+        self.pool = KVPool(options.shape())
+        self.mgr: HardenedNixlKVManager | None = None
+        self.bootstrap_server: Any = None
+        self.pending: dict[int, str] = {}
+        self.completed = 0
+        self.failed = 0
+        self.aborted = 0
+        self.verify_failures = 0
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="synthetic")
+        self._waiters: _Waiters | None = None
+        self._ready = threading.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    @property
+    def role(self) -> str:
+        return self.options.role
+
+    @property
+    def fault(self) -> FaultSwitch:
+        return self.hardening.fault
+
+    async def start(self) -> None:
+        """Build SGLang's KV manager (and, on prefill, its bootstrap server)."""
+        loop = asyncio.get_running_loop()
+        self._waiters = _Waiters(loop)
+        await loop.run_in_executor(self._executor, self._start_blocking)
+        assert self.mgr is not None
+        self.mgr.pdwarden.status_listeners.append(self._waiters.listener)
+        self._ready.set()
+
+    def _start_blocking(self) -> None:
+        install(self.hardening)
+        o = self.options
+        publish_sglang_context(host=o.host, bootstrap_port=o.bootstrap_port, http_port=o.port)
+        from sglang.srt.disaggregation.utils import (
+            DisaggregationMode,
+            KVClassType,
+            TransferBackend,
+            get_kv_class,
+        )
+
+        if self.role == c.ROLE_PREFILL:
+            server_cls = get_kv_class(TransferBackend.NIXL, KVClassType.BOOTSTRAP_SERVER)
+            self.bootstrap_server = server_cls(host=o.host, port=o.bootstrap_port)
+            mode = DisaggregationMode.PREFILL
+        else:
+            mode = DisaggregationMode.DECODE
+        manager_cls = get_kv_class(TransferBackend.NIXL, KVClassType.MANAGER)
+        self.mgr = manager_cls(self.pool.kv_args(), mode, None)
+        if not isinstance(self.mgr, HardenedNixlKVManager):
+            raise RuntimeError("the hardening seam did not take: SGLang built "
+                               f"{type(self.mgr).__name__}, not pdwarden's manager")
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def sglang_threads_alive(self) -> dict[str, int]:
+        """SGLang's NIXL threads of this process, by target (a dead bootstrap thread
+        wedges every new prefill room: wedge mode 4)."""
+        wanted = ("bootstrap_thread_guarded", "transfer_worker", "decode_listener_thread")
+        counts = dict.fromkeys(wanted, 0)
+        for thread in threading.enumerate():
+            for name in wanted:
+                if thread.name.endswith(f"({name})") and thread.is_alive():
+                    counts[name] += 1
+        return counts
+
+    def healthy(self) -> tuple[bool, str]:
+        if not self.ready:
+            return False, "starting"
+        threads = self.sglang_threads_alive()
+        if self.role == c.ROLE_PREFILL:
+            if threads["bootstrap_thread_guarded"] < 1:
+                return False, "SGLang's NIXL bootstrap thread is dead"
+            if threads["transfer_worker"] < 1:
+                return False, "no NIXL transfer worker is alive"
+        elif threads["decode_listener_thread"] < 1:
+            return False, "SGLang's decode listener thread is dead"
+        return True, "ok"
+
+    async def generate(self, body: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    async def health_generate(self) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def spec_for(self, body: Any) -> RequestSpec:
+        return RequestSpec.from_body(body, self.options.page_size, self.options.pool_pages)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def debug_state(self) -> dict[str, Any]:
+        mgr = self.mgr
+        state: dict[str, Any] = {
+            "role": self.role,
+            "fault": self.fault.active,
+            "fixes": self.hardening.active_fixes(),
+            "pending_requests": len(self.pending),
+            "completed": self.completed,
+            "failed": self.failed,
+            "aborted": self.aborted,
+            "verify_failures": self.verify_failures,
+            "free_pages": self.pool.free_pages,
+            "total_pages": self.options.pool_pages,
+            "free_aux": self.pool.free_aux,
+            "total_aux": self.options.aux_slots,
+            "background_tasks": len(self._background),
+            "sglang_threads": self.sglang_threads_alive(),
+        }
+        if mgr is None:
+            return state
+        rt = mgr.pdwarden
+        state.update({
+            "rooms": {KVPoll(s).label: n for s, n in rt.table.counts().items() if n},
+            "room_list": {str(r): KVPoll(s).label for r, s in list(rt.table.snapshot().items())[:50]},
+            "refused": {f"{getattr(a, 'label', a)}->{b.label}": n
+                        for (a, b), n in rt.table.refused().items()},
+            "outcomes": rt.tracker.outcomes(),
+            "inflight": rt.tracker.count(),
+            "failure_records": len(mgr.failure_records),
+            "handle_deadlines": rt.handle_deadlines,
+            "failure_notices": rt.failure_notices,
+            "skips_concluded": rt.silent_skips_concluded,
+        })
+        if self.role == c.ROLE_PREFILL:
+            state.update({
+                "transfer_infos": len(mgr.transfer_infos),
+                "staging_outstanding": len(mgr._staging_outstanding),
+                "ledger": rt.ledger.sizes(),
+            })
+        else:
+            state.update({
+                "prefill_response_tracker": len(mgr.prefill_response_tracker),
+                "required_prefill_response_num_table": len(mgr.required_prefill_response_num_table),
+                "deferred_abort_acks": len(mgr._deferred_abort_ack_tracker),
+            })
+        return state
+
+    async def close(self) -> None:
+        if self.mgr is not None:
+            self.mgr.shutdown_pdwarden()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+class PrefillEngine(SyntheticEngine):
+    """Prefill: bootstraps the room, fills and sends the request's KV pages."""
+
+    async def generate(self, body: Any) -> dict[str, Any]:
+        spec = self.spec_for(body)
+        assert self.mgr is not None and self._waiters is not None
+        host = body.get("bootstrap_host") or self.options.host
+        from sglang.srt.disaggregation.utils import KVClassType, TransferBackend, get_kv_class
+
+        sender_cls = get_kv_class(TransferBackend.NIXL, KVClassType.SENDER)
+        room = spec.room
+        if room in self.pending:
+            raise RequestFailed(f"bootstrap_room {room} is already in use", status=409)
+        self.pending[room] = "bootstrapping"
+        self._waiters.register(room)
+        sender = sender_cls(self.mgr, f"{host}:{self.options.bootstrap_port}", room)
+        pages: np.ndarray | None = None
+        aux: int | None = None
+        concluded = False
+        try:
+            state = await self._waiters.until(room, sender.poll, (KVPoll.WaitingForInput, KVPoll.Failed,
+                                                                  KVPoll.Transferring, KVPoll.Success))
+            if state != KVPoll.Failed:
+                self.pending[room] = "sending"
+                pages = self.pool.take_pages(spec.pages)
+                aux = self.pool.take_aux()
+                sender.init(spec.pages, aux_index=aux)
+                step = max(1, self.options.chunk_pages)
+                compute_ms = self._compute_ms(body)
+                # The request's KV is computed first (one fill), then sent chunk by chunk
+                # (with the simulated compute between chunks): SGLang's transfer latency
+                # then measures the transfer path alone.
+                fill(self.pool, spec, pages, 0, aux)
+                for first in range(0, spec.pages, step):
+                    last = first + step >= spec.pages
+                    sender.send(pages[first:first + step])
+                    if compute_ms > 0 and not last:
+                        await asyncio.sleep(compute_ms / 1000)
+                self.pending[room] = "inflight"
+                state = await self._waiters.until(room, sender.poll, (KVPoll.Success, KVPoll.Failed))
+            concluded = True
+            if state == KVPoll.Success:
+                metric = sender.get_transfer_metric()
+                sender.clear()
+                self.completed += 1
+                return {"text": "", "output_ids": [], "meta_info": {
+                    "id": body.get("rid") or f"room-{room}", "finish_reason": {"type": "length", "length": 0},
+                    "prompt_tokens": spec.tokens, "completion_tokens": 0, "bootstrap_room": room,
+                    "kv_pages": spec.pages, "kv_transfer_latency_s": metric.transfer_latency_s,
+                    "kv_transfer_bytes": metric.transfer_total_bytes}}
+            self.failed += 1
+            raise RequestFailed(self._failure_reason(sender))
+        except asyncio.CancelledError:
+            if not concluded:
+                self.aborted += 1
+                sender.abort()
+                self._failure_reason(sender)
+                concluded = True
+            raise
+        finally:
+            if not concluded:  # an unexpected error: never leave the room open
+                sender.abort()
+                self._failure_reason(sender)
+            self._waiters.drop(room)
+            self.pending.pop(room, None)
+            # Chunks of a failed room may still be read by a worker; their bytes only
+            # reach decode pages that decode holds until the drain (or discards).
+            if pages is not None:
+                self.pool.give_pages(pages)
+            if aux is not None:
+                self.pool.give_aux(aux)
+
+    def _compute_ms(self, body: dict[str, Any]) -> float:
+        """Simulated compute per chunk: the flag, or the request's ``synthetic_compute_ms``
+        (a synthetic-engine knob so a test can hold a transfer open between chunks)."""
+        value = body.get("synthetic_compute_ms", self.options.compute_ms_per_chunk)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 60000:
+            raise BadRequest(f"synthetic_compute_ms must be a number in [0, 60000], got {value!r}")
+        return float(value)
+
+    @staticmethod
+    def _failure_reason(sender: Any) -> str:
+        from sglang.srt.disaggregation.common.conn import KVTransferError
+
+        try:
+            sender.failure_exception()  # clears the room, pops its failure record
+        except KVTransferError as err:
+            return err.failure_reason
+        return "KV transfer failed"
+
+    async def health_generate(self) -> tuple[bool, str]:
+        """A local round through the engine's own path: pool, pattern, SGLang threads
+        (SGLang's own health_generate on a PD prefill also skips the transfer)."""
+        ok, why = self.healthy()
+        if not ok:
+            return ok, why
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._local_round)
+
+    def _local_round(self) -> tuple[bool, str]:
+        spec = RequestSpec(room=0, tokens=self.options.page_size, pages=1, max_new_tokens=1, digest=1)
+        try:
+            pages = self.pool.take_pages(1)
+            aux = self.pool.take_aux()
+        except PagesExhausted as err:
+            return False, f"pool exhausted: {err}"
+        try:
+            fill(self.pool, spec, pages, 0, aux)
+            problems = verify(self.pool, spec, pages, aux)
+            return (not problems), "; ".join(problems) or "ok"
+        finally:
+            self.pool.give_pages(pages)
+            self.pool.give_aux(aux)
+
+
+class DecodeEngine(SyntheticEngine):
+    """Decode: receives the request's KV pages, verifies them, answers with tokens."""
+
+    def __init__(self, options: SyntheticOptions, hardening: HardeningConfig) -> None:
+        super().__init__(options, hardening)
+        self._known_prefills: set[str] = set()
+        self._prefill_lock = asyncio.Lock()
+
+    async def _ensure_prefill(self, addr: str) -> None:
+        if addr in self._known_prefills:
+            return
+        assert self.mgr is not None
+        loop = asyncio.get_running_loop()
+        end = time.monotonic() + PARALLEL_INFO_TIMEOUT_S
+        async with self._prefill_lock:
+            while addr not in self._known_prefills:
+                if await loop.run_in_executor(self._executor, self.mgr.try_ensure_parallel_info, addr):
+                    self._known_prefills.add(addr)
+                    return
+                if time.monotonic() > end:
+                    raise RequestFailed(f"prefill bootstrap server at {addr} is not reachable", status=503)
+                await asyncio.sleep(0.2)
+
+    async def generate(self, body: Any) -> dict[str, Any]:
+        spec = self.spec_for(body)
+        assert self.mgr is not None and self._waiters is not None
+        host, port = body.get("bootstrap_host"), body.get("bootstrap_port")
+        if not isinstance(host, str) or not host:
+            raise BadRequest("bootstrap_host is required on decode (the prefill's address)")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            raise BadRequest(f"bootstrap_port must be a TCP port, got {port!r}")
+        addr = f"{host}:{port}"
+        room = spec.room
+        if room in self.pending:
+            raise RequestFailed(f"bootstrap_room {room} is already in use", status=409)
+        await self._ensure_prefill(addr)
+        from sglang.srt.disaggregation.utils import KVClassType, TransferBackend, get_kv_class
+
+        receiver_cls = get_kv_class(TransferBackend.NIXL, KVClassType.RECEIVER)
+        self.pending[room] = "bootstrapping"
+        self._waiters.register(room)
+        receiver = receiver_cls(self.mgr, addr, room)
+        pages: np.ndarray | None = None
+        aux: int | None = None
+        handed_off = False
+        init: asyncio.Future[Any] | None = None
+        try:
+            loop = asyncio.get_running_loop()
+            init = loop.run_in_executor(self._executor, receiver.init, 0)
+            await asyncio.shield(init)
+            pages = self.pool.take_pages(spec.pages)
+            aux = self.pool.take_aux()
+            receiver.send_metadata(pages, aux_index=aux)
+            self.pending[room] = "waiting"
+            state = await self._waiters.until(room, receiver.poll, (KVPoll.Success, KVPoll.Failed))
+            if state != KVPoll.Success:
+                self.failed += 1
+                reason = self._failure_reason(receiver)
+                if receiver.abort_notified:  # SGLang's timeout sent an ABORT: wait for the drain
+                    self._spawn(self._release_after_drain(receiver, pages, aux))
+                    handed_off = True
+                raise RequestFailed(reason)
+            problems = await loop.run_in_executor(self._executor, verify, self.pool, spec, pages, aux)
+            receiver.clear()
+            if problems:
+                self.verify_failures += 1
+                self.failed += 1
+                raise RequestFailed("KV verification failed: " + "; ".join(problems))
+            self.completed += 1
+            shape = self.pool.shape
+            moved = spec.pages * shape.bytes_per_page_all_layers + shape.aux_bytes
+            self.mgr.pdwarden.metrics.add_bytes(moved)
+            ids = output_ids(spec)
+            return {"text": output_text(ids), "output_ids": ids, "meta_info": {
+                "id": body.get("rid") or f"room-{room}",
+                "finish_reason": {"type": "length", "length": spec.max_new_tokens},
+                "prompt_tokens": spec.tokens, "completion_tokens": len(ids), "cached_tokens": 0,
+                "bootstrap_room": room, "kv_pages": spec.pages, "kv_verified": True}}
+        except asyncio.CancelledError:
+            self.aborted += 1
+            # Abort once the receiver knows its prefill (init may still run in a thread),
+            # so prefill hears of it; hold the pages until prefill confirms the drain.
+            self._spawn(self._abort_and_release(receiver, init, pages, aux))
+            handed_off = True
+            raise
+        finally:
+            self._waiters.drop(room)
+            self.pending.pop(room, None)
+            if not handed_off:
+                if receiver.conclude_state is None or self.mgr.request_status.get(room) is not None:
+                    self._failure_reason_quiet(receiver)
+                self._give(pages, aux)
+
+    async def _abort_and_release(self, receiver: Any, init: asyncio.Future[Any] | None,
+                                 pages: np.ndarray | None, aux: int | None) -> None:
+        if init is not None:
+            with contextlib.suppress(Exception):
+                await init
+        receiver.abort()
+        await self._release_after_drain(receiver, pages, aux)
+
+    async def _release_after_drain(self, receiver: Any, pages: np.ndarray | None, aux: int | None) -> None:
+        assert self.mgr is not None
+        room = receiver.bootstrap_room
+        # Only a receiver that published its pages (init_time set) can be written to;
+        # SGLang's decode waits for prefill's drain ACKs for those alone.
+        published = receiver.init_time is not None and receiver.abort_notified
+        acks = len(receiver.bootstrap_infos) if published and receiver.bootstrap_infos else 0
+        end = time.monotonic() + ABORT_RELEASE_TIMEOUT_S
+        try:
+            while acks and not self.mgr.is_abort_release_safe(room, acks) and time.monotonic() < end:
+                await asyncio.sleep(REPOLL_S)
+        finally:
+            self.mgr.clear_deferred_abort_state(room)
+            self._failure_reason_quiet(receiver)
+            self._give(pages, aux)
+
+    def _give(self, pages: np.ndarray | None, aux: int | None) -> None:
+        if pages is not None:
+            self.pool.give_pages(pages)
+        if aux is not None:
+            self.pool.give_aux(aux)
+
+    @staticmethod
+    def _failure_reason(receiver: Any) -> str:
+        from sglang.srt.disaggregation.common.conn import KVTransferError
+
+        try:
+            receiver.failure_exception()  # clears the room, pops its failure record
+        except KVTransferError as err:
+            return err.failure_reason
+        return "KV transfer failed"
+
+    def _failure_reason_quiet(self, receiver: Any) -> None:
+        try:
+            self._failure_reason(receiver)
+        except Exception:
+            log.exception("clearing a receiver failed")
+
+    async def health_generate(self) -> tuple[bool, str]:
+        ok, why = self.healthy()
+        if not ok:
+            return ok, why
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._local_round)
+
+    def _local_round(self) -> tuple[bool, str]:
+        return PrefillEngine._local_round(self)  # type: ignore[arg-type]
+
+
+def build_engine(options: SyntheticOptions, hardening: HardeningConfig) -> SyntheticEngine:
+    if options.role == c.ROLE_PREFILL:
+        return PrefillEngine(options, hardening)
+    if options.role == c.ROLE_DECODE:
+        return DecodeEngine(options, hardening)
+    raise ValueError(f"unknown role {options.role!r}; expected prefill or decode")

@@ -1,0 +1,243 @@
+"""Configuration of the NIXL hardening: which fixes, which deadlines, which fault.
+
+One small object, built from keyword arguments, a mapping (JSON from a launcher) or the
+environment, so the synthetic engine (flags) and SGLang's own scheduler processes (env,
+set by the launcher before SGLang spawns them) configure the same hardened classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from pdwarden_runtime.contract import FAULTS
+
+if TYPE_CHECKING:
+    from pdwarden_runtime.hardening.runtime import RoomRuntime
+
+# The fixes, by letter (issue 4): the keys of active_fixes() are their long names.
+FIX_NAMES: Final = {
+    "A": "A_sticky_status",
+    "B": "B_no_silent_skip",
+    "C": "C_transfer_deadline",
+    "D": "D_inflight_deadline",
+    "E": "E_metrics",
+}
+ALL_FIXES: Final = frozenset(FIX_NAMES)
+# "Hardening off": SGLang's NIXL path with the old max() status rule and no B-D. Metrics
+# (E) stay on: they only observe, and they are how a test shows the wedge.
+NO_FIXES: Final = frozenset({"E"})
+
+ENV_FIXES: Final = "PDWARDEN_FIXES"  # "A,B,C,D,E" | "all" | "none"
+ENV_HARDENING_MODE: Final = "PDWARDEN_HARDENING_MODE"  # "on" | "off" (off = NO_FIXES)
+ENV_TRANSFER_DEADLINE: Final = "PDWARDEN_TRANSFER_DEADLINE"
+ENV_INFLIGHT_DEADLINE: Final = "PDWARDEN_INFLIGHT_DEADLINE"
+ENV_FAULT: Final = "PDWARDEN_FAULT"
+ENV_RACE_WINDOW: Final = "PDWARDEN_RACE_WINDOW"
+ENV_METRICS_HOST: Final = "PDWARDEN_METRICS_HOST"
+ENV_METRICS_PORT: Final = "PDWARDEN_METRICS_PORT"
+ENV_ENGINE: Final = "PDWARDEN_ENGINE"
+
+DEFAULT_TRANSFER_DEADLINE: Final = 30.0
+DEFAULT_INFLIGHT_DEADLINE: Final = 300.0
+# How long the legacy-status-race fault holds a finished chunk's status write, waiting
+# for the room's ABORT (it lets go as soon as the ABORT has been handled).
+DEFAULT_RACE_WINDOW: Final = 5.0
+
+FAULT_NONE: Final = "none"
+FAULT_LEGACY_RACE: Final = "legacy-status-race"
+FAULT_STALL: Final = "stall-transfers"
+FAULT_DROP_ABORT: Final = "drop-abort"
+
+
+class ConfigError(ValueError):
+    """A hardening setting that cannot be used; the message names it."""
+
+
+class FaultSwitch:
+    """The fault currently injected; switchable at run time (``POST /debug/fault``)."""
+
+    def __init__(self, fault: str = FAULT_NONE) -> None:
+        self._lock = threading.Lock()
+        self._fault = _valid_fault(fault)
+
+    @property
+    def active(self) -> str:
+        return self._fault
+
+    def set(self, fault: str) -> str:
+        fault = _valid_fault(fault)
+        with self._lock:
+            self._fault = fault
+        return fault
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return self._fault == other
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+@dataclasses.dataclass
+class HardeningConfig:
+    """What the hardened NIXL classes do. Defaults: every fix on, no fault."""
+
+    fixes: frozenset[str] = ALL_FIXES
+    transfer_deadline: float = DEFAULT_TRANSFER_DEADLINE
+    inflight_deadline: float | None = DEFAULT_INFLIGHT_DEADLINE
+    fault: FaultSwitch = dataclasses.field(default_factory=FaultSwitch)
+    race_window: float = DEFAULT_RACE_WINDOW
+    # Where a hardened KV manager serves its own /metrics (None: the embedding process
+    # serves ``RoomRuntime.metrics.registry`` itself, as the synthetic engine does).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    engine: str = "sglang"
+    # Called with each RoomRuntime a hardened manager creates (e.g. a metrics bridge).
+    on_runtime: Callable[[RoomRuntime], None] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = set(self.fixes) - ALL_FIXES
+        if unknown:
+            raise ConfigError(f"unknown hardening fix(es) {sorted(unknown)}; expected letters of "
+                              f"{sorted(ALL_FIXES)}")
+        self.fixes = frozenset(self.fixes)
+        if not self.transfer_deadline > 0:
+            raise ConfigError(f"transfer deadline must be > 0 seconds, got {self.transfer_deadline!r}")
+        if self.inflight_deadline is not None and not self.inflight_deadline > 0:
+            raise ConfigError(
+                f"inflight deadline must be > 0 seconds or None, got {self.inflight_deadline!r}")
+        if not self.race_window > 0:
+            raise ConfigError(f"race window must be > 0 seconds, got {self.race_window!r}")
+        if isinstance(self.fault, str):
+            self.fault = FaultSwitch(self.fault)
+
+    def has(self, letter: str) -> bool:
+        return letter in self.fixes
+
+    @property
+    def status_mode(self) -> str:
+        return "sticky" if self.has("A") else "legacy"
+
+    def active_fixes(self) -> dict[str, bool]:
+        return {name: letter in self.fixes for letter, name in FIX_NAMES.items()}
+
+    # --- builders ---------------------------------------------------------------------
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> HardeningConfig:
+        """From JSON-like data: keys are the field names (``fixes`` as "A,B" or a list,
+        ``hardening``: "on"/"off" as a shorthand). Unknown keys are an error."""
+        data = dict(values)
+        kwargs: dict[str, Any] = {}
+        mode = data.pop("hardening", None)
+        if mode is not None:
+            kwargs["fixes"] = _fixes_for_mode(str(mode))
+        if "fixes" in data:
+            kwargs["fixes"] = parse_fixes(data.pop("fixes"))
+        for name in ("transfer_deadline", "race_window"):
+            if name in data:
+                kwargs[name] = _number(name, data.pop(name))
+        if "inflight_deadline" in data:
+            raw = data.pop("inflight_deadline")
+            kwargs["inflight_deadline"] = None if raw in (None, "", "off", 0) else _number(
+                "inflight_deadline", raw)
+        if "fault" in data:
+            kwargs["fault"] = FaultSwitch(str(data.pop("fault") or FAULT_NONE))
+        if "metrics_host" in data:
+            kwargs["metrics_host"] = str(data.pop("metrics_host"))
+        if "metrics_port" in data:
+            raw = data.pop("metrics_port")
+            kwargs["metrics_port"] = None if raw in (None, "") else int(_number("metrics_port", raw))
+        if "engine" in data:
+            kwargs["engine"] = str(data.pop("engine"))
+        if data:
+            raise ConfigError(f"unknown hardening setting(s) {sorted(data)}")
+        return cls(**kwargs)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> HardeningConfig:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        names = {
+            ENV_HARDENING_MODE: "hardening",
+            ENV_FIXES: "fixes",
+            ENV_TRANSFER_DEADLINE: "transfer_deadline",
+            ENV_INFLIGHT_DEADLINE: "inflight_deadline",
+            ENV_FAULT: "fault",
+            ENV_RACE_WINDOW: "race_window",
+            ENV_METRICS_HOST: "metrics_host",
+            ENV_METRICS_PORT: "metrics_port",
+            ENV_ENGINE: "engine",
+        }
+        for env_name, key in names.items():
+            if env.get(env_name, "") != "":
+                values[key] = env[env_name]
+        try:
+            return cls.from_mapping(values)
+        except ConfigError as err:
+            raise ConfigError(f"{err} (from PDWARDEN_* environment variables)") from None
+
+
+def parse_fixes(raw: Any) -> frozenset[str]:
+    """"A,B,C" | ["A", "B"] | "all" | "none" -> a set of fix letters."""
+    if isinstance(raw, str):
+        text = raw.strip()
+        if text.lower() in ("all", "on"):
+            return ALL_FIXES
+        if text.lower() in ("none", "off", ""):
+            return frozenset()
+        items = [part.strip() for part in text.split(",") if part.strip()]
+    elif isinstance(raw, (list, tuple, set, frozenset)):
+        items = [str(part).strip() for part in raw]
+    else:
+        raise ConfigError(f"fixes must be a comma-separated string or a list, got {raw!r}")
+    letters = {item[:1].upper() for item in items}
+    unknown = letters - ALL_FIXES
+    if unknown:
+        raise ConfigError(f"unknown hardening fix(es) {sorted(unknown)} in {raw!r}")
+    return frozenset(letters)
+
+
+def _fixes_for_mode(mode: str) -> frozenset[str]:
+    lowered = mode.strip().lower()
+    if lowered in ("on", "1", "true", "yes"):
+        return ALL_FIXES
+    if lowered in ("off", "0", "false", "no"):
+        return NO_FIXES
+    raise ConfigError(f"hardening mode must be on or off, got {mode!r}")
+
+
+def _valid_fault(fault: str) -> str:
+    if fault not in FAULTS:
+        raise ConfigError(f"unknown fault {fault!r}; expected one of {list(FAULTS)}")
+    return fault
+
+
+def _number(name: str, raw: Any) -> float:
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+
+
+# --- the configuration the hardened classes read (set by install()) -------------------
+_installed: HardeningConfig | None = None
+_installed_lock = threading.Lock()
+
+
+def set_installed_config(config: HardeningConfig) -> None:
+    global _installed
+    with _installed_lock:
+        _installed = config
+
+
+def installed_config() -> HardeningConfig:
+    """The config install() set; without install(), one read from the environment."""
+    global _installed
+    with _installed_lock:
+        if _installed is None:
+            _installed = HardeningConfig.from_env()
+        return _installed

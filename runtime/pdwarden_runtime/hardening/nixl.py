@@ -1,0 +1,490 @@
+"""SGLang's NIXL KV classes, hardened by subclassing (no SGLang code is copied).
+
+What each override adds (letters as in ``FIX_NAMES``):
+
+- A ``request_status`` is a ``RoomStatusMap`` over pdwarden's ``RoomStatusTable`` and
+  ``update_status`` writes through it: Failed and Success are terminal, refused writes
+  are counted. With A off the table runs SGLang's old ``max()`` rule (legacy).
+- B every chunk a transfer worker takes off its queue passes ``_pdw_chunk_taken``: if the
+  worker is about to skip it silently (room cleared, Failed, or its transfer info gone),
+  the room is concluded Failed and decode gets ``KV_STATUS Failed`` once no chunk of the
+  room can still write into decode's pages (``RoomLedger``). The same notice covers a
+  prefill-side abort and metadata that arrives for a room that already ended.
+- C ``_await_handles`` gives up on handles that stay in PROC past the transfer deadline
+  (a stalled peer): it releases them and reports the batch failed, so SGLang's own
+  failure path fails the room, tells decode and frees the worker.
+- D the inflight tracker's deadline fails any prefill room that stays non-terminal too
+  long; decode is told like in B.
+- E the table, tracker and RuntimeMetrics live in ``RoomRuntime`` (``mgr.pdwarden``).
+
+Faults (``HardeningConfig.fault``, switchable at run time) are injected here too, so they
+run through the same SGLang code: ``legacy-status-race`` holds a finished non-last chunk's
+Transferring write until the room's ABORT has been handled (the ABORT handler drops the
+room's transfer info, as the seed's control thread did); ``stall-transfers`` keeps every
+handle looking unsettled; ``drop-abort`` drops ABORT messages from decode.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Final
+
+from sglang.srt.disaggregation.common.conn import ABORT_TAG, AbortNotification
+from sglang.srt.disaggregation.nixl.conn import (
+    NIXL_ERR_SETTLE_POLL_S,
+    NIXL_ERR_SETTLE_TIMEOUT_S,
+    NixlKVBootstrapServer,
+    NixlKVManager,
+    NixlKVReceiver,
+    NixlKVSender,
+)
+from sglang.srt.disaggregation.utils import DisaggregationMode
+
+from pdwarden_runtime.contract import (
+    OUTCOME_ABORTED,
+    OUTCOME_DEADLINE,
+    OUTCOME_FAILED,
+    ROLE_DECODE,
+    ROLE_PREFILL,
+)
+from pdwarden_runtime.hardening.config import (
+    FAULT_DROP_ABORT,
+    FAULT_LEGACY_RACE,
+    FAULT_STALL,
+    HardeningConfig,
+    installed_config,
+)
+from pdwarden_runtime.hardening.runtime import RoomRuntime
+from pdwarden_runtime.kvpoll import KVPoll
+
+log = logging.getLogger(__name__)
+
+# Busy-poll a handle this many times (SGLang's sleep(0)), then back off so a stalled
+# handle does not pin a core of a small machine until its deadline.
+_SPIN_POLLS: Final = 2000
+_BACKOFF_S: Final = 0.0002
+# How long the ABORT handler waits for a parked worker's resurrecting write.
+_RACE_HANDOFF_S: Final = 2.0
+
+REASON_HANDLE_DEADLINE: Final = "transfer deadline: NIXL handle still in progress after {:.1f}s; released"
+REASON_INFLIGHT_DEADLINE: Final = "inflight deadline: room not concluded within {:.1f}s"
+REASON_SKIPPED: Final = "room {} before its chunk was sent (pdwarden: skipped chunk concluded Failed)"
+REASON_EARLY_ABORT: Final = "Aborted by decode before this prefill opened the room"
+# ABORTs for rooms this prefill has not opened yet, remembered (bounded) so the room
+# fails when its sender opens it instead of waiting out the bootstrap timeout.
+_EARLY_ABORTS_KEPT: Final = 16384
+
+
+def outcome_for(reason: str | None) -> str:
+    """The contract outcome of a failed room, from SGLang's/pdwarden's failure reason."""
+    text = (reason or "").lower()
+    if "deadline" in text:
+        return OUTCOME_DEADLINE
+    if "abort" in text:
+        return OUTCOME_ABORTED
+    return OUTCOME_FAILED
+
+
+class _RaceWindow:
+    """The legacy-status-race fault's hand-off between a parked worker and the ABORT."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._parked: dict[int, tuple[threading.Event, threading.Event]] = {}
+        self._guard = threading.Lock()
+
+    def park(self, room: int) -> tuple[threading.Event, threading.Event]:
+        events = (threading.Event(), threading.Event())
+        with self._guard:
+            self._parked[room] = events
+        return events
+
+    def unpark(self, room: int) -> None:
+        with self._guard:
+            self._parked.pop(room, None)
+
+    def release(self, room: int) -> None:
+        with self._guard:
+            events = self._parked.get(room)
+        if events is not None:
+            wake, written = events
+            wake.set()
+            written.wait(_RACE_HANDOFF_S)
+
+
+class _WatchedQueue:
+    """A transfer worker's queue, seen through the manager's chunk accounting."""
+
+    def __init__(self, inner: Any, mgr: HardenedNixlKVManager) -> None:
+        self._inner = inner
+        self._mgr = mgr
+
+    def put(self, chunk: Any) -> None:
+        self._mgr.pdwarden.ledger.enqueued(chunk.room)
+        self._inner.put(chunk)
+
+    def get(self) -> Any:
+        self._mgr._pdw_chunk_finished()
+        chunk = self._inner.get()
+        self._mgr._pdw_chunk_taken(chunk)
+        return chunk
+
+
+class HardenedNixlKVManager(NixlKVManager):
+    """NixlKVManager with pdwarden's fixes A-E (see the module docstring)."""
+
+    pdwarden: RoomRuntime
+
+    def __init__(self, args: Any, disaggregation_mode: Any, server_args: Any,
+                 is_mla_backend: bool | None = False) -> None:
+        config = installed_config()
+        role = ROLE_PREFILL if disaggregation_mode == DisaggregationMode.PREFILL else ROLE_DECODE
+        self.pdwarden = RoomRuntime(config, role)
+        self._pdw_tls = threading.local()
+        self._pdw_race = _RaceWindow()
+        self._pdw_queues: dict[int, _WatchedQueue] = {}
+        self._pdw_queue_lock = threading.Lock()
+        self._pdw_early_aborts: OrderedDict[int, None] = OrderedDict()
+        self._pdw_early_lock = threading.Lock()
+        super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
+        if role == ROLE_PREFILL:
+            queues: list[Any] = list(self.transfer_queues)  # type: ignore[has-type]
+            self.transfer_queues = [self._pdw_queue(q) for q in queues]
+        self.pdwarden.tracker.on_deadline = self._pdw_on_deadline
+        self.pdwarden.start()
+
+    @property
+    def _pdw_config(self) -> HardeningConfig:
+        return self.pdwarden.config
+
+    # --- A: the status table behind request_status ----------------------------------
+    @property  # type: ignore[override]
+    def request_status(self) -> Any:
+        return self.pdwarden.rooms
+
+    @request_status.setter
+    def request_status(self, value: Any) -> None:
+        # CommonKVManager.__init__ assigns an empty dict; pdwarden's table is the storage.
+        if isinstance(value, dict) and not value:
+            return
+        raise NotImplementedError(
+            "pdwarden's NIXL hardening supports pipeline-parallel size 1 only "
+            f"(SGLang tried to install {type(value).__name__} as the room status store)")
+
+    def update_status(self, bootstrap_room: int, status: Any) -> None:
+        try:
+            self._pdw_update_status(bootstrap_room, KVPoll(int(status)))
+        finally:
+            self.pdwarden.notify(bootstrap_room)
+
+    def _pdw_update_status(self, room: int, target: KVPoll) -> None:
+        table = self.pdwarden.table
+        current = table.get(room)
+        is_prefill = self.pdwarden.role == ROLE_PREFILL
+        if target is KVPoll.WaitingForInput and is_prefill:
+            # The bootstrap thread: decode's metadata for the room is complete.
+            self.pdwarden.ledger.remember_targets(room, self._room_notify_targets(room))
+        if current is None:
+            if target is KVPoll.WaitingForInput and is_prefill and table.is_cleared(room):
+                self._pdw_metadata_after_end(room)
+                return
+            if target is KVPoll.Bootstrapping or target is KVPoll.WaitingForInput:
+                self.pdwarden.ledger.settle(room)
+                super().update_status(room, target)  # SGLang's opening side effects
+                if is_prefill and self._pdw_take_early_abort(room):
+                    self.record_failure(room, REASON_EARLY_ABORT)
+                    self._pdw_update_status(room, KVPoll.Failed)
+                return
+            # A write to a room with no lifecycle: legacy max() creates it (an orphan);
+            # the sticky table refuses and counts it.
+            table.update(room, target)
+            return
+        if target is KVPoll.Bootstrapping and current is not KVPoll.Bootstrapping:
+            # A sender opening a room whose decode metadata came first: normal ordering.
+            if table.mode == "legacy":
+                table.update(room, target)
+            return
+        if target is KVPoll.Failed:
+            reason = self.failure_records.get(room)
+            applied = table.update(room, target, outcome=outcome_for(reason))
+            if applied and self.deferred_bootstrap is not None:
+                self._notify_bootstrap(room, self.deferred_bootstrap.fail(room))
+            self._pdw_room_failed(room, reason or "KV transfer failed")
+            return
+        table.update(room, target)
+
+    # --- B: failed rooms are concluded and decode is told ----------------------------
+    def _pdw_room_failed(self, room: int, reason: str) -> None:
+        if self.pdwarden.role != ROLE_PREFILL or not self._pdw_config.has("B"):
+            return
+        self.pdwarden.ledger.failed(room, reason)
+        self._pdw_send_failure_notice(room)
+
+    def _pdw_send_failure_notice(self, room: int) -> None:
+        if not self._pdw_config.has("B"):
+            return
+        claim = self.pdwarden.ledger.claim_failure_notice(room)
+        if claim is None:
+            return
+        targets, reason = claim
+        self.pdwarden.failure_notices += 1
+        super().send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
+                                       failure_reason=reason)
+
+    def send_kv_status_message(self, *, targets: list[tuple[str, int]], bootstrap_room: int,
+                               status: Any, failure_reason: str | None = None) -> None:
+        if targets and int(status) in (KVPoll.Failed, KVPoll.Success):
+            self.pdwarden.ledger.told(bootstrap_room)
+        super().send_kv_status_message(targets=targets, bootstrap_room=bootstrap_room, status=status,
+                                       failure_reason=failure_reason)
+
+    def _pdw_metadata_after_end(self, room: int) -> None:
+        """Decode's metadata arrived for a room this prefill already ended: SGLang would
+        open an orphan room and keep its transfer info forever; decode would wait for its
+        timeout. Refuse the write, drop the info, and tell decode."""
+        self.pdwarden.table.update(room, KVPoll.WaitingForInput)  # refused, counted
+        self.transfer_infos.pop(room, None)
+        self.req_to_decode_prefix_len.pop(room, None)
+        if self._pdw_config.has("B"):
+            self.pdwarden.ledger.failed(room, "prefill room ended before decode's metadata arrived")
+            self._pdw_send_failure_notice(room)
+        self.pdwarden.ledger.cleared(room)
+
+    def _pdw_room_cleared(self, room: int) -> None:
+        self.pdwarden.ledger.cleared(room)
+        self._pdw_drop_leftovers(room)
+
+    def _pdw_drop_leftovers(self, room: int) -> None:
+        """A cleared room no worker holds: drop SGLang's per-room entries that its
+        cleanup can miss when the scheduler clears the room before the worker's last
+        check (a zero ``_staging_outstanding`` entry per room otherwise accumulates)."""
+        if room in self.pdwarden.table or not self.pdwarden.ledger.idle(room):
+            return
+        if self._staging_outstanding.get(room, 1) <= 0:
+            self._staging_outstanding.pop(room, None)
+
+    def _pdw_queue(self, inner: Any) -> _WatchedQueue:
+        if isinstance(inner, _WatchedQueue):
+            return inner
+        with self._pdw_queue_lock:
+            watched = self._pdw_queues.get(id(inner))
+            if watched is None:
+                watched = self._pdw_queues[id(inner)] = _WatchedQueue(inner, self)
+            return watched
+
+    def transfer_worker(self, queue: Any, staging_buffer: Any = None, worker_index: int = 0) -> None:
+        super().transfer_worker(self._pdw_queue(queue), staging_buffer, worker_index)
+
+    def _pdw_chunk_taken(self, chunk: Any) -> None:
+        room = chunk.room
+        self.pdwarden.ledger.dequeued(room)
+        self._pdw_tls.chunk = chunk
+        self._pdw_tls.released = set()
+        if not self._pdw_config.has("B"):
+            return
+        status = self.pdwarden.table.get(room)
+        if status is None:
+            what = "was cleared"
+        elif status is KVPoll.Failed:
+            what = "failed"
+        elif self.transfer_infos.get(room) is None:
+            what = "lost its transfer info"
+        else:
+            return
+        # The worker skips this chunk next (SGLang's guards); make the skip conclude.
+        self.pdwarden.silent_skips_concluded += 1
+        reason = self.failure_records.get(room) or REASON_SKIPPED.format(what)
+        if status is not None and status is not KVPoll.Failed:
+            self.record_failure(room, reason)
+            self.update_status(room, KVPoll.Failed)
+        else:
+            self.pdwarden.ledger.failed(room, reason)
+
+    def _pdw_chunk_finished(self) -> None:
+        chunk = getattr(self._pdw_tls, "chunk", None)
+        if chunk is None:
+            return
+        self._pdw_tls.chunk = None
+        self._pdw_tls.released = set()
+        if self.pdwarden.ledger.chunk_done(chunk.room):
+            self._pdw_send_failure_notice(chunk.room)
+            self.pdwarden.ledger.settle(chunk.room)
+            self._pdw_drop_leftovers(chunk.room)
+
+    # --- C: a deadline on handles; the faults that act on them ------------------------
+    def _await_handles(self, handles: list[Any], *, failure_seen: bool) -> tuple[bool, bool]:
+        config = self._pdw_config
+        released: set[int] = getattr(self._pdw_tls, "released", set())
+        live = [h for h in handles if id(h) not in released]
+        fault = config.fault.active
+        if not config.has("C") and fault == "none":
+            return super()._await_handles(live, failure_seen=failure_seen)
+        if not live:
+            return True, failure_seen
+        chunk = getattr(self._pdw_tls, "chunk", None)
+        stalled = fault == FAULT_STALL
+        start = time.monotonic()
+        handle_deadline = start + config.transfer_deadline if config.has("C") else None
+        settle_deadline = start + NIXL_ERR_SETTLE_TIMEOUT_S if failure_seen else None
+        polls = 0
+        while True:
+            all_settled, any_failed = not stalled, failure_seen
+            if not stalled:
+                try:
+                    for handle in live:
+                        state = self.agent.check_xfer_state(handle)
+                        if state == "ERR":
+                            any_failed = True
+                        elif state != "DONE":
+                            all_settled = False
+                except Exception as err:
+                    log.warning("Failed to read NIXL transfer state: %s", err)
+                    return False, True
+            if all_settled:
+                if not any_failed:
+                    self._pdw_chunk_landed(chunk)
+                return True, any_failed
+            now = time.monotonic()
+            if handle_deadline is not None and now >= handle_deadline:
+                self._pdw_release(live, chunk, released)
+                return True, True
+            if any_failed:
+                if settle_deadline is None:
+                    settle_deadline = now + NIXL_ERR_SETTLE_TIMEOUT_S
+                elif now >= settle_deadline:
+                    return False, True
+                time.sleep(NIXL_ERR_SETTLE_POLL_S)
+                continue
+            polls += 1
+            time.sleep(0 if polls < _SPIN_POLLS else _BACKOFF_S)
+
+    def _pdw_release(self, handles: list[Any], chunk: Any, released: set[int]) -> None:
+        """Fix C: give up on handles stuck in PROC; NIXL cancels an active transfer on
+        release. The caller reports the batch failed, so SGLang's failure path concludes
+        the room Failed, tells decode, and the worker takes its next chunk."""
+        deadline = self._pdw_config.transfer_deadline
+        for handle in handles:
+            try:
+                self.agent.release_xfer_handle(handle)
+            except Exception as err:  # cannot cancel: drop it, the worker must go on
+                log.warning("could not release a stalled NIXL handle: %s", err)
+            released.add(id(handle))
+        self._pdw_tls.released = released
+        self.pdwarden.handle_deadlines += 1
+        if chunk is not None:
+            reason = REASON_HANDLE_DEADLINE.format(deadline)
+            log.warning("room %s: %s", chunk.room, reason)
+            self.record_failure(chunk.room, reason)
+            self.pdwarden.ledger.failed(chunk.room, reason)
+
+    def _pdw_chunk_landed(self, chunk: Any) -> None:
+        if chunk is None:
+            return
+        moved = len(chunk.prefill_kv_indices) * self.kv_item_lens_sum
+        if chunk.is_last_chunk:
+            moved += sum(self.kv_args.aux_item_lens)
+        if moved:
+            self.pdwarden.metrics.add_bytes(moved)
+        if self._pdw_config.fault.active == FAULT_LEGACY_RACE and not chunk.is_last_chunk:
+            self._pdw_race_window(chunk.room)
+
+    def _pdw_race_window(self, room: int) -> None:
+        """The seed's race: the chunk is done, its status write comes late; an ABORT
+        that lands in between is then overwritten by Transferring under max()."""
+        wake, written = self._pdw_race.park(room)
+        try:
+            wake.wait(self._pdw_config.race_window)
+            self.update_status(room, KVPoll.Transferring)
+        finally:
+            self._pdw_race.unpark(room)
+            written.set()
+
+    def check_status(self, bootstrap_room: int) -> Any:
+        if self._pdw_config.fault.active == FAULT_LEGACY_RACE:
+            with self._pdw_race.lock:  # never see an ABORT half-handled (deterministic race)
+                return super().check_status(bootstrap_room)
+        return super().check_status(bootstrap_room)
+
+    def _pdw_take_early_abort(self, room: int) -> bool:
+        with self._pdw_early_lock:
+            return self._pdw_early_aborts.pop(room, 0) is None
+
+    def _pdw_remember_early_abort(self, msg: list[bytes]) -> None:
+        """B: an ABORT for a room this prefill has not opened (decode gave up before the
+        prefill request arrived) is kept, so the room fails at open; SGLang drops it and
+        the room then waits out the bootstrap timeout."""
+        if not self._pdw_config.has("B") or not msg or msg[0] != ABORT_TAG:
+            return
+        notification = AbortNotification.from_zmq(msg)
+        if notification is None:
+            return
+        room = notification.room
+        if room in self.pdwarden.table or self.pdwarden.table.is_cleared(room):
+            return
+        with self._pdw_early_lock:
+            self._pdw_early_aborts[room] = None
+            while len(self._pdw_early_aborts) > _EARLY_ABORTS_KEPT:
+                self._pdw_early_aborts.popitem(last=False)
+
+    def _handle_abort_notification(self, msg: list[bytes]) -> bool:
+        fault = self._pdw_config.fault.active
+        if fault != FAULT_DROP_ABORT:
+            self._pdw_remember_early_abort(msg)
+        if not msg or msg[0] != ABORT_TAG or fault not in (FAULT_LEGACY_RACE, FAULT_DROP_ABORT):
+            return bool(super()._handle_abort_notification(msg))
+        if fault == FAULT_DROP_ABORT:
+            log.warning("fault drop-abort: dropping an ABORT from decode")
+            return True
+        notification = AbortNotification.from_zmq(msg)
+        if notification is None:
+            return True
+        room = notification.room
+        with self._pdw_race.lock:
+            handled = super()._handle_abort_notification(msg)
+            # The seed's control thread also dropped the room's transfer info here.
+            self.transfer_infos.pop(room, None)
+            self._pdw_race.release(room)
+        return bool(handled)
+
+    # --- D: the inflight deadline ----------------------------------------------------
+    def _pdw_on_deadline(self, rooms: list[int]) -> None:
+        reason = REASON_INFLIGHT_DEADLINE.format(self.pdwarden.tracker.deadline or 0.0)
+        for room in rooms:
+            log.warning("room %s: %s", room, reason)
+            self.record_failure(room, reason)
+            if self.pdwarden.role == ROLE_PREFILL:
+                self.pdwarden.ledger.remember_targets(room, self._room_notify_targets(room))
+                self._pdw_room_failed(room, reason)
+            self.pdwarden.notify(room)
+
+    def shutdown_pdwarden(self) -> None:
+        self.pdwarden.stop()
+
+
+class HardenedNixlKVSender(NixlKVSender):
+    """NixlKVSender that tells the manager when its room's lifecycle ends."""
+
+    def clear(self) -> None:
+        super().clear()
+        mgr = self.kv_mgr
+        if isinstance(mgr, HardenedNixlKVManager):
+            mgr._pdw_room_cleared(self.bootstrap_room)
+
+
+class HardenedNixlKVReceiver(NixlKVReceiver):
+    """NixlKVReceiver (decode); its manager's table is already the sticky one."""
+
+
+class HardenedNixlKVBootstrapServer(NixlKVBootstrapServer):
+    """NixlKVBootstrapServer, unchanged; listed so the whole backend comes from one seam."""
+
+
+HARDENED_CLASSES: Final = {
+    "NixlKVManager": HardenedNixlKVManager,
+    "NixlKVSender": HardenedNixlKVSender,
+    "NixlKVReceiver": HardenedNixlKVReceiver,
+    "NixlKVBootstrapServer": HardenedNixlKVBootstrapServer,
+}

@@ -1,0 +1,178 @@
+"""The HTTP surface of a runtime pod (SGLang-compatible subset) over an engine.
+
+Routes: ``POST /generate``, ``GET /health``, ``GET /health_generate``,
+``GET /get_server_info`` and ``/server_info``, ``GET /get_model_info`` and
+``/model_info``, ``GET /v1/models``, ``GET /metrics``; ``GET /debug/state`` (read-only
+room/pool counters for tests and operators); ``POST /debug/fault`` only with
+``--allow-fault-injection``. The metrics port serves ``/metrics`` alone.
+
+Handlers are cancelled when the client disconnects (``handler_cancellation``), which is
+how a disconnect aborts the request in the engine, as in SGLang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from pdwarden_runtime import contract as c
+from pdwarden_runtime.engines.synthetic import RequestFailed, SyntheticEngine
+from pdwarden_runtime.engines.synthetic_pattern import BadRequest
+from pdwarden_runtime.hardening import installed_versions
+from pdwarden_runtime.hardening.config import ConfigError
+from pdwarden_runtime.metrics import metrics_handler
+from pdwarden_runtime.transfer.kvpool import PagesExhausted
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+
+
+class RuntimeServer:
+    """The aiohttp apps (HTTP port and metrics port) of one synthetic runtime."""
+
+    def __init__(self, engine: SyntheticEngine, *, allow_fault_injection: bool = False) -> None:
+        self.engine = engine
+        self.allow_fault_injection = allow_fault_injection
+        self._runners: list[web.AppRunner] = []
+
+    # --- handlers ------------------------------------------------------------------------
+    async def generate(self, request: web.Request) -> web.Response:
+        if not self.engine.ready:
+            return _error(503, "engine is starting")
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        try:
+            result = await self.engine.generate(body)
+        except BadRequest as err:
+            return _error(400, str(err))
+        except PagesExhausted as err:
+            return _error(503, f"KV pool exhausted: {err}")
+        except RequestFailed as err:
+            return _error(err.status, str(err))
+        return web.json_response(result)
+
+    async def health(self, request: web.Request) -> web.Response:
+        ok, why = self.engine.healthy()
+        return web.Response(text=why, status=200 if ok else 503)
+
+    async def health_generate(self, request: web.Request) -> web.Response:
+        ok, why = await self.engine.health_generate()
+        return web.Response(text=why, status=200 if ok else 503)
+
+    def _server_info(self) -> dict[str, Any]:
+        o = self.engine.options
+        versions = installed_versions()
+        return {
+            "model_path": o.model, "served_model_name": o.model, "tokenizer_path": o.model,
+            "host": o.host, "port": o.port, "disaggregation_mode": o.role,
+            "disaggregation_bootstrap_port": o.bootstrap_port, "disaggregation_transfer_backend": "nixl",
+            "page_size": o.page_size, "tp_size": 1, "dp_size": 1, "pp_size": 1,
+            "version": versions.get("sglang"), "engine": "synthetic",
+            "pdwarden": {"fixes": self.engine.hardening.active_fixes(), "fault": self.engine.fault.active},
+        }
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self._server_info())
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        o = self.engine.options
+        return web.json_response({"model_path": o.model, "tokenizer_path": o.model, "is_generation": True,
+                                  "preferred_sampling_params": None, "weight_version": "default",
+                                  "has_image_understanding": False, "has_audio_understanding": False,
+                                  "model_type": "synthetic", "architectures": ["SyntheticForCausalLM"]})
+
+    async def models(self, request: web.Request) -> web.Response:
+        o = self.engine.options
+        return web.json_response({"object": "list", "data": [
+            {"id": o.model, "object": "model", "owned_by": "pdwarden", "root": o.model,
+             "max_model_len": o.pool_pages * o.page_size}]})
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        mgr = self.engine.mgr
+        if mgr is None:
+            return _error(503, "engine is starting")
+        return await metrics_handler(mgr.pdwarden.metrics.registry)(request)
+
+    async def debug_state(self, request: web.Request) -> web.Response:
+        return web.json_response(self.engine.debug_state())
+
+    async def debug_fault(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        fault = body.get("fault") if isinstance(body, dict) else None
+        if not isinstance(fault, str):
+            return _error(400, f'body must be {{"fault": one of {list(c.FAULTS)}}}')
+        try:
+            active = self.engine.fault.set(fault)
+        except ConfigError as err:
+            return _error(400, str(err))
+        log.warning("fault injection: %s is now active", active)
+        return web.json_response({"fault": active})
+
+    # --- apps ----------------------------------------------------------------------------
+    def http_app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        add = app.router.add_route
+        add("POST", c.GENERATE_PATH, self.generate)
+        for path in (c.HEALTH_PATH,):
+            add("GET", path, self.health)
+        add("GET", c.HEALTH_GENERATE_PATH, self.health_generate)
+        for path in ("/get_server_info", "/server_info"):
+            add("GET", path, self.server_info)
+        for path in ("/get_model_info", "/model_info"):
+            add("GET", path, self.model_info)
+        add("GET", "/v1/models", self.models)
+        add("GET", c.METRICS_PATH, self.metrics)
+        add("GET", "/debug/state", self.debug_state)
+        if self.allow_fault_injection:
+            add("POST", c.FAULT_PATH, self.debug_fault)
+        return app
+
+    def metrics_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("GET", c.METRICS_PATH, self.metrics)
+        return app
+
+    async def start(self, host: str, port: int, metrics_port: int) -> None:
+        for app, bind in ((self.http_app(), port), (self.metrics_app(), metrics_port)):
+            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, host=host, port=bind, reuse_address=True).start()
+            self._runners.append(runner)
+
+    async def stop(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+
+
+async def run_synthetic(engine: SyntheticEngine, *, allow_fault_injection: bool) -> None:
+    """Serve until SIGTERM/SIGINT. The HTTP port answers /health 503 until the engine is up."""
+    o = engine.options
+    server = RuntimeServer(engine, allow_fault_injection=allow_fault_injection)
+    await server.start(o.host, o.port, o.metrics_port)
+    log.info("%s synthetic runtime: http %s:%s metrics :%s bootstrap :%s", o.role, o.host, o.port,
+             o.metrics_port, o.bootstrap_port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await engine.start()
+    log.info("%s synthetic runtime ready", o.role)
+    await stop.wait()
+    await server.stop()
+    await engine.close()

@@ -1,0 +1,332 @@
+"""The whole PD path for real: sglang-router -> synthetic prefill -> NIXL -> synthetic decode.
+
+Two prefill/decode pairs run as separate processes for the module: one hardened (behind
+the real sglang-router) and one with the hardening off. Faults are switched on at run
+time through ``POST /debug/fault``; a stalled peer is a SIGSTOPped decode process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request, request_body
+from pdwarden_bench.runtime_procs import (
+    Fleet,
+    Router,
+    Runtime,
+    http_post_json,
+    metric_sum,
+    parse_metrics,
+    wait_healthy,
+    wait_router,
+)
+from pdwarden_runtime import contract as c
+
+pytestmark = pytest.mark.integration
+
+TRANSFER_DEADLINE = 2.0
+FLAGS = ["--allow-fault-injection", "--layers", "2", "--page-bytes", "65536", "--pool-pages", "256",
+         "--aux-slots", "256", "--page-size", "16", "--chunk-pages", "2", "--race-window", "20",
+         "--transfer-deadline", str(TRANSFER_DEADLINE), "--inflight-deadline", "120"]
+# UCX over TCP: a SIGSTOPped decode then stalls prefill's WRITEs (UCX's cma transport,
+# its default on one host, writes into a stopped process without the process's help).
+ENV = {"UCX_TLS": "tcp,self"}
+LONG_PROMPT = 160  # tokens: 10 pages, 5 chunks
+
+
+class Pair:
+    def __init__(self, prefill: Runtime, decode: Runtime) -> None:
+        self.prefill, self.decode = prefill, decode
+        self.endpoint = Endpoint(prefill.url, decode.url, prefill.host, prefill.bootstrap_port)
+
+    def set_fault(self, fault: str) -> None:
+        status, body = http_post_json(f"{self.prefill.url}{c.FAULT_PATH}", {"fault": fault})
+        assert status == 200 and body == {"fault": fault}, (status, body)
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    f = Fleet()
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+@pytest.fixture(scope="module")
+def pairs(fleet: Fleet) -> dict[str, Pair]:
+    legacy_flags = [*FLAGS, "--hardening", "off"]
+    started = {
+        "hardened": (fleet.runtime("prefill", extra=FLAGS, env=ENV),
+                     fleet.runtime("decode", extra=FLAGS, env=ENV)),
+        "legacy": (fleet.runtime("prefill", extra=legacy_flags, env=ENV),
+                   fleet.runtime("decode", extra=legacy_flags, env=ENV)),
+    }
+    wait_healthy([rt for pair in started.values() for rt in pair], timeout=300)
+    return {name: Pair(*rts) for name, rts in started.items()}
+
+
+@pytest.fixture(scope="module")
+def router(fleet: Fleet, pairs: dict[str, Pair]) -> Router:
+    hardened = pairs["hardened"]
+    r = fleet.router(hardened.prefill, hardened.decode)
+    wait_router(r, timeout=240)
+    return r
+
+
+def settled(rt: Runtime, timeout: float = 45.0) -> dict[str, Any]:
+    """Wait until the runtime holds no request, room, page or per-room entry."""
+    end = time.monotonic() + timeout
+    while True:
+        state = rt.state()
+        clean = (state["pending_requests"] == 0 and not state["rooms"] and state["background_tasks"] == 0
+                 and state["free_pages"] == state["total_pages"] and state["free_aux"] == state["total_aux"]
+                 and state["failure_records"] == 0)
+        if rt.role == c.ROLE_PREFILL:
+            clean = clean and state["transfer_infos"] == 0 and state["staging_outstanding"] == 0
+        else:
+            clean = clean and state["prefill_response_tracker"] == 0 and state["deferred_abort_acks"] == 0
+        if clean or time.monotonic() > end:
+            return state
+        time.sleep(0.5)
+
+
+async def _through_router(router: Router, n: int, abort_ratio: float, seed: int) -> dict[str, int]:
+    rng = random.Random(seed)
+    counts = {"completed": 0, "aborted": 0, "failed": 0, "unverified": 0}
+    sem = asyncio.Semaphore(12)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        async def one(i: int) -> None:
+            body = {"input_ids": [rng.randrange(32000) for _ in range(rng.randint(8, 120))],
+                    "sampling_params": {"max_new_tokens": 4}}
+            abort_after = rng.uniform(0.0, 0.15) if rng.random() < abort_ratio else None
+            async with sem:
+                task = asyncio.ensure_future(session.post(f"{router.url}/generate", json=body))
+                done, _ = await asyncio.wait([task], timeout=abort_after)
+                if abort_after is not None and not done:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+                    counts["aborted"] += 1
+                    return
+                resp = await task
+                async with resp:
+                    answer = await resp.json(content_type=None) if resp.status == 200 else None
+                if answer is None:
+                    counts["failed"] += 1
+                elif answer.get("meta_info", {}).get("kv_verified") is True:
+                    counts["completed"] += 1
+                else:
+                    counts["unverified"] += 1
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return counts
+
+
+def test_router_routes_200_requests_each_verified(router: Router, pairs: dict[str, Pair]) -> None:
+    hardened = pairs["hardened"]
+    before = hardened.decode.state()["completed"]
+    counts = asyncio.run(_through_router(router, 200, abort_ratio=0.0, seed=1))
+    assert counts == {"completed": 200, "aborted": 0, "failed": 0, "unverified": 0}
+    decode = hardened.decode.state()
+    assert decode["completed"] - before == 200  # every page and aux byte compared on decode
+    assert decode["verify_failures"] == 0
+
+
+def test_disconnecting_clients_leave_nothing_behind(router: Router, pairs: dict[str, Pair]) -> None:
+    hardened = pairs["hardened"]
+    counts = asyncio.run(_through_router(router, 90, abort_ratio=0.3, seed=2))
+    assert counts["failed"] == 0 and counts["unverified"] == 0
+    assert counts["completed"] + counts["aborted"] == 90
+    assert counts["aborted"] > 0
+    for rt in (hardened.prefill, hardened.decode):
+        state = settled(rt)
+        assert state["pending_requests"] == 0, state
+        assert state["rooms"] == {}, f"{rt.role} kept rooms: {state['room_list']}"
+        assert state["free_pages"] == state["total_pages"], state
+        assert state["free_aux"] == state["total_aux"], state
+        assert state["failure_records"] == 0, state
+        if rt.role == c.ROLE_PREFILL:
+            assert state["transfer_infos"] == 0 and state["staging_outstanding"] == 0, state
+            assert state["ledger"]["targets"] == 0 and state["ledger"]["queued_rooms"] == 0, state
+        else:
+            assert state["prefill_response_tracker"] == 0 and state["deferred_abort_acks"] == 0, state
+        assert state["verify_failures"] == 0
+
+
+def test_metrics_of_both_roles_carry_the_contract_and_move(router: Router, pairs: dict[str, Pair]) -> None:
+    hardened = pairs["hardened"]
+    before = {rt.role: parse_metrics(rt.metrics()) for rt in (hardened.prefill, hardened.decode)}
+    counts = asyncio.run(_through_router(router, 20, abort_ratio=0.0, seed=3))
+    assert counts["completed"] == 20
+    for rt in (hardened.prefill, hardened.decode):
+        text = rt.metrics()
+        for name in (c.METRIC_INFLIGHT_REQUESTS, c.METRIC_INFLIGHT_OLDEST_AGE, c.METRIC_KV_ROOMS,
+                     c.METRIC_KV_TRANSFERS_TOTAL, c.METRIC_KV_TRANSFER_BYTES_TOTAL,
+                     c.METRIC_KV_TRANSFER_SECONDS,
+                     c.METRIC_STATUS_WRITES_REFUSED_TOTAL, c.METRIC_RUNTIME_INFO):
+            assert f"\n{name}" in text, f"{rt.role} /metrics lacks {name}"
+        after = parse_metrics(text)
+        grew = (metric_sum(after, c.METRIC_KV_TRANSFERS_TOTAL, outcome="success")
+                - metric_sum(before[rt.role], c.METRIC_KV_TRANSFERS_TOTAL, outcome="success"))
+        assert grew >= 20, f"{rt.role}: success transfers grew by {grew}"
+        assert (metric_sum(after, c.METRIC_KV_TRANSFER_BYTES_TOTAL)
+                > metric_sum(before[rt.role], c.METRIC_KV_TRANSFER_BYTES_TOTAL))
+        assert metric_sum(after, c.METRIC_RUNTIME_INFO, role=rt.role, engine="synthetic") == 1
+        # the HTTP port serves the same registry
+        assert c.METRIC_KV_TRANSFERS_TOTAL in rt_http_metrics(rt)
+
+
+def rt_http_metrics(rt: Runtime) -> str:
+    from pdwarden_bench.runtime_procs import http_get
+
+    status, text = http_get(f"{rt.url}{c.METRICS_PATH}")
+    assert status == 200
+    return text
+
+
+def room_state(rt: Runtime, room: int) -> Any:
+    return rt.state()["room_list"].get(str(room))
+
+
+def wait_room(rt: Runtime, room: int, wanted: str, timeout: float = 30.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if room_state(rt, room) == wanted:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _legs(session: aiohttp.ClientSession, pair: Pair, room: int,
+          extra: dict[str, Any] | None = None) -> tuple[asyncio.Future[Any], asyncio.Future[Any]]:
+    """The two legs of one request, as sglang-router sends them."""
+    body = {**request_body(room, LONG_PROMPT, 4, pair.endpoint), **(extra or {})}
+
+    async def post(url: str) -> int:
+        async with session.post(f"{url}/generate", json=body) as resp:
+            await resp.read()
+            return resp.status
+
+    return asyncio.ensure_future(post(pair.prefill.url)), asyncio.ensure_future(post(pair.decode.url))
+
+
+async def _cancel(*tasks: asyncio.Future[Any]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _decode_aborts_mid_transfer(pair: Pair, room: int, hold: float) -> dict[str, Any]:
+    """Send both legs; once prefill's room is Transferring (its first chunk landed and,
+    under the race fault, its status write waits), only decode's leg disconnects (decode
+    aborts; prefill hears of it through SGLang's ABORT alone). Report what prefill does
+    in the next ``hold`` seconds."""
+    async with new_session() as session:
+        prefill_leg, decode_leg = _legs(session, pair, room)
+        loop = asyncio.get_running_loop()
+        reached = await loop.run_in_executor(None, wait_room, pair.prefill, room, "transferring")
+        await asyncio.sleep(0.5)
+        await _cancel(decode_leg)
+        t0 = time.monotonic()
+        await asyncio.wait([prefill_leg], timeout=hold)
+        result = {"reached_transferring": reached, "prefill_returned": prefill_leg.done(),
+                  "seconds": time.monotonic() - t0,
+                  "room_after": await loop.run_in_executor(None, room_state, pair.prefill, room)}
+        await _cancel(prefill_leg)  # cleanup: the client walks away from a wedged request
+        return result
+
+
+def _refused_failed_to_transferring(rt: Runtime) -> float:
+    return metric_sum(parse_metrics(rt.metrics()), c.METRIC_STATUS_WRITES_REFUSED_TOTAL,
+                      from_state="failed", to_state="transferring")
+
+
+def test_legacy_status_race_wedges_a_room_without_hardening(pairs: dict[str, Pair]) -> None:
+    legacy = pairs["legacy"]
+    legacy.set_fault("legacy-status-race")
+    try:
+        result = asyncio.run(_decode_aborts_mid_transfer(legacy, room=777001, hold=5.0))
+    finally:
+        legacy.set_fault("none")
+    assert result["reached_transferring"]
+    # The ABORT's Failed was overwritten by the chunk's late Transferring; the last
+    # chunk was skipped silently: prefill's request never returns, the room never ends.
+    assert result["prefill_returned"] is False
+    assert result["room_after"] == "transferring"
+    assert _refused_failed_to_transferring(legacy.prefill) == 0
+
+
+def test_legacy_status_race_concludes_failed_with_hardening(pairs: dict[str, Pair]) -> None:
+    hardened = pairs["hardened"]
+    refused_before = _refused_failed_to_transferring(hardened.prefill)
+    hardened.set_fault("legacy-status-race")
+    try:
+        result = asyncio.run(_decode_aborts_mid_transfer(hardened, room=777002, hold=30.0))
+    finally:
+        hardened.set_fault("none")
+    assert result["reached_transferring"]
+    assert result["prefill_returned"] is True
+    assert result["room_after"] is None  # concluded Failed and cleared
+    assert _refused_failed_to_transferring(hardened.prefill) == refused_before + 1
+    assert settled(hardened.prefill)["rooms"] == {}
+
+
+async def _stalled_decode(pair: Pair, room: int, hold: float) -> dict[str, Any]:
+    """Stop decode (SIGSTOP) while prefill is between chunks of a room; the next chunk's
+    NIXL handle then never settles. Report prefill's room over ``hold`` seconds."""
+    async with new_session() as session:
+        prefill_leg, decode_leg = _legs(session, pair, room, extra={"synthetic_compute_ms": 400})
+        loop = asyncio.get_running_loop()
+        reached = await loop.run_in_executor(None, wait_room, pair.prefill, room, "transferring")
+        pair.decode.proc.signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        try:
+            end = t0 + hold
+            room_now = "transferring"
+            while time.monotonic() < end:
+                room_now = await loop.run_in_executor(None, room_state, pair.prefill, room)
+                if room_now != "transferring":
+                    break
+                await asyncio.sleep(0.2)
+            result = {"reached_transferring": reached, "room_after": room_now,
+                      "seconds": time.monotonic() - t0, "prefill_leg_done": prefill_leg.done(),
+                      "handle_deadlines": pair.prefill.state()["handle_deadlines"]}
+        finally:
+            pair.decode.proc.signal(signal.SIGCONT)
+            await _cancel(prefill_leg, decode_leg)
+        return result
+
+
+async def _some_requests(pair: Pair, n: int) -> list[str]:
+    async with new_session() as session:
+        results = await asyncio.gather(*(pd_request(session, pair.endpoint, 900000 + i, prompt_tokens=64)
+                                         for i in range(n)))
+    return [outcome for outcome, _ in results]
+
+
+def test_sigstopped_decode_fails_rooms_within_the_transfer_deadline(pairs: dict[str, Pair]) -> None:
+    hardened = pairs["hardened"]
+    result = asyncio.run(_stalled_decode(hardened, room=888001, hold=TRANSFER_DEADLINE + 20))
+    assert result["reached_transferring"]
+    assert result["room_after"] in (None, "failed"), result
+    assert result["seconds"] < TRANSFER_DEADLINE + 20
+    assert hardened.prefill.state()["handle_deadlines"] >= 1
+    # the worker is free: later rooms (same decode, same worker shard) complete
+    assert asyncio.run(_some_requests(hardened, 8)) == [COMPLETED] * 8
+    assert settled(hardened.prefill)["rooms"] == {}
+
+
+def test_sigstopped_decode_keeps_rooms_transferring_without_hardening(pairs: dict[str, Pair]) -> None:
+    legacy = pairs["legacy"]
+    result = asyncio.run(_stalled_decode(legacy, room=888002, hold=TRANSFER_DEADLINE + 4))
+    assert result["reached_transferring"]
+    assert result["room_after"] == "transferring", result  # shown; the fixture stops the processes
+    assert result["handle_deadlines"] == 0

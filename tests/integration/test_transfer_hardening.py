@@ -1,0 +1,110 @@
+"""The hardening in SGLang's real NIXL classes, in-process (prefill + decode managers,
+real NIXL over UCX on DRAM): each fix shown failing without it and holding with it.
+
+The scenarios run in a subprocess (``pdwarden_runtime.transfer.scenarios``): SGLang's
+NIXL threads never exit, and its runtime context is process-wide.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pdwarden_bench.runtime_procs import free_port
+
+pytestmark = pytest.mark.integration
+
+ORDER = "roundtrip,race,prefill-abort,stall"  # stall last: without C it blocks a worker for good
+
+
+def _parse(name: str, proc: subprocess.Popen[str]) -> dict:
+    try:
+        stdout, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"{name}: no result (rc={proc.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}"
+    result = json.loads(lines[-1])
+    assert result["ok"], result.get("error")
+    return result
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, dict]:
+    """Both modes at once (two processes): the machine is small, the waits are long."""
+    procs = {
+        mode: subprocess.Popen(
+            [sys.executable, "-m", "pdwarden_runtime.transfer.scenarios", ORDER, "--hardening", mode,
+             "--port", str(free_port()), "--transfer-deadline", "1.0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for mode in ("on", "off")
+    }
+    try:
+        return {mode: _parse(mode, proc) for mode, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def hardened(results: dict[str, dict]) -> dict:
+    return results["on"]
+
+
+@pytest.fixture(scope="module")
+def legacy(results: dict[str, dict]) -> dict:
+    return results["off"]
+
+
+def test_roundtrip_moves_and_verifies_data(hardened: dict) -> None:
+    rooms = hardened["roundtrip"]["rooms"]
+    assert [(r["prefill"], r["decode"], r["data_ok"]) for r in rooms] == [("Success", "Success", True)] * 3
+    assert hardened["roundtrip"]["transfer_infos"] == 0
+
+
+def test_legacy_status_race_wedges_without_hardening(legacy: dict) -> None:
+    race = legacy["race"]
+    # The seed's bug, reproduced in SGLang's own worker: the ABORT's Failed was
+    # overwritten by the chunk's late Transferring, the last chunk was skipped silently.
+    assert race["prefill_final"] == "Transferring"
+    assert race["prefill_rooms"] == {"4242": "Transferring"}
+    assert race["refused"] == {}
+
+
+def test_legacy_status_race_concludes_failed_with_hardening(hardened: dict) -> None:
+    race = hardened["race"]
+    assert race["prefill_final"] == "Failed"
+    assert race["refused"].get("Failed->Transferring") == 1
+    assert race["decode_status"] == "Failed"
+
+
+def test_prefill_abort_tells_decode_only_with_hardening(hardened: dict, legacy: dict) -> None:
+    assert legacy["prefill-abort"]["decode_told"] is False
+    assert legacy["prefill-abort"]["decode_status"] == "WaitingForInput"
+    assert hardened["prefill-abort"]["decode_told"] is True
+    assert hardened["prefill-abort"]["decode_status"] == "Failed"
+    assert hardened["prefill-abort"]["failure_notices"] >= 1
+
+
+def test_stalled_handle_blocks_worker_without_hardening(legacy: dict) -> None:
+    stall = legacy["stall"]
+    assert stall["stalled_room"]["concluded"] is False
+    assert stall["stalled_room"]["prefill"] == "Transferring"
+    # the next room on the same worker never moves either
+    assert stall["next_room"]["prefill"] != "Success"
+
+
+def test_stalled_handle_fails_room_and_frees_worker_with_hardening(hardened: dict) -> None:
+    stall = hardened["stall"]
+    assert stall["stalled_room"]["concluded"] is True
+    assert stall["stalled_room"]["prefill"] == "Failed"
+    assert stall["stalled_room"]["decode_after"] == "Failed"  # decode was told
+    assert stall["handle_deadlines"] == 1
+    assert stall["outcomes"].get("deadline") == 1
+    assert stall["next_room"] == {"prefill": "Success", "decode": "Success"}
