@@ -4,7 +4,11 @@ It starts a synthetic prefill and decode runtime (real processes, real NIXL), se
 ``--requests`` requests through both legs as sglang-router does, and disconnects
 ``--abort-ratio`` of them at a random point: the client (both legs, as through the
 router) or, for ``--decode-abort-share`` of them, decode alone (prefill learns of it only
-through SGLang's ABORT message, as in the seed's race).
+through SGLang's ABORT message, as in the seed's race). ``--transfer-abort-share`` of the
+aborts fall inside the KV transfer phase (a long prompt spends much of its life there):
+the storm learns, per chunk count, when the transfer phase runs from the completed
+requests (prefill's answer time less its ``kv_transfer_latency_s``), the rest anywhere
+up to 1.5x the median latency.
 The prefill runs the seed's race timing (``--fault legacy-status-race`` with a short
 ``--race-window``): a finished chunk's status write waits for an ABORT that lands in
 that window. After the storm settles it counts rooms left non-terminal (wedged) and
@@ -22,6 +26,8 @@ import json
 import random
 import sys
 import time
+from collections import defaultdict, deque
+from statistics import median
 from typing import Any
 
 import click
@@ -60,9 +66,34 @@ def wedged_rooms(prefill: Runtime, decode: Runtime) -> tuple[int, int, dict[str,
     return wedged, refused, details
 
 
+class TransferPhases:
+    """When, after a request starts, its KV transfer phase runs, learnt per chunk count
+    from completed requests: it ends when prefill answers (the room reached Success)
+    and began ``kv_transfer_latency_s`` earlier (SGLang: first chunk enqueued -> Success)."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self._seen: dict[int, deque[tuple[float, float]]] = defaultdict(lambda: deque(maxlen=keep))
+
+    def learn(self, chunks: int, answer: Any) -> None:
+        meta = answer.get("prefill_meta_info") if isinstance(answer, dict) else None
+        end = answer.get("prefill_done_s") if isinstance(answer, dict) else None
+        took = meta.get("kv_transfer_latency_s") if isinstance(meta, dict) else None
+        if isinstance(end, float) and isinstance(took, (int, float)) and 0 <= took <= end:
+            self._seen[chunks].append((end - took, end))
+
+    def point(self, chunks: int, fraction: float) -> float | None:
+        """A point ``fraction`` of the way through the typical transfer phase, or None
+        while no request of that many chunks has completed yet."""
+        seen = self._seen.get(chunks)
+        if not seen:
+            return None
+        start, end = median(s for s, _ in seen), median(e for _, e in seen)
+        return start + fraction * max(0.0, end - start)
+
+
 async def storm(endpoint: Endpoint, requests: int, abort_ratio: float, concurrency: int, seed: int,
-                page_size: int, max_prompt_tokens: int, decode_abort_share: float,
-                settle: float, measure: Any) -> dict[str, Any]:
+                page_size: int, chunk_pages: int, max_prompt_tokens: int, decode_abort_share: float,
+                transfer_abort_share: float, settle: float, measure: Any) -> dict[str, Any]:
     rng = random.Random(seed)
     counts: dict[str, Any] = {"completed": 0, "aborted": 0, "failed": 0}
     detached: list[asyncio.Future[Any]] = []
@@ -70,21 +101,33 @@ async def storm(endpoint: Endpoint, requests: int, abort_ratio: float, concurren
     sem = asyncio.Semaphore(concurrency)
     latency = 0.02  # seconds; refined from the completed requests as the storm runs
     done_lat: list[float] = []
+    phases = TransferPhases()
 
     async with new_session(limit=2 * concurrency + 8) as session:
         async def one(i: int) -> None:
             nonlocal latency
+            # Every draw happens here, before the first await, so both modes get the same
+            # workload: rooms, sizes, which requests abort, how and how far in.
             room = rng.getrandbits(62)
             tokens = rng.randint(page_size, max_prompt_tokens)
-            abort_after = rng.uniform(0, 1.5 * latency) if rng.random() < abort_ratio else None
+            aborts = rng.random() < abort_ratio
+            fraction = rng.random()
             decode_only = rng.random() < decode_abort_share
+            in_transfer = rng.random() < transfer_abort_share
+            pages = -(-tokens // page_size)
+            chunks = -(-pages // chunk_pages)
             async with sem:
+                abort_after: float | None = None
+                if aborts:
+                    aimed = phases.point(chunks, fraction) if in_transfer else None
+                    abort_after = aimed if aimed is not None else fraction * 1.5 * latency
                 t0 = time.perf_counter()
                 outcome, answer = await pd_request(session, endpoint, room, prompt_tokens=tokens,
                                                    abort_after=abort_after, timeout=120,
                                                    decode_only_abort=decode_only, detached=detached)
                 if outcome == COMPLETED:
                     done_lat.append(time.perf_counter() - t0)
+                    phases.learn(chunks, answer)
                     if len(done_lat) % 50 == 0:
                         latency = sorted(done_lat[-200:])[len(done_lat[-200:]) // 2]
             key = "completed" if outcome == COMPLETED else "aborted" if outcome == ABORTED else "failed"
@@ -111,7 +154,8 @@ async def storm(endpoint: Endpoint, requests: int, abort_ratio: float, concurren
 
 
 def run_storm(hardening: str, requests: int, abort_ratio: float, concurrency: int, seed: int,
-              race_window: float | None, settle: float, decode_abort_share: float) -> dict[str, Any]:
+              race_window: float | None, settle: float, decode_abort_share: float,
+              transfer_abort_share: float) -> dict[str, Any]:
     page_size, chunk_pages = 16, 2
     fleet = Fleet()
     try:
@@ -130,8 +174,9 @@ def run_storm(hardening: str, requests: int, abort_ratio: float, concurrency: in
             time.sleep(settle)  # let aborted rooms conclude (drain ACKs, last chunks)
             return wedged_rooms(prefill, decode)
 
-        counts = asyncio.run(storm(endpoint, requests, abort_ratio, concurrency, seed, page_size,
-                                   page_size * chunk_pages * 3, decode_abort_share, settle, measure))
+        counts = asyncio.run(storm(endpoint, requests, abort_ratio, concurrency, seed, page_size, chunk_pages,
+                                   page_size * chunk_pages * 3, decode_abort_share, transfer_abort_share,
+                                   settle, measure))
         seconds = time.perf_counter() - t0
         wedged, refused, details = counts.pop("measured")
         details["hung_prefill_requests"] = counts.pop("hung_prefill_requests")
@@ -152,19 +197,23 @@ def run_storm(hardening: str, requests: int, abort_ratio: float, concurrency: in
 @click.option("--seed", type=int, default=20261129, show_default=True)
 @click.option("--decode-abort-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="Share of aborts where only decode aborts (prefill learns through SGLang's ABORT).")
+@click.option("--transfer-abort-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Share of aborts that fall inside the KV transfer phase (the rest: anywhere).")
 @click.option("--compare-legacy", is_flag=True, help="Also run the storm with the hardening off.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
 def abort_storm(requests: int, abort_ratio: float, concurrency: int, race_window: float, settle: float,
-                seed: int, decode_abort_share: float, compare_legacy: bool, as_json: bool) -> None:
+                seed: int, decode_abort_share: float, transfer_abort_share: float, compare_legacy: bool,
+                as_json: bool) -> None:
     """Abort storm against real prefill/decode runtimes; wedged rooms must stay 0."""
     exit_on_sigterm()
     window = race_window if race_window > 0 else None
-    hardened = run_storm("on", requests, abort_ratio, concurrency, seed, window, settle, decode_abort_share)
+    hardened = run_storm("on", requests, abort_ratio, concurrency, seed, window, settle, decode_abort_share,
+                         transfer_abort_share)
     result: dict[str, Any] = {"requests": requests, **{k: hardened[k] for k in (
         "completed", "aborted", "failed", "wedged_rooms", "refused_writes", "seconds")}}
     if compare_legacy:
         legacy = run_storm("off", requests, abort_ratio, concurrency, seed, window, settle,
-                           decode_abort_share)
+                           decode_abort_share, transfer_abort_share)
         result.update({"legacy_wedged_rooms": legacy["wedged_rooms"],
                        "legacy_refused_writes": legacy["refused_writes"],
                        "legacy_completed": legacy["completed"], "legacy_aborted": legacy["aborted"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +60,10 @@ async def pd_request(session: aiohttp.ClientSession, endpoint: Endpoint, room: i
     aborts the request; prefill learns of it through SGLang's ABORT alone, as in the
     seed's race); the prefill leg is left running and appended to ``detached``."""
     body = {**request_body(room, prompt_tokens, max_new_tokens, endpoint), **(extra or {})}
+    t0 = time.perf_counter()
+    prefill_done_at: list[float] = []  # when prefill answered (its room concluded)
     prefill = asyncio.ensure_future(_post(session, f"{endpoint.prefill_url}/generate", body))
+    prefill.add_done_callback(lambda _leg: prefill_done_at.append(time.perf_counter()))
     decode = asyncio.ensure_future(_post(session, f"{endpoint.decode_url}/generate", body))
     legs = [prefill, decode]
     try:
@@ -86,6 +90,8 @@ async def pd_request(session: aiohttp.ClientSession, endpoint: Endpoint, room: i
                 prefill_answer = prefill.result()[1]
                 if isinstance(prefill_answer, dict):
                     answer["prefill_meta_info"] = prefill_answer.get("meta_info")
+                if prefill_done_at:
+                    answer["prefill_done_s"] = prefill_done_at[0] - t0
             return COMPLETED, answer
         return FAILED, answer
     finally:
