@@ -5,10 +5,9 @@ It starts a synthetic prefill and decode runtime (real processes, real NIXL), se
 ``--abort-ratio`` of them at a random point: the client (both legs, as through the
 router) or, for ``--decode-abort-share`` of them, decode alone (prefill learns of it only
 through SGLang's ABORT message, as in the seed's race). ``--transfer-abort-share`` of the
-aborts fall inside the KV transfer phase (a long prompt spends much of its life there):
-the storm learns, per chunk count, when the transfer phase runs from the completed
-requests (prefill's answer time less its ``kv_transfer_latency_s``), the rest anywhere
-up to 1.5x the median latency.
+aborts happen inside the KV transfer phase (a long prompt spends much of its life there):
+the client watches the prefill room (``GET /debug/room/{room}``) and disconnects once it
+reads Transferring; the rest at a random point up to 1.5x the median latency.
 The prefill runs the seed's race timing (``--fault legacy-status-race`` with a short
 ``--race-window``): a finished chunk's status write waits for an ABORT that lands in
 that window. After the storm settles it counts rooms left non-terminal (wedged) and
@@ -26,10 +25,9 @@ import json
 import random
 import sys
 import time
-from collections import defaultdict, deque
-from statistics import median
 from typing import Any
 
+import aiohttp
 import click
 
 from pdwarden_bench.pdclient import ABORTED, COMPLETED, Endpoint, new_session, pd_request
@@ -66,33 +64,21 @@ def wedged_rooms(prefill: Runtime, decode: Runtime) -> tuple[int, int, dict[str,
     return wedged, refused, details
 
 
-class TransferPhases:
-    """When, after a request starts, its KV transfer phase runs, learnt per chunk count
-    from completed requests: it ends when prefill answers (the room reached Success)
-    and began ``kv_transfer_latency_s`` earlier (SGLang: first chunk enqueued -> Success)."""
+TRANSFER_POLL_S = 0.002  # how often a client watching for the transfer phase looks
 
-    def __init__(self, keep: int = 64) -> None:
-        self._seen: dict[int, deque[tuple[float, float]]] = defaultdict(lambda: deque(maxlen=keep))
 
-    def learn(self, chunks: int, answer: Any) -> None:
-        meta = answer.get("prefill_meta_info") if isinstance(answer, dict) else None
-        end = answer.get("prefill_done_s") if isinstance(answer, dict) else None
-        took = meta.get("kv_transfer_latency_s") if isinstance(meta, dict) else None
-        if isinstance(end, float) and isinstance(took, (int, float)) and 0 <= took <= end:
-            self._seen[chunks].append((end - took, end))
-
-    def point(self, chunks: int, fraction: float) -> float | None:
-        """A point ``fraction`` of the way through the typical transfer phase, or None
-        while no request of that many chunks has completed yet."""
-        seen = self._seen.get(chunks)
-        if not seen:
-            return None
-        start, end = median(s for s, _ in seen), median(e for _, e in seen)
-        return start + fraction * max(0.0, end - start)
+async def transferring(session: aiohttp.ClientSession, prefill_url: str, room: int) -> None:
+    """Returns once the prefill room reads Transferring (a chunk is on its way)."""
+    while True:
+        async with session.get(f"{prefill_url}/debug/room/{room}") as resp:
+            answer = await resp.json(content_type=None)
+        if isinstance(answer, dict) and answer.get("status") == "transferring":
+            return
+        await asyncio.sleep(TRANSFER_POLL_S)
 
 
 async def storm(endpoint: Endpoint, requests: int, abort_ratio: float, concurrency: int, seed: int,
-                page_size: int, chunk_pages: int, max_prompt_tokens: int, decode_abort_share: float,
+                page_size: int, max_prompt_tokens: int, decode_abort_share: float,
                 transfer_abort_share: float, settle: float, measure: Any) -> dict[str, Any]:
     rng = random.Random(seed)
     counts: dict[str, Any] = {"completed": 0, "aborted": 0, "failed": 0}
@@ -101,9 +87,10 @@ async def storm(endpoint: Endpoint, requests: int, abort_ratio: float, concurren
     sem = asyncio.Semaphore(concurrency)
     latency = 0.02  # seconds; refined from the completed requests as the storm runs
     done_lat: list[float] = []
-    phases = TransferPhases()
 
-    async with new_session(limit=2 * concurrency + 8) as session:
+    # No connection cap (the semaphore bounds the load): prefill legs left hanging on
+    # wedged rooms keep their sockets, as through a router, and must not starve new ones.
+    async with new_session(limit=0) as session:
         async def one(i: int) -> None:
             nonlocal latency
             # Every draw happens here, before the first await, so both modes get the same
@@ -114,20 +101,25 @@ async def storm(endpoint: Endpoint, requests: int, abort_ratio: float, concurren
             fraction = rng.random()
             decode_only = rng.random() < decode_abort_share
             in_transfer = rng.random() < transfer_abort_share
-            pages = -(-tokens // page_size)
-            chunks = -(-pages // chunk_pages)
             async with sem:
-                abort_after: float | None = None
-                if aborts:
-                    aimed = phases.point(chunks, fraction) if in_transfer else None
-                    abort_after = aimed if aimed is not None else fraction * 1.5 * latency
+                watch: asyncio.Future[Any] | None = None
+                abort_after: float | asyncio.Future[Any] | None = None
+                if aborts and in_transfer:
+                    watch = asyncio.ensure_future(transferring(session, endpoint.prefill_url, room))
+                    abort_after = watch
+                elif aborts:
+                    abort_after = fraction * 1.5 * latency
                 t0 = time.perf_counter()
-                outcome, answer = await pd_request(session, endpoint, room, prompt_tokens=tokens,
-                                                   abort_after=abort_after, timeout=120,
-                                                   decode_only_abort=decode_only, detached=detached)
+                try:
+                    outcome, answer = await pd_request(session, endpoint, room, prompt_tokens=tokens,
+                                                       abort_after=abort_after, timeout=120,
+                                                       decode_only_abort=decode_only, detached=detached)
+                finally:
+                    if watch is not None:
+                        watch.cancel()
+                        await asyncio.gather(watch, return_exceptions=True)
                 if outcome == COMPLETED:
                     done_lat.append(time.perf_counter() - t0)
-                    phases.learn(chunks, answer)
                     if len(done_lat) % 50 == 0:
                         latency = sorted(done_lat[-200:])[len(done_lat[-200:]) // 2]
             key = "completed" if outcome == COMPLETED else "aborted" if outcome == ABORTED else "failed"
@@ -174,7 +166,7 @@ def run_storm(hardening: str, requests: int, abort_ratio: float, concurrency: in
             time.sleep(settle)  # let aborted rooms conclude (drain ACKs, last chunks)
             return wedged_rooms(prefill, decode)
 
-        counts = asyncio.run(storm(endpoint, requests, abort_ratio, concurrency, seed, page_size, chunk_pages,
+        counts = asyncio.run(storm(endpoint, requests, abort_ratio, concurrency, seed, page_size,
                                    page_size * chunk_pages * 3, decode_abort_share, transfer_abort_share,
                                    settle, measure))
         seconds = time.perf_counter() - t0
@@ -198,7 +190,7 @@ def run_storm(hardening: str, requests: int, abort_ratio: float, concurrency: in
 @click.option("--decode-abort-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="Share of aborts where only decode aborts (prefill learns through SGLang's ABORT).")
 @click.option("--transfer-abort-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Share of aborts that fall inside the KV transfer phase (the rest: anywhere).")
+              help="Share of aborts made once the prefill room reads Transferring (the rest: anywhere).")
 @click.option("--compare-legacy", is_flag=True, help="Also run the storm with the hardening off.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
 def abort_storm(requests: int, abort_ratio: float, concurrency: int, race_window: float, settle: float,

@@ -2,7 +2,8 @@
 
 The same body goes to prefill and decode with ``bootstrap_host``/``bootstrap_port``/
 ``bootstrap_room``; the answer is decode's. ``abort_after`` closes both connections at
-that point (a client that disconnects through the router: both sides abort).
+that point (a client that disconnects through the router: both sides abort): after so
+many seconds, or once a given future is done (a client acting on what it observed).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,8 +51,21 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
         return resp.status, payload
 
 
+async def _wait_legs(legs: Sequence[asyncio.Future[Any]], abort_after: float | asyncio.Future[Any] | None,
+                     timeout: float) -> None:
+    """Until every leg is done, or the abort point (seconds, or a future's completion)."""
+    if not isinstance(abort_after, asyncio.Future):
+        await asyncio.wait(legs, timeout=abort_after)
+        return
+    all_done = asyncio.ensure_future(asyncio.wait(legs))
+    try:
+        await asyncio.wait([all_done, abort_after], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        all_done.cancel()  # cancelling asyncio.wait leaves the legs running
+
+
 async def pd_request(session: aiohttp.ClientSession, endpoint: Endpoint, room: int, *, prompt_tokens: int,
-                     max_new_tokens: int = 4, abort_after: float | None = None,
+                     max_new_tokens: int = 4, abort_after: float | asyncio.Future[Any] | None = None,
                      timeout: float = 60.0, decode_only_abort: bool = False,
                      detached: list[asyncio.Future[Any]] | None = None,
                      extra: dict[str, Any] | None = None) -> tuple[str, Any]:
@@ -68,17 +83,16 @@ async def pd_request(session: aiohttp.ClientSession, endpoint: Endpoint, room: i
     legs = [prefill, decode]
     try:
         if decode_only_abort and abort_after is not None and detached is not None:
-            done, _ = await asyncio.wait(legs, timeout=abort_after)
-            if not all(leg in done for leg in legs):
+            await _wait_legs(legs, abort_after, timeout)
+            if not all(leg.done() for leg in legs):
                 if not prefill.done():
                     detached.append(prefill)
                     legs = [decode]
                 return ABORTED, None
-        wait_for = abort_after if abort_after is not None else timeout
-        done, _ = await asyncio.wait(legs, timeout=wait_for)
-        if abort_after is not None and not all(leg in done for leg in legs):
+        await _wait_legs(legs, abort_after if abort_after is not None else timeout, timeout)
+        if abort_after is not None and not all(leg.done() for leg in legs):
             return ABORTED, None
-        if abort_after is None and not all(leg in done for leg in legs):
+        if abort_after is None and not all(leg.done() for leg in legs):
             return FAILED, f"no answer within {timeout}s"
         if abort_after is not None:
             await asyncio.gather(*legs, return_exceptions=True)

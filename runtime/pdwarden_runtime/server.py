@@ -3,7 +3,8 @@
 Routes: ``POST /generate``, ``GET /health``, ``GET /health_generate``,
 ``GET /get_server_info`` and ``/server_info``, ``GET /get_model_info`` and
 ``/model_info``, ``GET /v1/models``, ``GET /metrics``; ``GET /debug/state`` (read-only
-room/pool counters for tests and operators); ``POST /debug/fault`` only with
+room/pool counters for tests and operators), ``GET /debug/room/{room}`` (one room's
+status, so a benchmark client can act on a room's phase); ``POST /debug/fault`` only with
 ``--allow-fault-injection``. The metrics port serves ``/metrics`` alone.
 
 Handlers are cancelled when the client disconnects (``handler_cancellation``), which is
@@ -26,6 +27,7 @@ from pdwarden_runtime.engines.synthetic import RequestFailed, SyntheticEngine
 from pdwarden_runtime.engines.synthetic_pattern import BadRequest
 from pdwarden_runtime.hardening import installed_versions
 from pdwarden_runtime.hardening.config import ConfigError
+from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.metrics import metrics_handler
 from pdwarden_runtime.transfer.kvpool import PagesExhausted
 
@@ -109,6 +111,19 @@ class RuntimeServer:
     async def debug_state(self, request: web.Request) -> web.Response:
         return web.json_response(self.engine.debug_state())
 
+    async def debug_room(self, request: web.Request) -> web.Response:
+        mgr = self.engine.mgr
+        if mgr is None:
+            return _error(503, "engine is starting")
+        text = request.match_info["room"]
+        try:
+            room = int(text)
+        except ValueError:
+            return _error(400, f"room must be an integer bootstrap_room, got {text!r}")
+        status = mgr.pdwarden.table.get(room)
+        label = None if status is None else KVPoll(status).label
+        return web.json_response({"room": room, "status": label})
+
     async def debug_fault(self, request: web.Request) -> web.Response:
         try:
             body = await request.json()
@@ -139,6 +154,7 @@ class RuntimeServer:
         add("GET", "/v1/models", self.models)
         add("GET", c.METRICS_PATH, self.metrics)
         add("GET", "/debug/state", self.debug_state)
+        add("GET", "/debug/room/{room}", self.debug_room)
         if self.allow_fault_injection:
             add("POST", c.FAULT_PATH, self.debug_fault)
         return app
