@@ -52,7 +52,11 @@ HEALTH_GENERATE_PATH: Final = "/health_generate"
 GENERATE_PATH: Final = "/generate"
 # Only served when the runtime runs with --allow-fault-injection.
 FAULT_PATH: Final = "/debug/fault"
-FAULTS: Final = ("none", "legacy-status-race", "stall-transfers", "drop-abort")
+FAULT_NONE: Final = "none"
+FAULT_LEGACY_RACE: Final = "legacy-status-race"
+FAULT_STALL: Final = "stall-transfers"
+FAULT_DROP_ABORT: Final = "drop-abort"
+FAULTS: Final = (FAULT_NONE, FAULT_LEGACY_RACE, FAULT_STALL, FAULT_DROP_ABORT)
 
 # --- Environment variables ------------------------------------------------------------
 ENV_POD_IP: Final = "POD_IP"

@@ -13,6 +13,11 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+# Fault names are the contract's (tests and the demo post them to /debug/fault); re-exported.
+from pdwarden_runtime.contract import FAULT_DROP_ABORT as FAULT_DROP_ABORT
+from pdwarden_runtime.contract import FAULT_LEGACY_RACE as FAULT_LEGACY_RACE
+from pdwarden_runtime.contract import FAULT_NONE as FAULT_NONE
+from pdwarden_runtime.contract import FAULT_STALL as FAULT_STALL
 from pdwarden_runtime.contract import FAULTS
 
 if TYPE_CHECKING:
@@ -46,11 +51,6 @@ DEFAULT_INFLIGHT_DEADLINE: Final = 300.0
 # How long the legacy-status-race fault holds a finished chunk's status write, waiting
 # for the room's ABORT (it lets go as soon as the ABORT has been handled).
 DEFAULT_RACE_WINDOW: Final = 5.0
-
-FAULT_NONE: Final = "none"
-FAULT_LEGACY_RACE: Final = "legacy-status-race"
-FAULT_STALL: Final = "stall-transfers"
-FAULT_DROP_ABORT: Final = "drop-abort"
 
 
 class ConfigError(ValueError):
@@ -102,14 +102,16 @@ class HardeningConfig:
     def __post_init__(self) -> None:
         unknown = set(self.fixes) - ALL_FIXES
         if unknown:
-            raise ConfigError(f"unknown hardening fix(es) {sorted(unknown)}; expected letters of "
-                              f"{sorted(ALL_FIXES)}")
+            raise ConfigError(
+                f"unknown hardening fix(es) {sorted(unknown)}; expected letters of {sorted(ALL_FIXES)}"
+            )
         self.fixes = frozenset(self.fixes)
         if not self.transfer_deadline > 0:
             raise ConfigError(f"transfer deadline must be > 0 seconds, got {self.transfer_deadline!r}")
         if self.inflight_deadline is not None and not self.inflight_deadline > 0:
             raise ConfigError(
-                f"inflight deadline must be > 0 seconds or None, got {self.inflight_deadline!r}")
+                f"inflight deadline must be > 0 seconds or None, got {self.inflight_deadline!r}"
+            )
         if not self.race_window > 0:
             raise ConfigError(f"race window must be > 0 seconds, got {self.race_window!r}")
         if isinstance(self.fault, str):
@@ -142,8 +144,9 @@ class HardeningConfig:
                 kwargs[name] = _number(name, data.pop(name))
         if "inflight_deadline" in data:
             raw = data.pop("inflight_deadline")
-            kwargs["inflight_deadline"] = None if raw in (None, "", "off", 0) else _number(
-                "inflight_deadline", raw)
+            kwargs["inflight_deadline"] = (
+                None if raw in (None, "", "off", 0) else _number("inflight_deadline", raw)
+            )
         if "fault" in data:
             kwargs["fault"] = FaultSwitch(str(data.pop("fault") or FAULT_NONE))
         if "metrics_host" in data:
@@ -182,7 +185,7 @@ class HardeningConfig:
 
 
 def parse_fixes(raw: Any) -> frozenset[str]:
-    """"A,B,C" | ["A", "B"] | "all" | "none" -> a set of fix letters."""
+    """ "A,B,C" | ["A", "B"] | "all" | "none" -> a set of fix letters."""
     if isinstance(raw, str):
         text = raw.strip()
         if text.lower() in ("all", "on"):
