@@ -26,8 +26,15 @@ log = logging.getLogger("pdwarden.handlers")
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 RESYNC_INTERVAL_S = 30.0  # safety net; events drive the usual case
-DEBOUNCE_S = 0.3  # coalesce a burst of child events into one resync
+# Coalesce a burst of child events into one resync: a new model's three Deployments and three
+# PDBs get their first status from the controllers within about a second; one status write
+# for all of them instead of one each.
+DEBOUNCE_S = 1.0
 RESYNC_CONCURRENCY = 8
+# Full reconciles (create, resume, spec change) running at once. kopf starts one per object; a
+# burst of 100 new models would otherwise share the API server evenly and all finish at the end.
+# Bounded, they finish in arrival order; 8 x 10 applies still keep the client pool busy.
+RECONCILE_CONCURRENCY = 8
 RETRY_MAX_S = 60.0
 MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
 KOPF_PREFIX = f"kopf.{GROUP}"
@@ -45,10 +52,11 @@ CHILD_KINDS = (
 cache = Cache()
 _failures: dict[tuple[str, str], int] = {}  # consecutive transient failures per model: backoff
 _loop_task: asyncio.Task[None] | None = None
+_reconcile_slots = asyncio.Semaphore(RECONCILE_CONCURRENCY)
 
 
-@kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+def apply_settings(settings: kopf.OperatorSettings) -> None:
+    """pdwarden's kopf settings (pure: only mutates `settings`)."""
     # Progress and the last-handled spec live in kopf.pdwarden.io/ annotations (kopf ignores every
     # annotation under its own prefix, so it must not be pdwarden.io/ itself); status is ours alone.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
@@ -58,6 +66,16 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = f"{GROUP}/finalizer"
     settings.posting.level = logging.WARNING  # Events for warnings and errors only
     settings.watching.server_timeout = 300
+    # Watch only pdwarden's own children, filtered by the API server: the handlers' label filter
+    # alone would stream every Deployment, Service, ... of the cluster into the operator.
+    managed = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+    for group, version, plural, *_kind in CHILD_KINDS:
+        settings.watching.label_selectors[group, version, plural] = managed
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    apply_settings(settings)
     get_client()  # fail at start, not at the first resource, when there is no cluster access
     global _loop_task
     _loop_task = asyncio.create_task(_resync_loop(), name="pdwarden-resync")
@@ -79,14 +97,14 @@ async def reconcile_model(body: kopf.Body, **_: Any) -> None:
     cache.model_event("MODIFIED", body)
     loop = asyncio.get_running_loop()
     queued = loop.time()
-    async with cache.lock(key):
+    async with _reconcile_slots, cache.lock(key):
         started = loop.time()
         try:
             outcome = await reconcile.reconcile(body)
             cache.note_applied(key, outcome.applied)
             cache.note_status(key, outcome.status)
             log.info(
-                "%s/%s: reconciled generation %s in %.2fs (waited %.2fs for the lock)",
+                "%s/%s: reconciled generation %s in %.2fs (waited %.2fs for a slot)",
                 key[0],
                 key[1],
                 body.metadata.get("generation"),

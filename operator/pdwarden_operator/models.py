@@ -443,7 +443,8 @@ class DisaggregatedModelStatus(_Base):
     watchdog: dict[str, Any] | None = Field(
         None,
         description="Watchdog state: lastScrape, wedgedPods, unobservedPods, budget {windowStart, used}, "
-        "cooldownUntil, inFlight.",
+        "cooldownUntil, inFlight. Written when a finding changes; lastScrape alone is refreshed at most "
+        "once a minute. Absent until a runtime pod is Ready.",
     )
     remediations: list[dict[str, Any]] | None = Field(
         None,

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,7 +28,13 @@ from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.rule import Verdict, judge
 from pdwarden_operator.watchdog.scrape import Scraper, Target
 from pdwarden_operator.watchdog.settings import SettingsError, WatchdogSettings, settings_from_spec
-from pdwarden_operator.watchdog.state import WatchdogState, state_from_status, state_to_status
+from pdwarden_operator.watchdog.state import (
+    WatchdogState,
+    round_due,
+    state_from_status,
+    state_to_status,
+    status_write_due,
+)
 from pdwarden_operator.watchdog.targets import metrics_url, pod_view
 from pdwarden_runtime import contract
 
@@ -35,6 +42,7 @@ log = logging.getLogger("pdwarden.watchdog")
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 SCRAPE_CONCURRENCY = 100
+FIRST_ROUND_MIN_S, FIRST_ROUND_MAX_S = 1.0, 5.0
 # Testing only: exit the process right after a remediation's intent is persisted and before it
 # is performed, so an e2e test can prove a restarted operator neither repeats nor forgets it.
 CRASH_AFTER_INTENT_ENV = "PDWARDEN_TEST_CRASH_AFTER_INTENT"
@@ -69,9 +77,14 @@ class ModelWatchdog:
         self.scraper: Scraper | None = None
         self.state: WatchdogState | None = None  # loaded from status on the first round
         self.verdicts: dict[str, Verdict] = {}
+        self._written: Mapping[str, Any] | None = None  # the last status patch this process wrote
+        self._written_at: float | None = None
 
     async def run(self, latest_body: Callable[[], Mapping[str, Any] | None]) -> None:
         try:
+            # A new model has no pods to scrape yet, and models created together must not scrape
+            # (and write status) in lockstep: the first round comes a random part of an interval later.
+            await asyncio.sleep(random.uniform(FIRST_ROUND_MIN_S, FIRST_ROUND_MAX_S))
             while True:
                 body = latest_body()
                 if body is None:
@@ -108,6 +121,8 @@ class ModelWatchdog:
                 concurrency=SCRAPE_CONCURRENCY, timeout_seconds=settings.scrape_timeout_seconds
             )
         self.histories.set_keep_seconds(settings.stuck_after_seconds + 3 * settings.scrape_interval_seconds)
+        if not round_due(body.get("status"), self._seen_any(), contract.RUNTIME_ROLES):
+            return settings.scrape_interval_seconds
 
         pod_objs = await kube_pods.list_runtime_pods(ns, name)
         views = {}
@@ -150,7 +165,7 @@ class ModelWatchdog:
 
         if any(not a.resumed for a in plan.actions):
             # Intent first: the budget, cooldown and in-flight entry are durable before any pod is touched.
-            await patch_status(ns, name, self._status(body, plan.state, settings, now, wedged, unobserved))
+            await self._write_status(self._status(body, plan.state, settings, now, wedged, unobserved), now)
             if os.environ.get(CRASH_AFTER_INTENT_ENV) == "1":
                 log.critical(
                     "%s is set: exiting after persisting the intent (testing only)", CRASH_AFTER_INTENT_ENV
@@ -158,9 +173,18 @@ class ModelWatchdog:
                 os._exit(17)
         results_done = await self.executor.perform(plan)
         self.state = ladder.apply_results(plan.state, results_done)
-        await patch_status(ns, name, self._status(body, self.state, settings, now, wedged, unobserved))
+        new_status = self._status(body, self.state, settings, now, wedged, unobserved)
+        if status_write_due(self._written, self._written_at, new_status, now):
+            await self._write_status(new_status, now)
         self._update_gauges(views, verdicts, self.state)
         return settings.scrape_interval_seconds
+
+    async def _write_status(self, patch: Mapping[str, Any], now: float) -> None:
+        await patch_status(self.model.namespace, self.model.name, dict(patch))
+        self._written, self._written_at = patch, now
+
+    def _seen_any(self) -> bool:
+        return any(self._seen(uid) for uid in self.histories.pod_uids())
 
     def _seen(self, uid: str) -> bool:
         history = self.histories.get(uid)

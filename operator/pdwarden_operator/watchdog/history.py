@@ -63,6 +63,9 @@ class Histories:
     def get(self, pod_uid: str) -> PodHistory | None:
         return self._by_pod.get(pod_uid)
 
+    def pod_uids(self) -> list[str]:
+        return list(self._by_pod)
+
     def retain(self, pod_uids: Iterable[str]) -> None:
         """Forget pods that no longer exist."""
         keep = set(pod_uids)

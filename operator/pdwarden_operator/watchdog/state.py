@@ -181,3 +181,60 @@ def state_to_status(
             for r in state.remediations
         ],
     }
+
+
+# A round whose findings did not change still refreshes `lastScrape` this often, so a person
+# (or an alert) can tell a live watchdog from a dead one without a status write per model
+# per scrape interval: with 1,000 models that would be 100 writes/s for nothing.
+STATUS_HEARTBEAT_S = 60.0
+
+
+def _without_heartbeat(patch: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(patch)
+    watchdog = out.get("watchdog")
+    if isinstance(watchdog, Mapping):
+        out["watchdog"] = {k: v for k, v in watchdog.items() if k != "lastScrape"}
+    return out
+
+
+def status_write_due(
+    last_written: Mapping[str, Any] | None,
+    last_written_at: float | None,
+    new: Mapping[str, Any],
+    now: float,
+    heartbeat_s: float = STATUS_HEARTBEAT_S,
+) -> bool:
+    """Whether a round's status patch must be written: something besides `lastScrape` changed,
+    nothing was written yet by this process, or the last write is a heartbeat old."""
+    if last_written is None or last_written_at is None:
+        return True
+    if now - last_written_at >= heartbeat_s:
+        return True
+    return _without_heartbeat(last_written) != _without_heartbeat(new)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and value > 0 else 0
+
+
+def round_due(status: Mapping[str, Any] | None, seen_pods: bool, runtime_roles: Sequence[str]) -> bool:
+    """Whether a round has anything to look at, judged from the status the reconciler wrote.
+
+    A model none of whose runtime pods is Ready (new, parked at 0 replicas, still starting) has
+    nothing to scrape: rounds there would only list pods and write status. A round still runs
+    when this process has scraped a pod before (it may now be unready: unobserved), when a
+    remediation is in flight, or when the status names wedged/unobserved pods to clear.
+    """
+    if seen_pods:
+        return True
+    status = status if isinstance(status, Mapping) else {}
+    watchdog = status.get("watchdog")
+    if isinstance(watchdog, Mapping) and any(
+        watchdog.get(k) for k in ("inFlight", "wedgedPods", "unobservedPods")
+    ):
+        return True
+    for role in runtime_roles:
+        part = status.get(role)
+        if isinstance(part, Mapping) and _count(part.get("readyReplicas")) > 0:
+            return True
+    return False

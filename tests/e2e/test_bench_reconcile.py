@@ -1,0 +1,40 @@
+"""`pdwarden bench reconcile` runs end to end on the local cluster and counts what it claims.
+
+Its figures are timings and belong to the benchmark; this test checks only that a small run
+reconciles every model completely and reports it in the JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdwarden_localcluster.cluster import ClusterInfo
+
+pytestmark = pytest.mark.e2e
+
+MODELS = 5
+
+
+def test_small_run_reconciles_every_model_completely(cluster: ClusterInfo) -> None:
+    pdwarden = Path(sys.executable).parent / "pdwarden"
+    out = subprocess.run(
+        [str(pdwarden), "bench", "reconcile", "--models", str(MODELS), "--json", "--health-port", "35800"],
+        capture_output=True,
+        text=True,
+        timeout=420,
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["models"] == MODELS
+    assert figures["status_written"] == MODELS
+    assert figures["children_complete"] == MODELS
+    assert 0 < figures["p50_s"] <= figures["p99_s"] <= figures["max_s"]
+    assert figures["operator_peak_rss_mib"] > 0
+    assert isinstance(figures["goal_met"], bool)

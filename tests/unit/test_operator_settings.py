@@ -1,0 +1,49 @@
+"""The operator's kopf settings: what it persists where, and which objects it streams at all."""
+
+from __future__ import annotations
+
+import kopf
+import pytest
+
+from pdwarden_operator import handlers
+from pdwarden_runtime import contract
+
+pytestmark = pytest.mark.unit
+
+
+def _settings() -> kopf.OperatorSettings:
+    settings = kopf.OperatorSettings()
+    handlers.apply_settings(settings)
+    return settings
+
+
+@pytest.mark.parametrize(
+    ("group", "version", "plural", "kind"),
+    [(g, v, p, k) for g, v, p, _, k in handlers.CHILD_KINDS],
+    ids=[k for *_, k in handlers.CHILD_KINDS],
+)
+def test_child_watches_are_filtered_by_the_api_server(group: str, version: str, plural: str, kind: str) -> None:
+    resource = kopf.Resource(group, version, plural, kind=kind, namespaced=True)
+    selectors = list(_settings().watching.label_selectors.collect(resource))
+    assert selectors == [f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"]
+
+
+@pytest.mark.parametrize(
+    "resource",
+    [
+        kopf.Resource(contract.API_GROUP, contract.API_VERSION, contract.PLURAL, kind=contract.KIND),
+        kopf.Resource("", "v1", "pods", kind="Pod"),
+        kopf.Resource("rbac.authorization.k8s.io", "v1", "clusterroles", kind="ClusterRole"),
+    ],
+    ids=["DisaggregatedModel", "Pod", "ClusterRole"],
+)
+def test_other_resources_are_not_filtered(resource: kopf.Resource) -> None:
+    # a user's DisaggregatedModel carries no pdwarden label: filtering it would hide it
+    assert list(_settings().watching.label_selectors.collect(resource)) == []
+
+
+def test_kopf_keeps_its_bookkeeping_out_of_our_label_and_status_space() -> None:
+    settings = _settings()
+    assert settings.persistence.finalizer == f"{contract.API_GROUP}/finalizer"
+    assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
