@@ -22,7 +22,9 @@ def _settings() -> kopf.OperatorSettings:
     [(g, v, p, k) for g, v, p, _, k in handlers.CHILD_KINDS],
     ids=[k for *_, k in handlers.CHILD_KINDS],
 )
-def test_child_watches_are_filtered_by_the_api_server(group: str, version: str, plural: str, kind: str) -> None:
+def test_child_watches_are_filtered_by_the_api_server(
+    group: str, version: str, plural: str, kind: str
+) -> None:
     resource = kopf.Resource(group, version, plural, kind=kind, namespaced=True)
     selectors = list(_settings().watching.label_selectors.collect(resource))
     assert selectors == [f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"]
