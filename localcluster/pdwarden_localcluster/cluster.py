@@ -224,9 +224,11 @@ def ensure_up(nodes: int = 1, gpus: int = 8, progress: Progress = _stderr) -> Cl
         return _start(lay, Settings(nodes=nodes, gpus=gpus), progress)
 
 
-def kubelet_fingerprint() -> str:
-    """Hash of the process kubelet's code: a running kubelet from older code is restarted."""
+def kubelet_fingerprint(python: str | None = None) -> str:
+    """Hash of the process kubelet's code and interpreter: a running kubelet from older code, or
+    from another checkout's virtualenv (whose code its pods would run), is restarted."""
     digest = hashlib.sha256()
+    digest.update(str(Path(python or sys.executable).absolute()).encode())
     package = Path(__file__).resolve().parent
     for path in sorted([*package.glob("kubelet/*.py"), package / "kubeapi.py", package / "procs.py"]):
         digest.update(path.name.encode())
@@ -243,7 +245,9 @@ def _upgrade_kubelet(lay: Layout, progress: Progress) -> None:
         running = ""
     if running == kubelet_fingerprint():
         return
-    progress("the process kubelet's code changed since it started: restarting it (its pods restart)")
+    progress(
+        "the process kubelet's code or virtualenv changed since it started: restarting it (its pods restart)"
+    )
     _stop_recorded(lay, grace=5.0, only=["kubelet"])
     _repair(lay, progress)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import sys
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,12 @@ def test_another_cluster_gets_its_own_pod_ip_space() -> None:
     ip = ipam.IpAllocator(other).allocate("a")
     assert ip.startswith(f"127.{other}.") and ipam.ip_to_index(ip, other) is not None
     assert ipam.ip_to_index(ip) is None  # not an address of the default cluster
+
+
+def test_kubelet_fingerprint_follows_the_interpreter_so_another_checkout_restarts_it() -> None:
+    from pdwarden_localcluster.cluster import kubelet_fingerprint
+
+    here = kubelet_fingerprint()
+    assert kubelet_fingerprint(sys.executable) == here
+    # a cluster started from another checkout's .venv would run that checkout's code in pods
+    assert kubelet_fingerprint("/elsewhere/.venv/bin/python3") != here
