@@ -149,8 +149,7 @@ def run_storm(hardening: str, requests: int, abort_ratio: float, concurrency: in
               race_window: float | None, settle: float, decode_abort_share: float,
               transfer_abort_share: float) -> dict[str, Any]:
     page_size, chunk_pages = 16, 2
-    fleet = Fleet()
-    try:
+    with Fleet() as fleet:
         flags = runtime_flags(hardening, race_window, page_size, chunk_pages)
         # A room whose decode never reached it is SGLang's bootstrap timeout's to end
         # (not a wedge); keep that timeout short so the settle time covers it.
@@ -174,8 +173,6 @@ def run_storm(hardening: str, requests: int, abort_ratio: float, concurrency: in
         details["hung_prefill_requests"] = counts.pop("hung_prefill_requests")
         return {**counts, "wedged_rooms": wedged, "refused_writes": refused, "seconds": round(seconds, 2),
                 "details": details}
-    finally:
-        fleet.stop()
 
 
 @click.command("abort-storm")

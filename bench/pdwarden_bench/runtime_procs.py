@@ -19,7 +19,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,7 +211,7 @@ def wait_router(router: Router, timeout: float = 180.0) -> None:
 
 @dataclass
 class Fleet:
-    """Processes a test or benchmark started; ``stop()`` ends them all."""
+    """Processes a test or benchmark started; ``stop()`` (or leaving ``with``) ends them all."""
 
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="pdwarden-rt-")))
     procs: list[Proc] = field(default_factory=list)
@@ -230,19 +230,16 @@ class Fleet:
         for proc in self.procs:
             proc.stop()
 
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit so ``finally: fleet.stop()`` runs (no orphans)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-
-
-@contextlib.contextmanager
-def fleet() -> Iterator[Fleet]:
-    f = Fleet()
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -66,8 +66,7 @@ def runtime_path(size: int, chunk: int, iters: int) -> dict[str, Any]:
     flags = ["--layers", "1", "--page-bytes", str(page_bytes), "--pool-pages", str(pages + 1),
              "--chunk-pages", "1", "--aux-slots", "4", "--page-size", str(PAGE_TOKENS),
              "--transfer-deadline", "60"]
-    fleet = Fleet()
-    try:
+    with Fleet() as fleet:
         prefill, decode = fleet.runtime("prefill", extra=flags), fleet.runtime("decode", extra=flags)
         wait_healthy([prefill, decode])
         endpoint = Endpoint(prefill.url, decode.url, prefill.host, prefill.bootstrap_port)
@@ -92,8 +91,6 @@ def runtime_path(size: int, chunk: int, iters: int) -> dict[str, Any]:
 
         rates = asyncio.run(run())
         return {"gbps_median": statistics.median(rates), "gbps_best": max(rates), "iters": iters}
-    finally:
-        fleet.stop()
 
 
 @click.command("transfer")

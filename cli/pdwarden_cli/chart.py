@@ -47,18 +47,10 @@ def find_tool(name: str) -> str:
 
 def _localcluster_tool(name: str) -> str | None:
     """Where `python -m pdwarden_localcluster.tools install` put the tool, if it did."""
-    try:
-        from pdwarden_localcluster import tools
-    except ImportError:
-        return None
-    lookup = getattr(tools, "tool_path", None)
-    if lookup is None:
-        return None
-    try:
-        path = lookup(name)
-    except Exception:  # not installed yet, or an unknown name: fall back to PATH
-        return None
-    return str(path) if path and Path(path).exists() else None
+    from pdwarden_localcluster.tools import tool_path
+
+    path = tool_path(name)
+    return str(path) if path.exists() else None
 
 
 def helm_template(

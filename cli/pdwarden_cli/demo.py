@@ -177,7 +177,6 @@ class Steps:
 
     def __init__(self, console: Console) -> None:
         self.console = console
-        self.t0 = time.monotonic()
 
     def say(self, msg: str) -> None:
         self.console.log(f"[bold]{msg}")
@@ -306,8 +305,9 @@ async def inject_fault(ip: str) -> Obj:
     return answer
 
 
-async def run_demo(kube: DemoCluster, steps: Steps, result: DemoResult, seen: Observed) -> None:
-    example = yaml.safe_load(EXAMPLE.read_text())
+async def run_demo(
+    kube: DemoCluster, steps: Steps, result: DemoResult, seen: Observed, example: Obj
+) -> None:
     manifest = demo_manifest(example)
     model = manifest["metadata"]["name"]
 
@@ -567,7 +567,8 @@ def demo(as_json: bool, keep: bool) -> None:
     seen = Observed()
     kube: DemoCluster | None = None
     started_cluster = False
-    model = str((yaml.safe_load(EXAMPLE.read_text()).get("metadata") or {}).get("name", "synthetic"))
+    example = yaml.safe_load(EXAMPLE.read_text())
+    model = str((example.get("metadata") or {}).get("name", "synthetic"))
     try:
         from pdwarden_localcluster import cluster, tools
 
@@ -579,7 +580,7 @@ def demo(as_json: bool, keep: bool) -> None:
         steps.ok(f"cluster up: Kubernetes {info.kubernetes_version}, kubeconfig {info.kubeconfig}")
         kube = DemoCluster(info.kubeconfig)
         kube.ensure_namespace(NAMESPACE)
-        asyncio.run(run_demo(kube, steps, result, seen))
+        asyncio.run(run_demo(kube, steps, result, seen, example))
     except (DemoError, chart.HelmError, chart.ToolMissing, RuntimeError) as exc:
         result.error = str(exc)
         console.log(f"[red]demo step failed: {exc}")

@@ -60,19 +60,36 @@ class Kubectl:
             raise AssertionError(f"kubectl get {kind} {name}: {proc.stderr.strip()}")
         return dict(json.loads(proc.stdout))
 
-    def items(self, kind: str, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+    def items(
+        self, kind: str, namespace: str, selector: str | None = None, *, managed_fields: bool = False
+    ) -> list[dict[str, Any]]:
         args = ["get", kind, "-n", namespace] + (["-l", selector] if selector else [])
+        if managed_fields:  # server-side apply tests read them
+            args.append("--show-managed-fields")
         return list(self.json(*args)["items"])
 
 
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` and the last value."""
+def wait_for(
+    check: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    interval: float = 0.5,
+    retry_on: tuple[type[BaseException], ...] = (),
+) -> T:
+    """Poll `check` until it returns something truthy; fail naming `what` and the last value.
+
+    An exception of a `retry_on` type counts as a falsy value (e.g. kubectl failing while
+    things start)."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
-        last = check()
-        if last:
-            return last
+        try:
+            last = check()
+        except retry_on as exc:
+            last = exc
+        else:
+            if last:
+                return last
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last value: {last!r}")
         time.sleep(interval)

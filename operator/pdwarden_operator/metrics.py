@@ -19,6 +19,7 @@ from pdwarden_runtime.contract import (
     METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL,
     METRIC_OPERATOR_UNOBSERVED_PODS,
     METRIC_OPERATOR_WEDGED_PODS,
+    RUNTIME_ROLES,
 )
 
 _MODEL = ("namespace", "model")
@@ -74,7 +75,7 @@ class OperatorMetrics:
     def forget_model(self, namespace: str, model: str) -> None:
         """Drop a deleted model's gauges so they do not report stale values."""
         for gauge in (self.wedged_pods, self.unobserved_pods):
-            for role in ("prefill", "decode"):
+            for role in RUNTIME_ROLES:
                 with contextlib.suppress(KeyError):
                     gauge.remove(namespace, model, role)
         with contextlib.suppress(KeyError):

@@ -20,7 +20,6 @@ from pdwarden_runtime import contract
 # Power-of-two tensor-parallel sizes that SGLang accepts on one node.
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_IMAGE = "ghcr.io/pdwarden/pdwarden-runtime:0.1.0"
-DEFAULT_ROUTER_IMAGE = "ghcr.io/pdwarden/pdwarden-router:0.1.0"
 GPU_RESOURCE = "nvidia.com/gpu"
 # Env vars the operator sets itself on runtime pods; a user may not override them.
 RESERVED_ENV = (
@@ -328,11 +327,18 @@ class WatchdogSpec(_Base):
         return self
 
 
-def _default_of(model: type[_Base]) -> Any:
-    """`default:` for a nested object: its fields' defaults spelled out, because the API server
-    checks a default against the object's CEL rules before nested defaults would fill it in."""
+def _nested(model: type[_Base], description: str) -> Any:
+    """A nested object field that defaults to the object with every field at its default.
+
+    The schema's `default:` spells those defaults out, because the API server checks a default
+    against the object's CEL rules before nested defaults would fill it in.
+    """
     values = model.model_validate({}).model_dump(by_alias=True, exclude_none=True)
-    return {"default": {k: v for k, v in values.items() if v != []}}
+    return Field(
+        default_factory=lambda: model.model_validate({}),
+        description=description,
+        json_schema_extra={"default": {k: v for k, v in values.items() if v != []}},
+    )
 
 
 class DisaggregatedModelSpec(_Base):
@@ -360,31 +366,11 @@ class DisaggregatedModelSpec(_Base):
         description="sglang serves the model; synthetic is a CPU stand-in with the same HTTP and "
         "metrics surface (demos and tests).",
     )
-    transfer: TransferSpec = Field(
-        default_factory=lambda: TransferSpec.model_validate({}),
-        description="KV transfer backend and self-heal deadlines.",
-        json_schema_extra=_default_of(TransferSpec),
-    )
-    prefill: RoleSpec = Field(
-        default_factory=lambda: RoleSpec.model_validate({}),
-        description="Prefill pods.",
-        json_schema_extra=_default_of(RoleSpec),
-    )
-    decode: RoleSpec = Field(
-        default_factory=lambda: RoleSpec.model_validate({}),
-        description="Decode pods.",
-        json_schema_extra=_default_of(RoleSpec),
-    )
-    router: RouterSpec = Field(
-        default_factory=lambda: RouterSpec.model_validate({}),
-        description="The router in front.",
-        json_schema_extra=_default_of(RouterSpec),
-    )
-    watchdog: WatchdogSpec = Field(
-        default_factory=lambda: WatchdogSpec.model_validate({}),
-        description="Wedge detection and remediation.",
-        json_schema_extra=_default_of(WatchdogSpec),
-    )
+    transfer: TransferSpec = _nested(TransferSpec, "KV transfer backend and self-heal deadlines.")
+    prefill: RoleSpec = _nested(RoleSpec, "Prefill pods.")
+    decode: RoleSpec = _nested(RoleSpec, "Decode pods.")
+    router: RouterSpec = _nested(RouterSpec, "The router in front.")
+    watchdog: WatchdogSpec = _nested(WatchdogSpec, "Wedge detection and remediation.")
 
     @model_validator(mode="after")
     def _router_needed(self) -> DisaggregatedModelSpec:

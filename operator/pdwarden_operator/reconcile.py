@@ -22,7 +22,7 @@ from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.kube.status import patch_status
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
-from pdwarden_operator.render import Owner, child_name, render_children
+from pdwarden_operator.render import Owner, child_key, child_name, render_children
 from pdwarden_operator.status import (
     ROLES,
     Observed,
@@ -45,7 +45,11 @@ class Outcome:
 
     @property
     def applied_names(self) -> list[str]:
-        return [f"{o['kind']}/{o['metadata']['name']}" for o in self.applied]
+        return _names(self.applied)
+
+
+def _names(objs: list[Obj]) -> list[str]:
+    return [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
 
 
 class InvalidSpec(Exception):
@@ -134,38 +138,42 @@ async def _apply(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: li
         raise InvalidSpec(f"the API server rejected a child: {exc}") from exc
 
 
-async def reconcile(body: Mapping[str, Any]) -> Outcome:
-    """Apply every child, then write status (when it changed)."""
+async def _spec(body: Mapping[str, Any]) -> DisaggregatedModelSpec:
     try:
-        spec = parse_spec(dict(body.get("spec") or {}))
+        return parse_spec(dict(body.get("spec") or {}))
     except ValidationError as exc:
         raise await _invalid(body, exc) from exc
-    owner = Owner.from_body(body)
-    applied = await _apply(body, spec, render_children(owner, spec))
-    children = {(o["kind"], o["metadata"]["name"]): o for o in applied}
+
+
+async def _finish(
+    body: Mapping[str, Any],
+    spec: DisaggregatedModelSpec,
+    children: Mapping[tuple[str, str], Obj],
+    applied: list[Obj],
+) -> Outcome:
+    """Compute status from the children, write it (when it changed)."""
     _, watchdog = _previous(body)
     new = compute_status(spec, _observed(body, children), watchdog)
     await _write(body, new)
     return Outcome(new, applied)
 
 
+async def reconcile(body: Mapping[str, Any]) -> Outcome:
+    """Apply every child, then write status (when it changed)."""
+    spec = await _spec(body)
+    applied = await _apply(body, spec, render_children(Owner.from_body(body), spec))
+    return await _finish(body, spec, {child_key(o): o for o in applied}, applied)
+
+
 async def resync(body: Mapping[str, Any], observed_children: Mapping[tuple[str, str], Obj]) -> Outcome:
     """Restore missing or edited children, refresh status (written only when it changed)."""
-    try:
-        spec = parse_spec(dict(body.get("spec") or {}))
-    except ValidationError as exc:
-        raise await _invalid(body, exc) from exc
+    spec = await _spec(body)
     owner = Owner.from_body(body)
     stale = plan.to_apply(render_children(owner, spec), observed_children)
     children = dict(observed_children)
     applied: list[Obj] = []
     if stale:
-        names = [f"{o['kind']}/{o['metadata']['name']}" for o in stale]
-        log.info("%s/%s: restoring %s", owner.namespace, owner.name, ", ".join(names))
+        log.info("%s/%s: restoring %s", owner.namespace, owner.name, ", ".join(_names(stale)))
         applied = await _apply(body, spec, stale)
-        for obj in applied:
-            children[(obj["kind"], obj["metadata"]["name"])] = obj
-    _, watchdog = _previous(body)
-    new = compute_status(spec, _observed(body, children), watchdog)
-    await _write(body, new)
-    return Outcome(new, applied)
+        children.update((child_key(o), o) for o in applied)
+    return await _finish(body, spec, children, applied)

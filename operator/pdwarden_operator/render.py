@@ -134,11 +134,18 @@ def _field_env(name: str, path: str) -> Obj:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def runtime_env(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> list[Obj]:
-    env = [
+def _pod_identity_env() -> list[Obj]:
+    """POD_IP, POD_NAME, POD_NAMESPACE from the downward API (runtime and router pods)."""
+    return [
         _field_env(contract.ENV_POD_IP, "status.podIP"),
         _field_env(contract.ENV_POD_NAME, "metadata.name"),
         _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
+    ]
+
+
+def runtime_env(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> list[Obj]:
+    env = [
+        *_pod_identity_env(),
         {"name": contract.ENV_ROLE, "value": role},
         {"name": contract.ENV_MODEL, "value": served_name(owner, spec)},
     ]
@@ -284,9 +291,7 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
             },
         ],
         "env": [
-            _field_env(contract.ENV_POD_IP, "status.podIP"),
-            _field_env(contract.ENV_POD_NAME, "metadata.name"),
-            _field_env(contract.ENV_POD_NAMESPACE, "metadata.namespace"),
+            *_pod_identity_env(),
         ],
         "resources": _resources(spec.router.resources),
         # Liveness only after the router has started (slow on a busy node); /readiness

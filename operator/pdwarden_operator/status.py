@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pdwarden_operator.models import DisaggregatedModelSpec
+from pdwarden_operator.render import ROLES
 from pdwarden_runtime import contract
 
-ROLES = (contract.ROLE_PREFILL, contract.ROLE_DECODE, contract.ROLE_ROUTER)
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged")
 # Degraded reasons caused by the spec or the API, not by pods: they survive a status rebuild.
 ERROR_REASONS = ("InvalidSpec", "ApplyFailed")
@@ -220,11 +220,18 @@ def compute_conditions(
     else:
         wedge = ("Unknown", "NotScrapedYet", "The watchdog has not scraped the pods yet.")
 
+    rows = zip(CONDITION_TYPES, (ready, progressing, degraded, wedge), strict=True)
+    return _conditions([(ctype, *row) for ctype, row in rows], observed, now)
+
+
+def _conditions(
+    rows: Iterable[tuple[str, str, str, str]], observed: Observed, now: datetime | None
+) -> list[dict[str, Any]]:
+    """Conditions from (type, status, reason, message) rows; lastTransitionTime moves only when
+    a condition's status changed since `observed.previous_conditions`."""
     stamp = _rfc3339(now or datetime.now(UTC))
     out = []
-    for ctype, (cstatus, reason, message) in zip(
-        CONDITION_TYPES, (ready, progressing, degraded, wedge), strict=True
-    ):
+    for ctype, cstatus, reason, message in rows:
         before = _find(observed.previous_conditions, ctype)
         changed = before is None or before.get("status") != cstatus
         out.append(
@@ -274,21 +281,11 @@ def compute_status(
 
 def invalid_spec_status(message: str, observed: Observed, *, now: datetime | None = None) -> dict[str, Any]:
     """Status for a spec the operator cannot use (no spec model to compute from)."""
-    stamp = _rfc3339(now or datetime.now(UTC))
-    conditions = []
-    for ctype, cstatus in (("Ready", "False"), ("Progressing", "False"), ("Degraded", "True")):
-        before = _find(observed.previous_conditions, ctype)
-        changed = before is None or before.get("status") != cstatus
-        conditions.append(
-            {
-                "type": ctype,
-                "status": cstatus,
-                "reason": "InvalidSpec",
-                "message": message,
-                "lastTransitionTime": stamp if changed else before.get("lastTransitionTime", stamp),  # type: ignore[union-attr]
-                "observedGeneration": observed.generation,
-            }
-        )
+    rows = [
+        (ctype, cstatus, "InvalidSpec", message)
+        for ctype, cstatus in (("Ready", "False"), ("Progressing", "False"), ("Degraded", "True"))
+    ]
+    conditions = _conditions(rows, observed, now)
     return {"observedGeneration": observed.generation, "phase": "Degraded", "conditions": conditions}
 
 

@@ -23,6 +23,11 @@ from typing import Any
 import click
 
 from pdwarden_runtime import contract as c
+from pdwarden_runtime.hardening.config import (
+    DEFAULT_INFLIGHT_DEADLINE,
+    DEFAULT_RACE_WINDOW,
+    DEFAULT_TRANSFER_DEADLINE,
+)
 
 
 @dataclass
@@ -93,15 +98,17 @@ def _deadline(value: str) -> float | None:
               show_default=True)
 @click.option("--allow-fault-injection", is_flag=True,
               help="Serve POST /debug/fault (testing only).")
-@click.option("--fault", type=click.Choice(c.FAULTS), default="none", show_default=True,
+@click.option("--fault", type=click.Choice(c.FAULTS), default=c.FAULT_NONE, show_default=True,
               help="Inject a fault from the start (testing only).")
-@click.option("--inflight-deadline", default="300", show_default=True,
+@click.option("--inflight-deadline", default=f"{DEFAULT_INFLIGHT_DEADLINE:g}", show_default=True,
               help="Seconds a prefill room may stay non-terminal before it is failed (D), or 'off'.")
-@click.option("--transfer-deadline", type=click.FloatRange(min=0, min_open=True), default=30.0,
+@click.option("--transfer-deadline", type=click.FloatRange(min=0, min_open=True),
+              default=DEFAULT_TRANSFER_DEADLINE,
               show_default=True, help="Seconds a NIXL handle may stay in progress before it is released (C).")
 @click.option("--hardening", type=click.Choice(["on", "off"]), default="on", show_default=True,
               help="off: SGLang's NIXL path with the old max() status rule and no fixes (tests only).")
-@click.option("--race-window", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
+@click.option("--race-window", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_RACE_WINDOW,
+              show_default=True,
               help="legacy-status-race: how long a finished chunk's status write waits for an ABORT.")
 @click.option("--model", default="pdwarden/synthetic", show_default=True,
               help="Synthetic: served model name.")

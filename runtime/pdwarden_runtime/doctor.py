@@ -20,13 +20,9 @@ from typing import Any, Final
 
 import click
 
-FIXES: Final = (
-    "A_sticky_status",
-    "B_no_silent_skip",
-    "C_transfer_deadline",
-    "D_inflight_deadline",
-    "E_metrics",
-)
+from pdwarden_runtime.hardening.config import FIX_NAMES
+
+FIXES: Final = tuple(FIX_NAMES.values())
 PROCESSES: Final = ("main", "scheduler")
 PROBE_MODULE: Final = "pdwarden_runtime.sglang_boot.probe"
 DEFAULT_TIMEOUT_SECONDS: Final = 240.0

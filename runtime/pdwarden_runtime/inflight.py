@@ -106,12 +106,6 @@ class InflightTracker:
         with self._lock:
             return dict(self._outcomes)
 
-    def ages(self) -> dict[int, float]:
-        """Age of every inflight room, oldest first (diagnostics; O(n))."""
-        with self._lock:
-            now = self._clock()
-            return {room: max(0.0, now - start) for room, start in self._started.items()}
-
     # --- the deadline -----------------------------------------------------------------------
     def expire(self) -> list[int]:
         """Fail, through the table, every inflight room older than the deadline (outcome

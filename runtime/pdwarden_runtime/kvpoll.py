@@ -27,10 +27,6 @@ class KVPoll(enum.IntEnum):
         """The Prometheus label value for this state (``pdwarden_kv_rooms{state=...}``)."""
         return STATE_LABELS[self]
 
-    @property
-    def is_terminal(self) -> bool:
-        return self is KVPoll.Failed or self is KVPoll.Success
-
 
 TERMINAL: Final = frozenset({KVPoll.Failed, KVPoll.Success})
 # The only statuses that may start a room's lifecycle (as in SGLang's update_status):

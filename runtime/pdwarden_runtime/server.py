@@ -28,7 +28,6 @@ from pdwarden_runtime.engines.synthetic_pattern import BadRequest
 from pdwarden_runtime.hardening import installed_versions
 from pdwarden_runtime.hardening.config import ConfigError
 from pdwarden_runtime.kvpoll import KVPoll
-from pdwarden_runtime.metrics import metrics_handler
 from pdwarden_runtime.transfer.kvpool import PagesExhausted
 
 log = logging.getLogger(__name__)
@@ -47,6 +46,7 @@ class RuntimeServer:
         self.engine = engine
         self.allow_fault_injection = allow_fault_injection
         self._runners: list[web.AppRunner] = []
+        self._sglang_version = installed_versions().get("sglang")  # package metadata: read once
 
     # --- handlers ------------------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.Response:
@@ -76,13 +76,12 @@ class RuntimeServer:
 
     def _server_info(self) -> dict[str, Any]:
         o = self.engine.options
-        versions = installed_versions()
         return {
             "model_path": o.model, "served_model_name": o.model, "tokenizer_path": o.model,
             "host": o.host, "port": o.port, "disaggregation_mode": o.role,
             "disaggregation_bootstrap_port": o.bootstrap_port, "disaggregation_transfer_backend": "nixl",
             "page_size": o.page_size, "tp_size": 1, "dp_size": 1, "pp_size": 1,
-            "version": versions.get("sglang"), "engine": "synthetic",
+            "version": self._sglang_version, "engine": "synthetic",
             "pdwarden": {"fixes": self.engine.hardening.active_fixes(), "fault": self.engine.fault.active},
         }
 
@@ -106,7 +105,8 @@ class RuntimeServer:
         mgr = self.engine.mgr
         if mgr is None:
             return _error(503, "engine is starting")
-        return await metrics_handler(mgr.pdwarden.metrics.registry)(request)
+        body, content_type = mgr.pdwarden.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def debug_state(self, request: web.Request) -> web.Response:
         return web.json_response(self.engine.debug_state())
@@ -144,8 +144,7 @@ class RuntimeServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         add = app.router.add_route
         add("POST", c.GENERATE_PATH, self.generate)
-        for path in (c.HEALTH_PATH,):
-            add("GET", path, self.health)
+        add("GET", c.HEALTH_PATH, self.health)
         add("GET", c.HEALTH_GENERATE_PATH, self.health_generate)
         for path in ("/get_server_info", "/server_info"):
             add("GET", path, self.server_info)

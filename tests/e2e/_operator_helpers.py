@@ -2,47 +2,30 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pdwarden_localcluster.testing import Kubectl as SharedKubectl
+from pdwarden_localcluster.testing import Kubectl
+from pdwarden_localcluster.testing import wait_for as shared_wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "pdwarden.io_disaggregatedmodels.yaml"
 T = TypeVar("T")
 
 
-class Kubectl(SharedKubectl):
-    """The local cluster's kubectl helper, plus managed fields on listings (SSA tests read them)."""
-
-    def items(
-        self, kind: str, ns: str, selector: str | None = None, *, managed_fields: bool = False
-    ) -> list[dict[str, Any]]:
-        args = ["get", kind, "-n", ns]
-        if selector:
-            args += ["-l", selector]
-        if managed_fields:
-            args.append("--show-managed-fields")
-        return list(self.json(*args)["items"])
+def kubectl_with_crd(kubeconfig: str | Path) -> Kubectl:
+    """kubectl for the cluster, with the DisaggregatedModel CRD applied and Established."""
+    k = Kubectl(kubeconfig)
+    k.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    k.run("wait", "--for=condition=Established", "crd/disaggregatedmodels.pdwarden.io", "--timeout=60s")
+    return k
 
 
 def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` and the last value."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except AssertionError as exc:  # transient kubectl failures while things start
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+    """The local cluster's `wait_for`, riding out transient kubectl failures while things start."""
+    return shared_wait_for(check, timeout, what, interval, retry_on=(AssertionError,))
 
 
 def new_namespace(kubectl: Kubectl, prefix: str) -> Iterator[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ._operator_helpers import CRD_FILE, ROOT, Kubectl, new_namespace
+from ._operator_helpers import ROOT, Kubectl, kubectl_with_crd, new_namespace
 
 pytestmark = pytest.mark.e2e
 
@@ -21,10 +21,7 @@ def expected_field(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def kubectl(cluster) -> Kubectl:  # type: ignore[no-untyped-def]
-    k = Kubectl(cluster.kubeconfig)
-    k.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    k.run("wait", "--for=condition=Established", "crd/disaggregatedmodels.pdwarden.io", "--timeout=60s")
-    return k
+    return kubectl_with_crd(cluster.kubeconfig)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,14 @@ import yaml
 
 from pdwarden_operator.process import OperatorProcess
 
-from ._operator_helpers import CRD_FILE, ROOT, Kubectl, condition, new_namespace, wait_for
+from ._operator_helpers import (
+    ROOT,
+    Kubectl,
+    condition,
+    kubectl_with_crd,
+    new_namespace,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -38,10 +45,7 @@ needs_runtime = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def kubectl(cluster) -> Kubectl:  # type: ignore[no-untyped-def]
-    k = Kubectl(cluster.kubeconfig)
-    k.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    k.run("wait", "--for=condition=Established", "crd/disaggregatedmodels.pdwarden.io", "--timeout=60s")
-    return k
+    return kubectl_with_crd(cluster.kubeconfig)
 
 
 @pytest.fixture(scope="module")

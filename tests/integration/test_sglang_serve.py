@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from pdwarden_localcluster import procs
 from pdwarden_runtime.sglang_boot import SITE_DIR
 
 pytestmark = pytest.mark.integration
@@ -69,17 +70,7 @@ def group_alive(pgid: int, within: float = 0.0) -> bool:
     """Whether a live (non-zombie) process of group ``pgid`` remains after ``within`` seconds."""
     deadline = time.monotonic() + within
     while True:
-        alive = False
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                alive = True
-                break
+        alive = bool(procs.group_members(pgid, not_before=0))
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.5)

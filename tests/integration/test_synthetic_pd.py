@@ -54,11 +54,8 @@ class Pair:
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
-    f = Fleet()
-    try:
+    with Fleet() as f:
         yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture(scope="module")

@@ -99,12 +99,24 @@ def test_promtool_accepts_the_rules_and_their_templates(groups: dict[str, Any], 
 # --- promtool unit tests ----------------------------------------------------------------
 
 
-def run_promtool(*args: str) -> subprocess.CompletedProcess[str]:
+def run_promtool(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [chart.find_tool("promtool"), *args], capture_output=True, text=True, timeout=120, check=False
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
+
+
+def promtool_rules_test(
+    tmp_path: Path, groups: dict[str, Any], case: dict[str, Any], *, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """Run promtool's rule unit test `case` against `groups`."""
+    # promtool compares annotations too; they are checked above, the expressions here.
+    (tmp_path / "rules.yaml").write_text(chart.dump_yaml(chart.without_annotations(groups)))
+    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "15s", "tests": [case]}
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
+    return run_promtool("test", "rules", str(tmp_path / "test.yaml"), check=check)
 
 
 def series(metric: str, values: str, **labels: str) -> dict[str, str]:
@@ -336,27 +348,14 @@ SCENARIOS = {
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_promtool_rule_unit_tests(scenario: str, groups: dict[str, Any], tmp_path: Path) -> None:
-    # promtool compares annotations too; they are checked above, the expressions here.
-    (tmp_path / "rules.yaml").write_text(chart.dump_yaml(chart.without_annotations(groups)))
-    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "15s", "tests": [SCENARIOS[scenario]()]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = run_promtool("test", "rules", str(tmp_path / "test.yaml"))
+    proc = promtool_rules_test(tmp_path, groups, SCENARIOS[scenario]())
     assert "SUCCESS" in proc.stdout
 
 
 def test_promtool_catches_a_wrong_expectation(groups: dict[str, Any], tmp_path: Path) -> None:
     # Guards the harness: if the wedge scenario expected silence at 17 min, promtool must fail.
-    (tmp_path / "rules.yaml").write_text(chart.dump_yaml(chart.without_annotations(groups)))
     wrong = scenario_wedge()
     wrong["alert_rule_test"] = expectations("17m", {})
-    test = {"rule_files": ["rules.yaml"], "evaluation_interval": "15s", "tests": [wrong]}
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test, sort_keys=False))
-    proc = subprocess.run(
-        [chart.find_tool("promtool"), "test", "rules", str(tmp_path / "test.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = promtool_rules_test(tmp_path, groups, wrong, check=False)
     assert proc.returncode != 0
     assert "PdwardenInflightStuck" in proc.stdout + proc.stderr

@@ -9,6 +9,7 @@ import socket
 from typing import Any, Literal
 
 from pdwarden_operator.kube.client import KubeApiError, get_client, resource_path
+from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.events")
 
@@ -37,7 +38,7 @@ def event_body(
         "type": event_type,
         "source": {"component": COMPONENT},
         "reportingComponent": f"pdwarden.io/{COMPONENT}",
-        "reportingInstance": os.environ.get("POD_NAME") or socket.gethostname(),
+        "reportingInstance": os.environ.get(contract.ENV_POD_NAME) or socket.gethostname(),
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
         "count": 1,

@@ -13,13 +13,13 @@ from typing import Literal
 
 from pdwarden_operator.kube import events, pods
 from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.status import DM_API_VERSION
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
 from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.watchdog")
-DM_API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
 
 
 @dataclass(frozen=True)

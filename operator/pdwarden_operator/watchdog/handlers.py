@@ -19,9 +19,12 @@ from typing import Any
 
 import kopf
 
+from pdwarden_operator.cache import slim
 from pdwarden_operator.kube import pods as kube_pods
 from pdwarden_operator.kube.status import patch_status
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
+from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
+from pdwarden_operator.status import compute_conditions, compute_phase, observed_from_status
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.executor import Executor, ModelRef
 from pdwarden_operator.watchdog.history import Histories, Observation
@@ -50,16 +53,20 @@ CRASH_AFTER_INTENT_ENV = "PDWARDEN_TEST_CRASH_AFTER_INTENT"
 Key = tuple[str, str]
 
 
-def _conditions_and_phase(body: Mapping[str, Any], watchdog: Mapping[str, Any]) -> dict[str, Any]:
-    """Conditions and phase from E's shared pure functions; {} when the spec does not validate."""
-    from pdwarden_operator.models import DisaggregatedModelSpec
-    from pdwarden_operator.status import compute_conditions, compute_phase, observed_from_status
-
-    status = body.get("status") or {}
+def _parsed_spec(body: Mapping[str, Any]) -> DisaggregatedModelSpec | None:
     try:
-        spec = DisaggregatedModelSpec.model_validate(body.get("spec") or {})
+        return parse_spec(dict(body.get("spec") or {}))
     except Exception:  # the reconciler reports InvalidSpec; the watchdog leaves conditions alone
+        return None
+
+
+def _conditions_and_phase(
+    body: Mapping[str, Any], spec: DisaggregatedModelSpec | None, watchdog: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Conditions and phase from the shared pure functions; {} when the spec does not validate."""
+    if spec is None:
         return {}
+    status = body.get("status") or {}
     generation = int(status.get("observedGeneration") or (body.get("metadata") or {}).get("generation") or 0)
     observed = observed_from_status(status, generation)
     conditions = compute_conditions(spec, observed, watchdog)
@@ -112,6 +119,8 @@ class ModelWatchdog:
         except SettingsError as exc:
             log.warning("%s/%s: watchdog idle: %s", ns, name, exc)
             return 10.0
+        if not round_due(body.get("status"), self._seen_any(), contract.RUNTIME_ROLES):
+            return settings.scrape_interval_seconds  # no scraper, no pod list: nothing to look at yet
         if self.state is None:
             self.state = state_from_status(body.get("status"))
         if self.scraper is None or self.scraper.timeout_seconds != settings.scrape_timeout_seconds:
@@ -121,8 +130,6 @@ class ModelWatchdog:
                 concurrency=SCRAPE_CONCURRENCY, timeout_seconds=settings.scrape_timeout_seconds
             )
         self.histories.set_keep_seconds(settings.stuck_after_seconds + 3 * settings.scrape_interval_seconds)
-        if not round_due(body.get("status"), self._seen_any(), contract.RUNTIME_ROLES):
-            return settings.scrape_interval_seconds
 
         pod_objs = await kube_pods.list_runtime_pods(ns, name)
         views = {}
@@ -160,12 +167,14 @@ class ModelWatchdog:
             now=now,
             desired=desired,
         )
+        spec_model = _parsed_spec(body)  # the body is the same for the whole round
         wedged = [views[uid].name for uid, v in verdicts.items() if v.state == "wedged"]
         unobserved = [views[uid].name for uid, v in verdicts.items() if v.state == "unobserved"]
 
         if any(not a.resumed for a in plan.actions):
             # Intent first: the budget, cooldown and in-flight entry are durable before any pod is touched.
-            await self._write_status(self._status(body, plan.state, settings, now, wedged, unobserved), now)
+            intent = self._status(body, spec_model, plan.state, settings, now, wedged, unobserved)
+            await self._write_status(intent, now)
             if os.environ.get(CRASH_AFTER_INTENT_ENV) == "1":
                 log.critical(
                     "%s is set: exiting after persisting the intent (testing only)", CRASH_AFTER_INTENT_ENV
@@ -173,7 +182,7 @@ class ModelWatchdog:
                 os._exit(17)
         results_done = await self.executor.perform(plan)
         self.state = ladder.apply_results(plan.state, results_done)
-        new_status = self._status(body, self.state, settings, now, wedged, unobserved)
+        new_status = self._status(body, spec_model, self.state, settings, now, wedged, unobserved)
         if status_write_due(self._written, self._written_at, new_status, now):
             await self._write_status(new_status, now)
         self._update_gauges(views, verdicts, self.state)
@@ -193,6 +202,7 @@ class ModelWatchdog:
     def _status(
         self,
         body: Mapping[str, Any],
+        spec_model: DisaggregatedModelSpec | None,
         state: WatchdogState,
         settings: WatchdogSettings,
         now: float,
@@ -207,7 +217,7 @@ class ModelWatchdog:
             max_remediations=settings.max_remediations,
         )
         patch["watchdog"]["budgetExhausted"] = state.exhausted and settings.action != "alert"
-        patch.update(_conditions_and_phase(body, patch["watchdog"]))
+        patch.update(_conditions_and_phase(body, spec_model, patch["watchdog"]))
         return patch
 
     def _log_changes(self, views: Mapping[str, ladder.PodView], verdicts: Mapping[str, Verdict]) -> None:
@@ -258,7 +268,7 @@ async def track_model(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     if event.get("type") == "DELETED" or body.metadata.get("deletionTimestamp"):
         _stop(key)
         return
-    _bodies[key] = dict(body)
+    _bodies[key] = slim(body)  # the watchdog reads spec, status and metadata only
     task = _tasks.get(key)
     if task is None or task.done():
         watchdog = ModelWatchdog(key[0], key[1], body.metadata.uid or "")

@@ -71,6 +71,3 @@ class Histories:
         keep = set(pod_uids)
         for uid in [uid for uid in self._by_pod if uid not in keep]:
             del self._by_pod[uid]
-
-    def __len__(self) -> int:
-        return len(self._by_pod)

@@ -37,11 +37,9 @@ REFUSED_BY_PDB = "refused-by-pdb"
 ERROR = "error"
 FAILED = "failed"
 POD_GONE = "pod-gone"
-RECOVERED = "recovered"
 SKIPPED_BUDGET = "skipped-budget"
 SKIPPED_COOLDOWN = "skipped-cooldown"
 SKIPPED_MAX_UNAVAILABLE = "skipped-max-unavailable"
-SKIPPED = (SKIPPED_BUDGET, SKIPPED_COOLDOWN, SKIPPED_MAX_UNAVAILABLE)
 
 
 @dataclass(frozen=True)

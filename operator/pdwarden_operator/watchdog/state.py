@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pdwarden_operator.watchdog.settings import ACTIONS
+
 MAX_REMEDIATIONS_KEPT = 20
 
 
@@ -96,7 +98,7 @@ def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
         started = from_rfc3339(item.get("startedAt"))
         if started is None or not all(isinstance(item.get(k), str) for k in ("pod", "role", "action")):
             continue
-        if item["action"] not in ("alert", "restart", "evict"):
+        if item["action"] not in ACTIONS:
             continue
         attempts = item.get("attempts")
         in_flight.append(

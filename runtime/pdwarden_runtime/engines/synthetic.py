@@ -221,8 +221,51 @@ class SyntheticEngine:
     async def generate(self, body: Any) -> dict[str, Any]:
         raise NotImplementedError
 
+    @staticmethod
+    def _failure_reason(endpoint: Any) -> str:
+        """The failure reason of a sender's or receiver's room (and clear its record)."""
+        from sglang.srt.disaggregation.common.conn import KVTransferError
+
+        try:
+            endpoint.failure_exception()  # clears the room, pops its failure record
+        except KVTransferError as err:
+            return err.failure_reason
+        return "KV transfer failed"
+
+    def _failure_reason_quiet(self, endpoint: Any) -> None:
+        try:
+            self._failure_reason(endpoint)
+        except Exception:
+            log.exception("clearing a room's failure record failed")
+
+    def _give(self, pages: np.ndarray | None, aux: int | None) -> None:
+        if pages is not None:
+            self.pool.give_pages(pages)
+        if aux is not None:
+            self.pool.give_aux(aux)
+
     async def health_generate(self) -> tuple[bool, str]:
-        raise NotImplementedError
+        """A local round through the engine's own path: pool, pattern, SGLang threads
+        (SGLang's own health_generate on a PD prefill also skips the transfer)."""
+        ok, why = self.healthy()
+        if not ok:
+            return ok, why
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._local_round)
+
+    def _local_round(self) -> tuple[bool, str]:
+        spec = RequestSpec(room=0, tokens=self.options.page_size, pages=1, max_new_tokens=1, digest=1)
+        try:
+            pages = self.pool.take_pages(1)
+            aux = self.pool.take_aux()
+        except PagesExhausted as err:
+            return False, f"pool exhausted: {err}"
+        try:
+            fill(self.pool, spec, pages, 0, aux)
+            problems = verify(self.pool, spec, pages, aux)
+            return (not problems), "; ".join(problems) or "ok"
+        finally:
+            self.pool.give_pages(pages)
+            self.pool.give_aux(aux)
 
     def spec_for(self, body: Any) -> RequestSpec:
         return RequestSpec.from_body(body, self.options.page_size, self.options.pool_pages)
@@ -352,10 +395,7 @@ class PrefillEngine(SyntheticEngine):
             self.pending.pop(room, None)
             # Chunks of a failed room may still be read by a worker; their bytes only
             # reach decode pages that decode holds until the drain (or discards).
-            if pages is not None:
-                self.pool.give_pages(pages)
-            if aux is not None:
-                self.pool.give_aux(aux)
+            self._give(pages, aux)
 
     def _compute_ms(self, body: dict[str, Any]) -> float:
         """Simulated compute per chunk: the flag, or the request's ``synthetic_compute_ms``
@@ -364,40 +404,6 @@ class PrefillEngine(SyntheticEngine):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 60000:
             raise BadRequest(f"synthetic_compute_ms must be a number in [0, 60000], got {value!r}")
         return float(value)
-
-    @staticmethod
-    def _failure_reason(sender: Any) -> str:
-        from sglang.srt.disaggregation.common.conn import KVTransferError
-
-        try:
-            sender.failure_exception()  # clears the room, pops its failure record
-        except KVTransferError as err:
-            return err.failure_reason
-        return "KV transfer failed"
-
-    async def health_generate(self) -> tuple[bool, str]:
-        """A local round through the engine's own path: pool, pattern, SGLang threads
-        (SGLang's own health_generate on a PD prefill also skips the transfer)."""
-        ok, why = self.healthy()
-        if not ok:
-            return ok, why
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._local_round)
-
-    def _local_round(self) -> tuple[bool, str]:
-        spec = RequestSpec(room=0, tokens=self.options.page_size, pages=1, max_new_tokens=1, digest=1)
-        try:
-            pages = self.pool.take_pages(1)
-            aux = self.pool.take_aux()
-        except PagesExhausted as err:
-            return False, f"pool exhausted: {err}"
-        try:
-            fill(self.pool, spec, pages, 0, aux)
-            problems = verify(self.pool, spec, pages, aux)
-            return (not problems), "; ".join(problems) or "ok"
-        finally:
-            self.pool.give_pages(pages)
-            self.pool.give_aux(aux)
-
 
 class DecodeEngine(SyntheticEngine):
     """Decode: receives the request's KV pages, verifies them, answers with tokens."""
@@ -515,37 +521,6 @@ class DecodeEngine(SyntheticEngine):
             self.mgr.clear_deferred_abort_state(room)
             self._failure_reason_quiet(receiver)
             self._give(pages, aux)
-
-    def _give(self, pages: np.ndarray | None, aux: int | None) -> None:
-        if pages is not None:
-            self.pool.give_pages(pages)
-        if aux is not None:
-            self.pool.give_aux(aux)
-
-    @staticmethod
-    def _failure_reason(receiver: Any) -> str:
-        from sglang.srt.disaggregation.common.conn import KVTransferError
-
-        try:
-            receiver.failure_exception()  # clears the room, pops its failure record
-        except KVTransferError as err:
-            return err.failure_reason
-        return "KV transfer failed"
-
-    def _failure_reason_quiet(self, receiver: Any) -> None:
-        try:
-            self._failure_reason(receiver)
-        except Exception:
-            log.exception("clearing a receiver failed")
-
-    async def health_generate(self) -> tuple[bool, str]:
-        ok, why = self.healthy()
-        if not ok:
-            return ok, why
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._local_round)
-
-    def _local_round(self) -> tuple[bool, str]:
-        return PrefillEngine._local_round(self)  # type: ignore[arg-type]
 
 
 def build_engine(options: SyntheticOptions, hardening: HardeningConfig) -> SyntheticEngine:

@@ -22,6 +22,7 @@ from pdwarden_runtime.contract import FAULTS
 
 if TYPE_CHECKING:
     from pdwarden_runtime.hardening.runtime import RoomRuntime
+    from pdwarden_runtime.status import Mode
 
 # The fixes, by letter (issue 4): the keys of active_fixes() are their long names.
 FIX_NAMES: Final = {
@@ -121,7 +122,7 @@ class HardeningConfig:
         return letter in self.fixes
 
     @property
-    def status_mode(self) -> str:
+    def status_mode(self) -> Mode:
         return "sticky" if self.has("A") else "legacy"
 
     def active_fixes(self) -> dict[str, bool]:

@@ -53,12 +53,13 @@ from pdwarden_runtime.contract import (
 from pdwarden_runtime.hardening.config import (
     FAULT_DROP_ABORT,
     FAULT_LEGACY_RACE,
+    FAULT_NONE,
     FAULT_STALL,
     HardeningConfig,
     installed_config,
 )
 from pdwarden_runtime.hardening.runtime import RoomRuntime
-from pdwarden_runtime.kvpoll import KVPoll
+from pdwarden_runtime.kvpoll import KVPoll, coerce
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ class HardenedNixlKVManager(NixlKVManager):
 
     def update_status(self, bootstrap_room: int, status: Any) -> None:
         try:
-            self._pdw_update_status(bootstrap_room, KVPoll(int(status)))
+            self._pdw_update_status(bootstrap_room, coerce(status))  # dict lookup: per-chunk path
         finally:
             self.pdwarden.notify(bootstrap_room)
 
@@ -320,7 +321,7 @@ class HardenedNixlKVManager(NixlKVManager):
         released: set[int] = getattr(self._pdw_tls, "released", set())
         live = [h for h in handles if id(h) not in released]
         fault = config.fault.active
-        if not config.has("C") and fault == "none":
+        if not config.has("C") and fault == FAULT_NONE:
             return super()._await_handles(live, failure_seen=failure_seen)
         if not live:
             return True, failure_seen

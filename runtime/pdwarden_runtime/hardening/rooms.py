@@ -120,10 +120,6 @@ class RoomLedger:
             with self._lock:
                 self._targets[room] = list(targets)
 
-    def targets(self, room: int) -> list[Target]:
-        with self._lock:
-            return list(self._targets.get(room, ()))
-
     def failed(self, room: int, reason: str) -> None:
         with self._lock:
             self._failed.setdefault(room, reason)

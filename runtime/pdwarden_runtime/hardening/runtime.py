@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from typing import Final
 
@@ -18,10 +17,6 @@ log = logging.getLogger(__name__)
 
 TRANSFER_BACKEND: Final = "nixl"
 
-_live: list[RoomRuntime] = []
-_live_lock = threading.Lock()
-
-
 class RoomRuntime:
     """The pdwarden state of one KV manager (one role in one process)."""
 
@@ -30,7 +25,7 @@ class RoomRuntime:
             raise ValueError(f"unknown role {role!r}")
         self.config = config
         self.role = role
-        self.table = RoomStatusTable(mode="sticky" if config.has("A") else "legacy")
+        self.table = RoomStatusTable(mode=config.status_mode)
         deadline = config.inflight_deadline if (config.has("D") and role == ROLE_PREFILL) else None
         self.tracker = InflightTracker(self.table, deadline=deadline)
         self.metrics = RuntimeMetrics(role, self.table, self.tracker, engine=config.engine,
@@ -64,8 +59,6 @@ class RoomRuntime:
             self.metrics_server = serve_metrics(self.metrics.registry, self.config.metrics_host,
                                                 self.config.metrics_port)
             log.info("pdwarden metrics for %s served at %s", self.role, self.metrics_server.url)
-        with _live_lock:
-            _live.append(self)
         if self.config.on_runtime is not None:
             self.config.on_runtime(self)
 
@@ -74,12 +67,3 @@ class RoomRuntime:
             self.reaper.stop()
         if self.metrics_server is not None:
             self.metrics_server.stop()
-        with _live_lock:
-            if self in _live:
-                _live.remove(self)
-
-
-def live_runtimes() -> list[RoomRuntime]:
-    """The RoomRuntimes of the hardened managers alive in this process."""
-    with _live_lock:
-        return list(_live)
