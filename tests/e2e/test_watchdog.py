@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from pdwarden_bench.runtime_procs import free_port
 from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
@@ -41,7 +42,6 @@ INTERVAL = 5
 SOAK_SECONDS = int(os.environ.get("PDWARDEN_E2E_SOAK_SECONDS", "60"))
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 T = TypeVar("T")
-_port_counter = iter(range(33040, 33099))
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float, every: float = 1.0) -> T:
@@ -155,7 +155,9 @@ class Env:
 
     # --- the operator -----------------------------------------------------------------------
     def start_operator(self, *, crash_after_intent: bool = False) -> tuple[subprocess.Popen[bytes], int]:
-        port = next(_port_counter)
+        # a port that binds now, outside the ephemeral range (a fixed one there may be held by
+        # any outgoing connection, and the operator would then exit at start)
+        port = free_port()
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         env.pop("POD_IP", None)
         if crash_after_intent:
