@@ -79,6 +79,29 @@ METRIC_KV_TRANSFER_SECONDS: Final = "pdwarden_kv_transfer_seconds"
 METRIC_STATUS_WRITES_REFUSED_TOTAL: Final = "pdwarden_kv_status_writes_refused_total"
 METRIC_STATUS_WRITES_REFUSED_BASE: Final = "pdwarden_kv_status_writes_refused"
 METRIC_RUNTIME_INFO: Final = "pdwarden_runtime_info"
+# Age of the oldest room per non-terminal state, measured from when it ENTERED that state:
+# a room waiting for bootstrap or its forward pass is queueing; only time in Transferring
+# (or waiting for a prefill that stopped sending, on decode) means a transfer is stuck.
+METRIC_KV_OLDEST_IN_STATE: Final = "pdwarden_kv_oldest_in_state_seconds"
+# Liveness of the runtime's threads (SGLang's NIXL bootstrap, transfer workers, heartbeat;
+# the synthetic engine's): alive count per thread kind, and the count that should be alive.
+METRIC_RUNTIME_THREADS: Final = "pdwarden_runtime_threads"
+METRIC_RUNTIME_THREADS_EXPECTED: Final = "pdwarden_runtime_threads_expected"
+LABEL_METRIC_THREAD: Final = "thread"
+# Exceptions caught in pdwarden's own hooks around SGLang's queues and threads.
+METRIC_RUNTIME_ERRORS_TOTAL: Final = "pdwarden_runtime_errors_total"
+METRIC_RUNTIME_ERRORS_BASE: Final = "pdwarden_runtime_errors"
+LABEL_METRIC_WHERE: Final = "where"
+# Transfer handles released at a deadline but possibly still writing (kept and polled).
+METRIC_KV_HANDLES_QUARANTINED: Final = "pdwarden_kv_handles_quarantined"
+# Decode-side page verification failures (synthetic engine): corrupted KV pages seen.
+METRIC_KV_VERIFY_FAILURES_TOTAL: Final = "pdwarden_kv_verify_failures_total"
+METRIC_KV_VERIFY_FAILURES_BASE: Final = "pdwarden_kv_verify_failures"
+# Per-peer transfer figures (bounded cardinality: peers are the pods of the same model).
+METRIC_KV_PEER_INFLIGHT: Final = "pdwarden_kv_peer_inflight"
+METRIC_KV_PEER_TRANSFERS_TOTAL: Final = "pdwarden_kv_peer_transfers_total"
+METRIC_KV_PEER_TRANSFERS_BASE: Final = "pdwarden_kv_peer_transfers"
+LABEL_METRIC_PEER: Final = "peer"
 
 LABEL_METRIC_ROLE: Final = "role"
 LABEL_METRIC_STATE: Final = "state"
@@ -99,5 +122,7 @@ METRIC_OPERATOR_REMEDIATIONS_TOTAL: Final = "pdwarden_operator_remediations_tota
 METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL: Final = "pdwarden_operator_scrape_errors_total"
 METRIC_OPERATOR_SCRAPE_DURATION: Final = "pdwarden_operator_scrape_duration_seconds"
 METRIC_OPERATOR_BUDGET_EXHAUSTED: Final = "pdwarden_operator_remediation_budget_exhausted"
+METRIC_OPERATOR_LEADER: Final = "pdwarden_operator_leader"
+METRIC_OPERATOR_BRAKE_ENGAGED: Final = "pdwarden_operator_brake_engaged"
 OPERATOR_METRICS_PORT: Final = 8080
 OPERATOR_HEALTH_PORT: Final = 8081
