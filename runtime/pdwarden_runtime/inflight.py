@@ -48,6 +48,9 @@ class InflightTracker:
         self._clock = clock
         self._deadline = _valid_deadline(deadline)
         self._started: OrderedDict[int, float] = OrderedDict()
+        # When each live room first left Bootstrapping (waiting for or moving KV): the
+        # deadline's clock. A room still queueing for bootstrap is busy, not stuck.
+        self._waiting: OrderedDict[int, float] = OrderedDict()
         self._outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self._conclude_listeners: list[ConcludeListener] = []
         self.on_deadline = on_deadline
@@ -75,6 +78,10 @@ class InflightTracker:
             del started[room]
         started[room] = self._clock()
 
+    def entered(self, room: int, status: KVPoll) -> None:
+        if room not in self._waiting:
+            self._waiting[room] = self._clock()
+
     def concluded(self, room: int, status: KVPoll, outcome: str) -> None:
         self._finish(room, outcome)
 
@@ -83,6 +90,7 @@ class InflightTracker:
 
     def _finish(self, room: int, outcome: str) -> None:
         start = self._started.pop(room, None)
+        self._waiting.pop(room, None)
         self._outcomes[outcome] += 1
         if self._conclude_listeners:
             seconds = max(0.0, self._clock() - start) if start is not None else 0.0
@@ -108,8 +116,9 @@ class InflightTracker:
 
     # --- the deadline -----------------------------------------------------------------------
     def expire(self) -> list[int]:
-        """Fail, through the table, every inflight room older than the deadline (outcome
-        ``deadline``); return them. Terminal or cleared rooms are never touched."""
+        """Fail, through the table, every inflight room that has waited for or moved KV
+        longer than the deadline (outcome ``deadline``); return them. Rooms still in
+        Bootstrapping, terminal or cleared rooms are never touched."""
         deadline = self._deadline
         if deadline is None:
             return []
@@ -117,7 +126,7 @@ class InflightTracker:
         def older_than_deadline() -> list[int]:  # runs under the table's lock
             now = self._clock()
             victims = []
-            for room, start in self._started.items():
+            for room, start in self._waiting.items():
                 if now - start <= deadline:
                     break  # insertion order is start order: the rest are younger
                 victims.append(room)
@@ -132,10 +141,10 @@ class InflightTracker:
         """``expire()`` when the oldest room is past the deadline; O(1) otherwise, so a
         caller may run it on every status write or poll."""
         deadline = self._deadline
-        if deadline is None or not self._started:
+        if deadline is None or not self._waiting:
             return []
         try:
-            oldest = next(iter(self._started.values()))
+            oldest = next(iter(self._waiting.values()))
         except (StopIteration, RuntimeError):  # emptied or changed concurrently: look properly
             return self.expire()
         if self._clock() - oldest > deadline:
@@ -160,6 +169,10 @@ class DeadlineReaper:
         self._interval = interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pdwarden-deadline-reaper", daemon=True)
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
 
     def start(self) -> None:
         self._thread.start()

@@ -31,7 +31,10 @@ from prometheus_client.registry import Collector
 from pdwarden_runtime import contract as c
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import KVPoll
-from pdwarden_runtime.status import STICKY_TRANSITIONS, ClosedRoom, RoomStatusTable
+
+if TYPE_CHECKING:
+    from pdwarden_runtime.hardening.threads import ThreadWatch
+from pdwarden_runtime.status import NON_TERMINAL, STICKY_TRANSITIONS, ClosedRoom, RoomStatusTable
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -83,14 +86,31 @@ class RuntimeMetrics:
         transfer_backend: str,
         version: str | None = None,
         expire_on_scrape: bool = True,
+        threads: ThreadWatch | None = None,
+        quarantined: Callable[[], int] | None = None,
+        error_wheres: tuple[str, ...] = (),
     ) -> None:
         if role not in c.RUNTIME_ROLES:
             raise ValueError(f"unknown runtime role {role!r}; expected one of {c.RUNTIME_ROLES}")
         self.role = role
         self.registry = CollectorRegistry()
-        self._state = _StateCollector(role, table, tracker, expire_on_scrape)
+        self._state = _StateCollector(role, table, tracker, expire_on_scrape, threads, quarantined)
         self.registry.register(self._state)
         role_label = [c.LABEL_METRIC_ROLE]
+        self._errors = Counter(
+            c.METRIC_RUNTIME_ERRORS_BASE,
+            "Exceptions caught in pdwarden's hooks around SGLang's queues and threads (the thread went on).",
+            [c.LABEL_METRIC_ROLE, c.LABEL_METRIC_WHERE],
+            registry=self.registry,
+        )
+        for where in error_wheres:
+            self._errors.labels(role, where)
+        self._verify_failures = Counter(
+            c.METRIC_KV_VERIFY_FAILURES_BASE,
+            "KV pages whose bytes did not match what prefill wrote (decode's page verification).",
+            role_label,
+            registry=self.registry,
+        ).labels(role)
         self._bytes = Counter(
             c.METRIC_KV_TRANSFER_BYTES_BASE,
             "Bytes of KV moved by this runtime.",
@@ -118,6 +138,14 @@ class RuntimeMetrics:
             raise ValueError(f"transferred bytes must be >= 0, got {count}")
         self._bytes.inc(count)
 
+    def count_error(self, where: str) -> None:
+        self._errors.labels(self.role, where).inc()
+
+    def add_verify_failures(self, pages: int) -> None:
+        """Count corrupted KV pages found by decode's verification."""
+        if pages > 0:
+            self._verify_failures.inc(pages)
+
     def _observe_conclusion(self, room: int, outcome: str, seconds: float) -> None:
         self._seconds.observe(seconds)
 
@@ -128,11 +156,14 @@ class RuntimeMetrics:
 class _StateCollector(Collector):
     """Reads the table and the tracker at scrape time."""
 
-    def __init__(self, role: str, table: RoomStatusTable, tracker: InflightTracker, expire: bool) -> None:
+    def __init__(self, role: str, table: RoomStatusTable, tracker: InflightTracker, expire: bool,
+                 threads: ThreadWatch | None, quarantined: Callable[[], int] | None) -> None:
         self._role = role
         self._table = table
         self._tracker = tracker
         self._expire = expire
+        self._threads = threads
+        self._quarantined = quarantined
 
     def describe(self) -> list[Metric]:
         return list(self._families())
@@ -161,7 +192,36 @@ class _StateCollector(Collector):
             "Status writes the terminal-sticky rule refused, by from and to state.",
             labels=[R, c.LABEL_METRIC_FROM_STATE, c.LABEL_METRIC_TO_STATE],
         )
+        in_state = GaugeMetricFamily(
+            c.METRIC_KV_OLDEST_IN_STATE,
+            "Seconds since the oldest room in each non-terminal state entered that state; 0 when none.",
+            labels=[R, c.LABEL_METRIC_STATE],
+        )
+        threads = GaugeMetricFamily(
+            c.METRIC_RUNTIME_THREADS, "Alive threads of this runtime, by kind.",
+            labels=[R, c.LABEL_METRIC_THREAD],
+        )
+        threads_expected = GaugeMetricFamily(
+            c.METRIC_RUNTIME_THREADS_EXPECTED,
+            "Threads of each kind that should be alive (fewer alive = a dead essential thread).",
+            labels=[R, c.LABEL_METRIC_THREAD],
+        )
+        quarantined = GaugeMetricFamily(
+            c.METRIC_KV_HANDLES_QUARANTINED,
+            "Transfer handles past the deadline that may still write, kept and polled until they end.",
+            labels=[R],
+        )
         if with_samples:
+            ages = self._table.oldest_in_state()
+            for state in NON_TERMINAL:
+                in_state.add_metric([role, state.label], ages.get(state, 0.0))
+            if self._threads is not None:
+                expected = self._threads.expected()
+                alive = self._threads.alive()
+                for kind, count in sorted(expected.items()):
+                    threads.add_metric([role, kind], alive.get(kind, 0))
+                    threads_expected.add_metric([role, kind], count)
+            quarantined.add_metric([role], self._quarantined() if self._quarantined is not None else 0)
             inflight.add_metric([role], self._tracker.count())
             oldest.add_metric([role], self._tracker.oldest_age())
             for state, count in self._table.counts().items():
@@ -171,7 +231,8 @@ class _StateCollector(Collector):
             counted = {(src.label, dst.label): n for (src, dst), n in self._table.refused().items()}
             for labels in REFUSAL_LABELS:
                 refused.add_metric([role, *labels], counted.get(labels, 0))
-        yield from (inflight, oldest, rooms, transfers, refused)
+        yield from (inflight, oldest, rooms, transfers, refused, in_state)
+        yield from (threads, threads_expected, quarantined)
 
 
 # --- serving -------------------------------------------------------------------------------

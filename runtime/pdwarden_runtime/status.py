@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final, Literal, Protocol
@@ -159,10 +160,15 @@ class LifecycleObserver(Protocol):
     def abandoned(self, room: int) -> None:
         """A live non-terminal room was cleared without concluding."""
 
+    def entered(self, room: int, status: KVPoll) -> None:
+        """A live room entered a non-terminal state past Bootstrapping (waiting for or
+        moving KV): the moment a transfer deadline starts to mean stuck, not queued."""
+
 
 RefusedCallback = Callable[[int, Origin, KVPoll], None]
 
 _NON_TERMINAL: Final = (B, W, T)
+NON_TERMINAL: Final = _NON_TERMINAL
 
 
 def check(origin: KVPoll | int, target: KVPoll | int) -> Rule:
@@ -193,6 +199,8 @@ class RoomStatusTable:
         self._legacy = mode == "legacy"
         self._lock = threading.Lock()
         self._rooms: dict[int, KVPoll] = {}
+        # monotonic time each live room entered its current status (oldest-in-state ages)
+        self._since: dict[int, float] = {}
         self._tombstones: OrderedDict[int, None] = OrderedDict()
         self._max_tombstones = tombstones
         # refusal counts indexed [from][to]; rooms without a lifecycle counted apart
@@ -235,10 +243,13 @@ class RoomStatusTable:
             current = self._rooms.get(room)
             if current is None:
                 self._rooms[room] = target
+                self._since[room] = time.monotonic()
                 if self._tombstones:
                     self._tombstones.pop(room, None)
                 if self._observer is not None:
                     self._observer.opened(room)
+                    if target is not B:
+                        self._observer.entered(room, target)
                 return True
             if current is target:
                 return True
@@ -304,6 +315,7 @@ class RoomStatusTable:
         """End the room's lifecycle; later writes to it are refused until it is opened again."""
         with self._lock:
             current = self._rooms.pop(room, None)
+            self._since.pop(room, None)
             if current is None:
                 return
             if current in _NON_TERMINAL and self._observer is not None:
@@ -335,6 +347,19 @@ class RoomStatusTable:
         """True if clear() ended this room recently (its tombstone is remembered)."""
         with self._lock:
             return room in self._tombstones
+
+    def oldest_in_state(self) -> dict[KVPoll, float]:
+        """Per non-terminal status with a room in it: seconds since the oldest room in it
+        entered it."""
+        now = time.monotonic()
+        oldest: dict[KVPoll, float] = {}
+        with self._lock:
+            for room, status in self._rooms.items():
+                if status in _NON_TERMINAL:
+                    since = self._since.get(room, now)
+                    if since < oldest.get(status, now):
+                        oldest[status] = since
+        return {status: max(0.0, now - since) for status, since in oldest.items()}
 
     def snapshot(self) -> dict[int, KVPoll]:
         with self._lock:
@@ -382,6 +407,9 @@ class RoomStatusTable:
     # --- internals ------------------------------------------------------------------------
     def _apply_locked(self, room: int, current: KVPoll, target: KVPoll, outcome: str | None) -> None:
         self._rooms[room] = target
+        self._since[room] = time.monotonic()
+        if (target is W or target is T) and self._observer is not None:
+            self._observer.entered(room, target)
         if current is KVPoll.Success:  # only FAILURE_OVERRIDES_SUCCESS leaves Success
             self._overrides += 1
         elif (target is KVPoll.Failed or target is KVPoll.Success) and self._observer is not None:
@@ -396,11 +424,18 @@ class RoomStatusTable:
             current = self._rooms.get(room)
             if current is None:
                 self._rooms[room] = target
+                self._since[room] = time.monotonic()
                 if observer is not None and target in _NON_TERMINAL:
                     observer.opened(room)
+                    if target is not B:
+                        observer.entered(room, target)
                 return True
             new = KVPoll.Failed if target is KVPoll.Failed else max(current, target)
             self._rooms[room] = new
+            if new is not current:
+                self._since[room] = time.monotonic()
+                if observer is not None and (new is W or new is T):
+                    observer.entered(room, new)
             if observer is not None:
                 was_live, is_live = current in _NON_TERMINAL, new in _NON_TERMINAL
                 if was_live and not is_live:

@@ -100,11 +100,12 @@ def test_deadline_fails_exactly_the_rooms_older_than_it() -> None:
     table.update(1, T)
     clock.now += 4
     table.open(2, B)
+    table.update(2, W)
     table.open(3, B)
     table.update(3, S)  # terminal: never touched
     clock.now += 6.5  # room 1 is 10.5 s old, room 2 is 6.5 s old
     assert tracker.maybe_expire() == [1]
-    assert table.get(1) == F and table.get(2) == B and table.get(3) == S
+    assert table.get(1) == F and table.get(2) == W and table.get(3) == S
     assert failed_batches == [[1]]
     assert tracker.outcomes()["deadline"] == 1
     clock.now += 3.5  # room 2 is exactly 10 s old: not older than the deadline
@@ -114,12 +115,36 @@ def test_deadline_fails_exactly_the_rooms_older_than_it() -> None:
     assert tracker.outcomes() == {"success": 1, "failed": 0, "aborted": 0, "deadline": 2}
 
 
+def test_deadline_counts_from_leaving_bootstrapping_not_from_open() -> None:
+    clock, table, tracker = make(deadline=10.0)
+    table.open(1, B)
+    clock.now += 60  # queueing for bootstrap: busy, not stuck
+    assert tracker.expire() == [] and table.get(1) == B
+    table.update(1, W)
+    clock.now += 9
+    assert tracker.expire() == []
+    table.update(1, T)  # moving on keeps the clock that started at WaitingForInput
+    clock.now += 1.5
+    assert tracker.expire() == [1]
+
+
+def test_oldest_in_state_ages_from_entering_each_state() -> None:
+    table = RoomStatusTable("sticky")
+    table.open(1, B)
+    table.open(2, B)
+    table.update(2, T)
+    ages = table.oldest_in_state()
+    assert set(ages) == {B, T} and all(age >= 0 for age in ages.values())
+    table.update(2, S)
+    assert set(table.oldest_in_state()) == {B}
+
+
 def test_deadline_is_off_by_default_and_validated() -> None:
     clock, table, tracker = make()
-    table.open(1, B)
+    table.open(1, W)
     clock.now += 1e6
     assert tracker.expire() == [] and tracker.maybe_expire() == []
-    assert table.get(1) == B
+    assert table.get(1) == W
     with pytest.raises(ValueError, match="deadline must be > 0"):
         tracker.deadline = 0
     tracker.deadline = 5
@@ -129,7 +154,7 @@ def test_deadline_is_off_by_default_and_validated() -> None:
 def test_maybe_expire_does_nothing_while_the_oldest_is_young() -> None:
     clock, table, tracker = make(deadline=10.0)
     for room in range(100):
-        table.open(room, B)
+        table.open(room, W)
     clock.now += 9
     assert tracker.maybe_expire() == []
     assert tracker.count() == 100
@@ -183,14 +208,17 @@ steps = st.lists(
 @given(steps, st.floats(min_value=0.5, max_value=20.0, allow_nan=False))
 def test_deadline_property(plan: list[tuple[str, int, float]], deadline: float) -> None:
     clock, table, tracker = make(deadline=deadline)
-    started: dict[int, float] = {}  # independent model of when each live room opened
+    started: dict[int, float] = {}  # independent model of when each live room left Bootstrapping
+    opened: set[int] = set()
     for action, room, dt in plan:
         if action == "tick":
             clock.now += dt
         elif action == "open" and table.get(room) is None:
             table.open(room, B)
-            started[room] = clock.now
+            opened.add(room)
         elif action == "advance":
+            if table.get(room) is B:
+                started[room] = clock.now
             table.update(room, T)
         elif action in ("succeed", "fail"):
             table.update(room, S if action == "succeed" else F)
@@ -199,6 +227,7 @@ def test_deadline_property(plan: list[tuple[str, int, float]], deadline: float) 
         status = table.get(room)
         if status is None or status in TERMINAL:
             started.pop(room, None)
+            opened.discard(room)
     before = table.snapshot()
     expected = sorted(r for r, t0 in started.items() if clock.now - t0 > deadline)
     failed = tracker.expire()
@@ -211,4 +240,4 @@ def test_deadline_property(plan: list[tuple[str, int, float]], deadline: float) 
             assert after[room] == F
         else:
             assert after[room] == status
-    assert tracker.count() == len(started) - len(expected)
+    assert tracker.count() == len(opened) - len(expected)

@@ -30,6 +30,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from contextlib import AbstractContextManager
 from typing import Any, Final
 
 from sglang.srt.disaggregation.common.conn import ABORT_TAG, AbortNotification
@@ -58,7 +59,17 @@ from pdwarden_runtime.hardening.config import (
     HardeningConfig,
     installed_config,
 )
-from pdwarden_runtime.hardening.runtime import RoomRuntime
+from pdwarden_runtime.hardening.quarantine import HandleQuarantine
+from pdwarden_runtime.hardening.runtime import (
+    WHERE_ABORT,
+    WHERE_CHUNK_FINISHED,
+    WHERE_CHUNK_TAKEN,
+    WHERE_DEADLINE,
+    WHERE_ENQUEUE,
+    WHERE_STATUS_NOTICE,
+    WHERE_STATUS_WRITE,
+    RoomRuntime,
+)
 from pdwarden_runtime.kvpoll import KVPoll, coerce
 
 log = logging.getLogger(__name__)
@@ -70,7 +81,8 @@ _BACKOFF_S: Final = 0.0002
 # How long the ABORT handler waits for a parked worker's resurrecting write.
 _RACE_HANDOFF_S: Final = 2.0
 
-REASON_HANDLE_DEADLINE: Final = "transfer deadline: NIXL handle still in progress after {:.1f}s; released"
+REASON_HANDLE_DEADLINE: Final = "transfer deadline: NIXL handle still in progress after {:.1f}s; quarantined"
+REASON_SIBLING_RUNNING: Final = "NIXL handle still running after a sibling handle failed"
 REASON_INFLIGHT_DEADLINE: Final = "inflight deadline: room not concluded within {:.1f}s"
 REASON_SKIPPED: Final = "room {} before its chunk was sent (pdwarden: skipped chunk concluded Failed)"
 REASON_EARLY_ABORT: Final = "Aborted by decode before this prefill opened the room"
@@ -124,13 +136,16 @@ class _WatchedQueue:
         self._mgr = mgr
 
     def put(self, chunk: Any) -> None:
-        self._mgr.pdwarden.ledger.enqueued(chunk.room)
+        with self._mgr._pdw_guard(WHERE_ENQUEUE):
+            self._mgr.pdwarden.ledger.enqueued(chunk.room)
         self._inner.put(chunk)
 
     def get(self) -> Any:
-        self._mgr._pdw_chunk_finished()
+        with self._mgr._pdw_guard(WHERE_CHUNK_FINISHED):
+            self._mgr._pdw_chunk_finished()
         chunk = self._inner.get()
-        self._mgr._pdw_chunk_taken(chunk)
+        with self._mgr._pdw_guard(WHERE_CHUNK_TAKEN):
+            self._mgr._pdw_chunk_taken(chunk)
         return chunk
 
 
@@ -150,12 +165,30 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_queue_lock = threading.Lock()
         self._pdw_early_aborts: OrderedDict[int, None] = OrderedDict()
         self._pdw_early_lock = threading.Lock()
-        super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
+        self._pdw_quarantine: HandleQuarantine | None = None
+        if role == ROLE_PREFILL and config.has("C"):
+            # Built before SGLang's workers start: they may hand it a batch at once.
+            self._pdw_quarantine = HandleQuarantine(
+                read_state=lambda handle: self.agent.check_xfer_state(handle),
+                release=lambda handle: self.agent.release_xfer_handle(handle),
+                on_settled=self._pdw_quarantine_settled,
+                on_error=self.pdwarden.count_error)
+            self.pdwarden.quarantine = self._pdw_quarantine
+        with self.pdwarden.threads.record_started():
+            super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
         if role == ROLE_PREFILL:
             queues: list[Any] = list(self.transfer_queues)  # type: ignore[has-type]
             self.transfer_queues = [self._pdw_queue(q) for q in queues]
         self.pdwarden.tracker.on_deadline = self._pdw_on_deadline
+        if self._pdw_quarantine is not None:
+            self._pdw_quarantine.start()
+            self.pdwarden.threads.watch(self._pdw_quarantine.thread)
         self.pdwarden.start()
+
+    def _pdw_guard(self, where: str) -> AbstractContextManager[None]:
+        """pdwarden's own bookkeeping inside SGLang's threads: an error in it is logged
+        and counted, never allowed to end the thread or skip SGLang's own work."""
+        return self.pdwarden.guard(where)
 
     @property
     def _pdw_config(self) -> HardeningConfig:
@@ -176,8 +209,15 @@ class HardenedNixlKVManager(NixlKVManager):
             f"(SGLang tried to install {type(value).__name__} as the room status store)")
 
     def update_status(self, bootstrap_room: int, status: Any) -> None:
+        target = coerce(status)  # a bad status is SGLang's error: it propagates as before
         try:
-            self._pdw_update_status(bootstrap_room, coerce(status))  # dict lookup: per-chunk path
+            self._pdw_update_status(bootstrap_room, target)  # dict lookup: per-chunk path
+        except Exception:
+            self.pdwarden.count_error(WHERE_STATUS_WRITE)
+            log.exception("pdwarden: status write %s -> %s failed; writing the table directly",
+                          bootstrap_room, target.name)
+            with self._pdw_guard(WHERE_STATUS_WRITE):
+                self.pdwarden.table.update(bootstrap_room, target)
         finally:
             self.pdwarden.notify(bootstrap_room)
 
@@ -237,8 +277,9 @@ class HardenedNixlKVManager(NixlKVManager):
 
     def send_kv_status_message(self, *, targets: list[tuple[str, int]], bootstrap_room: int,
                                status: Any, failure_reason: str | None = None) -> None:
-        if targets and int(status) in (KVPoll.Failed, KVPoll.Success):
-            self.pdwarden.ledger.told(bootstrap_room)
+        with self._pdw_guard(WHERE_STATUS_NOTICE):
+            if targets and int(status) in (KVPoll.Failed, KVPoll.Success):
+                self.pdwarden.ledger.told(bootstrap_room)
         super().send_kv_status_message(targets=targets, bootstrap_room=bootstrap_room, status=status,
                                        failure_reason=failure_reason)
 
@@ -283,7 +324,6 @@ class HardenedNixlKVManager(NixlKVManager):
         room = chunk.room
         self.pdwarden.ledger.dequeued(room)
         self._pdw_tls.chunk = chunk
-        self._pdw_tls.released = set()
         if not self._pdw_config.has("B"):
             return
         status = self.pdwarden.table.get(room)
@@ -309,7 +349,6 @@ class HardenedNixlKVManager(NixlKVManager):
         if chunk is None:
             return
         self._pdw_tls.chunk = None
-        self._pdw_tls.released = set()
         if self.pdwarden.ledger.chunk_done(chunk.room):
             self._pdw_send_failure_notice(chunk.room)
             self.pdwarden.ledger.settle(chunk.room)
@@ -318,12 +357,10 @@ class HardenedNixlKVManager(NixlKVManager):
     # --- C: a deadline on handles; the faults that act on them ------------------------
     def _await_handles(self, handles: list[Any], *, failure_seen: bool) -> tuple[bool, bool]:
         config = self._pdw_config
-        released: set[int] = getattr(self._pdw_tls, "released", set())
-        live = [h for h in handles if id(h) not in released]
         fault = config.fault.active
         if not config.has("C") and fault == FAULT_NONE:
-            return super()._await_handles(live, failure_seen=failure_seen)
-        if not live:
+            return super()._await_handles(handles, failure_seen=failure_seen)
+        if not handles:
             return True, failure_seen
         chunk = getattr(self._pdw_tls, "chunk", None)
         stalled = fault == FAULT_STALL
@@ -335,7 +372,7 @@ class HardenedNixlKVManager(NixlKVManager):
             all_settled, any_failed = not stalled, failure_seen
             if not stalled:
                 try:
-                    for handle in live:
+                    for handle in handles:
                         state = self.agent.check_xfer_state(handle)
                         if state == "ERR":
                             any_failed = True
@@ -343,6 +380,7 @@ class HardenedNixlKVManager(NixlKVManager):
                             all_settled = False
                 except Exception as err:
                     log.warning("Failed to read NIXL transfer state: %s", err)
+                    self._pdw_quarantine_batch(handles, chunk, f"NIXL transfer state unreadable: {err}")
                     return False, True
             if all_settled:
                 if not any_failed:
@@ -350,36 +388,56 @@ class HardenedNixlKVManager(NixlKVManager):
                 return True, any_failed
             now = time.monotonic()
             if handle_deadline is not None and now >= handle_deadline:
-                self._pdw_release(live, chunk, released)
-                return True, True
+                reason = REASON_HANDLE_DEADLINE.format(config.transfer_deadline)
+                self._pdw_quarantine_batch(handles, chunk, reason)
+                self.pdwarden.handle_deadlines += 1
+                return False, True
             if any_failed:
                 if settle_deadline is None:
                     settle_deadline = now + NIXL_ERR_SETTLE_TIMEOUT_S
                 elif now >= settle_deadline:
+                    self._pdw_quarantine_batch(handles, chunk, REASON_SIBLING_RUNNING)
                     return False, True
                 time.sleep(NIXL_ERR_SETTLE_POLL_S)
                 continue
             polls += 1
             time.sleep(0 if polls < _SPIN_POLLS else _BACKOFF_S)
 
-    def _pdw_release(self, handles: list[Any], chunk: Any, released: set[int]) -> None:
-        """Fix C: give up on handles stuck in PROC; NIXL cancels an active transfer on
-        release. The caller reports the batch failed, so SGLang's failure path concludes
-        the room Failed, tells decode, and the worker takes its next chunk."""
-        deadline = self._pdw_config.transfer_deadline
-        for handle in handles:
-            try:
-                self.agent.release_xfer_handle(handle)
-            except Exception as err:  # cannot cancel: drop it, the worker must go on
-                log.warning("could not release a stalled NIXL handle: %s", err)
-            released.add(id(handle))
-        self._pdw_tls.released = released
-        self.pdwarden.handle_deadlines += 1
-        if chunk is not None:
-            reason = REASON_HANDLE_DEADLINE.format(deadline)
-            log.warning("room %s: %s", chunk.room, reason)
-            self.record_failure(chunk.room, reason)
-            self.pdwarden.ledger.failed(chunk.room, reason)
+    def _pdw_quarantine_batch(self, handles: list[Any], chunk: Any, reason: str) -> None:
+        """Fix C: a batch that may still write is never reported settled. Its handles go
+        to the quarantine (kept, polled); the worker's failure path then fails the room
+        for prefill and leaves the chunk counted, so neither decode's KV_STATUS nor its
+        drain ACK can go out until the quarantine sees every handle end."""
+        room = chunk.room if chunk is not None else None
+        if self._pdw_quarantine is None or room is None:
+            return
+        log.warning("room %s: %s; %d handle(s) quarantined until they settle", room, reason, len(handles))
+        self.record_failure(room, reason)
+        self.pdwarden.ledger.failed(room, reason)
+        self.pdwarden.ledger.quarantined(room)
+        self._pdw_quarantine.add(room, handles)
+
+    def _pdw_quarantine_settled(self, room: int) -> None:
+        """Every quarantined handle of the room ended: nothing can write into its decode
+        pages any more, so do what SGLang's failure path would have done when settled."""
+        with self._pdw_guard("quarantine_settled"):
+            if self._staging_outstanding.get(room, 0) > 0:
+                self._staging_outstanding[room] -= 1
+            idle = self.pdwarden.ledger.unquarantined(room)
+            if idle:
+                self._pdw_send_failure_notice(room)
+                if self.enable_deferred_decode_kv_release:
+                    self._maybe_ack_drained_abort(room)
+                self.pdwarden.ledger.settle(room)
+                self._pdw_drop_leftovers(room)
+
+    def poison_deferred_ack_room(self, room: int) -> None:
+        # A quarantined room's chunk stays counted in _staging_outstanding, which already
+        # holds the drain ACK back; poisoning would keep decode waiting for its timeout
+        # after the quarantine has proved the writes over.
+        if self._pdw_quarantine is not None and self._pdw_quarantine.holds(room):
+            return
+        super().poison_deferred_ack_room(room)
 
     def _pdw_chunk_landed(self, chunk: Any) -> None:
         if chunk is None:
@@ -433,7 +491,8 @@ class HardenedNixlKVManager(NixlKVManager):
     def _handle_abort_notification(self, msg: list[bytes]) -> bool:
         fault = self._pdw_config.fault.active
         if fault != FAULT_DROP_ABORT:
-            self._pdw_remember_early_abort(msg)
+            with self._pdw_guard(WHERE_ABORT):
+                self._pdw_remember_early_abort(msg)
         if not msg or msg[0] != ABORT_TAG or fault not in (FAULT_LEGACY_RACE, FAULT_DROP_ABORT):
             return bool(super()._handle_abort_notification(msg))
         if fault == FAULT_DROP_ABORT:
@@ -450,18 +509,46 @@ class HardenedNixlKVManager(NixlKVManager):
             self._pdw_race.release(room)
         return bool(handled)
 
+    def add_transfer_request(self, bootstrap_room: int, *args: Any, **kwargs: Any) -> Any:
+        with self._pdw_guard(WHERE_ENQUEUE):
+            self._pdw_refuse_silent_drop(bootstrap_room)
+        return super().add_transfer_request(bootstrap_room, *args, **kwargs)
+
+    def _pdw_refuse_silent_drop(self, room: int) -> None:
+        """B: SGLang drops a chunk of a room without transfer info without a word. For a
+        live room whose decode metadata was seen (so not a dummy rank), that chunk would
+        never be sent and the room would wait forever: fail the room instead."""
+        if not self._pdw_config.has("B") or room in self.transfer_infos:
+            return
+        status = self.pdwarden.table.get(room)
+        if status is None or status in (KVPoll.Failed, KVPoll.Success):
+            return
+        if not self.pdwarden.ledger.has_targets(room):
+            return
+        self.pdwarden.silent_skips_concluded += 1
+        self.record_failure(room, REASON_SKIPPED.format("lost its transfer info"))
+        self.update_status(room, KVPoll.Failed)
+
     # --- D: the inflight deadline ----------------------------------------------------
     def _pdw_on_deadline(self, rooms: list[int]) -> None:
         reason = REASON_INFLIGHT_DEADLINE.format(self.pdwarden.tracker.deadline or 0.0)
         for room in rooms:
-            log.warning("room %s: %s", room, reason)
-            self.record_failure(room, reason)
-            if self.pdwarden.role == ROLE_PREFILL:
-                self.pdwarden.ledger.remember_targets(room, self._room_notify_targets(room))
-                self._pdw_room_failed(room, reason)
+            with self._pdw_guard(WHERE_DEADLINE):
+                log.warning("room %s: %s", room, reason)
+                self.record_failure(room, reason)
+                if self.pdwarden.role == ROLE_PREFILL:
+                    self.pdwarden.ledger.remember_targets(room, self._room_notify_targets(room))
+                    self._pdw_room_failed(room, reason)
+                else:
+                    # Decode: the room's pages may still be written by a prefill that is
+                    # alive but stalled; the engine aborts it and holds the pages until
+                    # prefill acknowledges the drain (SGLang's deferred release).
+                    self.pdwarden.decode_deadline_rooms.add(room)
             self.pdwarden.notify(room)
 
     def shutdown_pdwarden(self) -> None:
+        if self._pdw_quarantine is not None:
+            self._pdw_quarantine.stop()
         self.pdwarden.stop()
 
 

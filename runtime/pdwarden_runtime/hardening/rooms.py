@@ -77,6 +77,8 @@ class RoomLedger:
         self._lock = threading.Lock()
         self._queued: dict[int, int] = {}
         self._on_worker: dict[int, int] = {}
+        # Rooms with handles in quarantine: a write may still land in decode's pages.
+        self._quarantined: dict[int, int] = {}
         self._targets: dict[int, list[Target]] = {}
         self._failed: dict[int, str] = {}
         self._told: set[int] = set()
@@ -107,18 +109,38 @@ class RoomLedger:
                 self._on_worker.pop(room, None)
             return self._idle_locked(room)
 
+    def quarantined(self, room: int) -> None:
+        """A batch of the room's handles went to quarantine (it may still write)."""
+        with self._lock:
+            self._quarantined[room] = self._quarantined.get(room, 0) + 1
+
+    def unquarantined(self, room: int) -> bool:
+        """A quarantined batch of the room settled; True if the room is now idle."""
+        with self._lock:
+            left = self._quarantined.get(room, 0) - 1
+            if left > 0:
+                self._quarantined[room] = left
+            else:
+                self._quarantined.pop(room, None)
+            return self._idle_locked(room)
+
     def idle(self, room: int) -> bool:
         with self._lock:
             return self._idle_locked(room)
 
     def _idle_locked(self, room: int) -> bool:
-        return room not in self._queued and room not in self._on_worker
+        return room not in self._queued and room not in self._on_worker and room not in self._quarantined
 
     # --- decode endpoints and failure notices ------------------------------------------
     def remember_targets(self, room: int, targets: list[Target]) -> None:
         if targets:
             with self._lock:
                 self._targets[room] = list(targets)
+
+    def has_targets(self, room: int) -> bool:
+        """True once decode's metadata for the room was seen (the room is not a dummy)."""
+        with self._lock:
+            return room in self._targets
 
     def failed(self, room: int, reason: str) -> None:
         with self._lock:
@@ -162,6 +184,7 @@ class RoomLedger:
             return {
                 "queued_rooms": len(self._queued),
                 "rooms_on_worker": len(self._on_worker),
+                "quarantined_rooms": len(self._quarantined),
                 "targets": len(self._targets),
                 "failed": len(self._failed),
                 "told": len(self._told),

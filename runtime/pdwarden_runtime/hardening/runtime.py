@@ -3,19 +3,41 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Final
 
 from pdwarden_runtime.contract import ROLE_DECODE, ROLE_PREFILL
 from pdwarden_runtime.hardening.config import HardeningConfig
 from pdwarden_runtime.hardening.rooms import RoomLedger, RoomStatusMap
+from pdwarden_runtime.hardening.threads import ThreadWatch
 from pdwarden_runtime.inflight import DeadlineReaper, InflightTracker
 from pdwarden_runtime.metrics import MetricsServer, RuntimeMetrics, serve_metrics
 from pdwarden_runtime.status import RoomStatusTable
 
 log = logging.getLogger(__name__)
 
+if TYPE_CHECKING:
+    from pdwarden_runtime.hardening.quarantine import HandleQuarantine
+
 TRANSFER_BACKEND: Final = "nixl"
+
+# Where pdwarden's hooks inside SGLang's threads can fail (``pdwarden_runtime_errors_total``).
+WHERE_ENQUEUE: Final = "enqueue"
+WHERE_CHUNK_TAKEN: Final = "chunk_taken"
+WHERE_CHUNK_FINISHED: Final = "chunk_finished"
+WHERE_STATUS_WRITE: Final = "status_write"
+WHERE_STATUS_NOTICE: Final = "status_notice"
+WHERE_ABORT: Final = "abort"
+WHERE_DEADLINE: Final = "deadline"
+WHERE_QUARANTINE: Final = "quarantine"
+WHERE_QUARANTINE_SETTLED: Final = "quarantine_settled"
+WHERE_LISTENER: Final = "status_listener"
+WHERE_MIRROR: Final = "stock_mirror"
+ERROR_WHERES: Final = (WHERE_ENQUEUE, WHERE_CHUNK_TAKEN, WHERE_CHUNK_FINISHED, WHERE_STATUS_WRITE,
+                       WHERE_STATUS_NOTICE, WHERE_ABORT, WHERE_DEADLINE, WHERE_QUARANTINE,
+                       WHERE_QUARANTINE_SETTLED, WHERE_LISTENER, WHERE_MIRROR)
+
 
 class RoomRuntime:
     """The pdwarden state of one KV manager (one role in one process)."""
@@ -26,11 +48,18 @@ class RoomRuntime:
         self.config = config
         self.role = role
         self.table = RoomStatusTable(mode=config.status_mode)
-        deadline = config.inflight_deadline if (config.has("D") and role == ROLE_PREFILL) else None
+        deadline = config.inflight_deadline if config.has("D") else None
         self.tracker = InflightTracker(self.table, deadline=deadline)
+        self.threads = ThreadWatch()
+        self.quarantine: HandleQuarantine | None = None
+        # Decode rooms failed by the deadline: the engine must abort them and hold their
+        # pages until prefill acknowledges the drain.
+        self.decode_deadline_rooms: set[int] = set()
         self.metrics = RuntimeMetrics(role, self.table, self.tracker, engine=config.engine,
                                       transfer_backend=TRANSFER_BACKEND,
-                                      expire_on_scrape=deadline is not None)
+                                      expire_on_scrape=deadline is not None,
+                                      threads=self.threads, quarantined=self.quarantined_handles,
+                                      error_wheres=ERROR_WHERES)
         self.rooms = RoomStatusMap(self.table)
         self.ledger = RoomLedger()
         self.reaper: DeadlineReaper | None = None
@@ -48,13 +77,34 @@ class RoomRuntime:
             try:
                 listener(room)
             except Exception:  # a listener's bug must not break a transfer thread
+                self.count_error(WHERE_LISTENER)
                 log.exception("status listener failed")
+
+    def count_error(self, where: str) -> None:
+        try:
+            self.metrics.count_error(where)
+        except Exception:  # counting must never be what breaks a thread
+            log.exception("counting a runtime error failed")
+
+    @contextmanager
+    def guard(self, where: str) -> Iterator[None]:
+        """Run pdwarden's own bookkeeping: an exception is logged, counted and swallowed,
+        so the SGLang thread it runs on keeps going."""
+        try:
+            yield
+        except Exception:
+            self.count_error(where)
+            log.exception("pdwarden hook %r failed; the thread continues", where)
+
+    def quarantined_handles(self) -> int:
+        return self.quarantine.count() if self.quarantine is not None else 0
 
     def start(self) -> None:
         """Start the deadline reaper and, if configured, this manager's /metrics server."""
         deadline = self.tracker.deadline
         if deadline is not None:
             self.reaper = self.tracker.start_reaper(interval=min(1.0, max(0.05, deadline / 10)))
+            self.threads.watch(self.reaper.thread)
         if self.config.metrics_port is not None and self.config.has("E"):
             self.metrics_server = serve_metrics(self.metrics.registry, self.config.metrics_host,
                                                 self.config.metrics_port)
