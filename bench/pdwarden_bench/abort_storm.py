@@ -8,11 +8,11 @@ through SGLang's ABORT message, as in the seed's race). ``--transfer-abort-share
 aborts happen inside the KV transfer phase (a long prompt spends much of its life there):
 the client watches the prefill room (``GET /debug/room/{room}``) and disconnects once it
 reads Transferring; the rest at a random point up to 1.5x the median latency.
-The prefill runs the seed's race timing (``--fault legacy-status-race`` with a short
+The prefill runs the seed's race timing (``--fault emulated-maxstatus-port-race`` with a short
 ``--race-window``): a finished chunk's status write waits for an ABORT that lands in
 that window. After the storm settles it counts rooms left non-terminal (wedged) and
-refused status writes. ``--compare-legacy`` repeats the storm with the hardening off
-(SGLang's old ``max()`` status rule) and reports its wedged rooms beside.
+refused status writes. ``--compare-legacy`` repeats the storm on the emulated NIXL port
+(``--hardening emulated-port``: SGLang's old ``max()`` status rule) and reports its wedged rooms beside.
 
 Prints one JSON line last: requests, completed, aborted, failed, wedged_rooms,
 refused_writes, seconds [, legacy_wedged_rooms, legacy_refused_writes, legacy_seconds].
@@ -46,7 +46,7 @@ def runtime_flags(hardening: str, race_window: float | None, page_size: int, chu
              "--aux-slots", "1024", "--page-size", str(page_size), "--chunk-pages", str(chunk_pages),
              "--inflight-deadline", "600", "--transfer-deadline", "30"]
     if race_window is not None:
-        flags += ["--fault", "legacy-status-race", "--race-window", str(race_window)]
+        flags += ["--fault", "emulated-maxstatus-port-race", "--race-window", str(race_window)]
     return flags
 
 
@@ -188,7 +188,8 @@ def run_storm(hardening: str, requests: int, abort_ratio: float, concurrency: in
               help="Share of aborts where only decode aborts (prefill learns through SGLang's ABORT).")
 @click.option("--transfer-abort-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="Share of aborts made once the prefill room reads Transferring (the rest: anywhere).")
-@click.option("--compare-legacy", is_flag=True, help="Also run the storm with the hardening off.")
+@click.option("--compare-legacy", is_flag=True,
+              help="Also run the storm on the emulated NIXL port (max() status, no fix).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
 def abort_storm(requests: int, abort_ratio: float, concurrency: int, race_window: float, settle: float,
                 seed: int, decode_abort_share: float, transfer_abort_share: float, compare_legacy: bool,
@@ -201,7 +202,7 @@ def abort_storm(requests: int, abort_ratio: float, concurrency: int, race_window
     result: dict[str, Any] = {"requests": requests, **{k: hardened[k] for k in (
         "completed", "aborted", "failed", "wedged_rooms", "refused_writes", "seconds")}}
     if compare_legacy:
-        legacy = run_storm("off", requests, abort_ratio, concurrency, seed, window, settle,
+        legacy = run_storm("emulated-port", requests, abort_ratio, concurrency, seed, window, settle,
                            decode_abort_share, transfer_abort_share)
         result.update({"legacy_wedged_rooms": legacy["wedged_rooms"],
                        "legacy_refused_writes": legacy["refused_writes"],

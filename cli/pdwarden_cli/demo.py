@@ -39,9 +39,9 @@ SCRAPE_STEP_S = 2.0
 WARMUP_S = 20.0
 RECOVERY_SETTLE_S = 5.0
 RECOVERY_WINDOW_S = 20.0
-FAULT = "legacy-status-race"
+FAULT = "emulated-maxstatus-port-race"
 TRAFFIC = demo_traffic.TrafficConfig()
-PREFILL_DEMO_ARGS = ("--hardening", "off", "--race-window", "5")
+PREFILL_DEMO_ARGS = ("--hardening", "emulated-port", "--race-window", "5")
 # Alerts about the wedged pod's queue; either shows the wedge (a queue that still finishes
 # its short requests keeps its progress counter moving, so only the age may fire).
 INFLIGHT_ALERTS = ("PdwardenInflightStuck", "PdwardenInflightOldestAgeHigh")

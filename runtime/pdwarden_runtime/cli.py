@@ -27,6 +27,7 @@ from pdwarden_runtime.hardening.config import (
     DEFAULT_INFLIGHT_DEADLINE,
     DEFAULT_RACE_WINDOW,
     DEFAULT_TRANSFER_DEADLINE,
+    HARDENING_MODES,
 )
 
 
@@ -101,15 +102,20 @@ def _deadline(value: str) -> float | None:
 @click.option("--fault", type=click.Choice(c.FAULTS), default=c.FAULT_NONE, show_default=True,
               help="Inject a fault from the start (testing only).")
 @click.option("--inflight-deadline", default=f"{DEFAULT_INFLIGHT_DEADLINE:g}", show_default=True,
-              help="Seconds a prefill room may stay non-terminal before it is failed (D), or 'off'.")
+              help="Seconds a room may wait for or move KV (from leaving Bootstrapping) before it is "
+                   "failed (D), or 'off'.")
 @click.option("--transfer-deadline", type=click.FloatRange(min=0, min_open=True),
               default=DEFAULT_TRANSFER_DEADLINE,
-              show_default=True, help="Seconds a NIXL handle may stay in progress before it is released (C).")
-@click.option("--hardening", type=click.Choice(["on", "off"]), default="on", show_default=True,
-              help="off: SGLang's NIXL path with the old max() status rule and no fixes (tests only).")
+              show_default=True,
+              help="Seconds a NIXL handle may stay in progress before the room fails and the handle is "
+                   "quarantined (C).")
+@click.option("--hardening", type=click.Choice(HARDENING_MODES), default="on", show_default=True,
+              help="off: SGLang 0.5.23's NIXL classes, untouched (the control); emulated-port: an "
+                   "emulation of a NIXL port with the old max() status rule and no fix (tests, demo).")
 @click.option("--race-window", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_RACE_WINDOW,
               show_default=True,
-              help="legacy-status-race: how long a finished chunk's status write waits for an ABORT.")
+              help=f"{c.FAULT_EMULATED_PORT_RACE}: how long a finished chunk's status write waits "
+                   "for an ABORT.")
 @click.option("--model", default="pdwarden/synthetic", show_default=True,
               help="Synthetic: served model name.")
 @click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True,
@@ -153,11 +159,11 @@ def _serve_synthetic(options: ServeOptions) -> int:
 
     from pdwarden_runtime.engines.synthetic import SyntheticOptions, build_engine
     from pdwarden_runtime.hardening import HardeningConfig
-    from pdwarden_runtime.hardening.config import ALL_FIXES, NO_FIXES, FaultSwitch
+    from pdwarden_runtime.hardening.config import FaultSwitch, config_for_mode
     from pdwarden_runtime.server import run_synthetic
 
-    hardening = HardeningConfig(
-        fixes=ALL_FIXES if options.hardening == "on" else NO_FIXES,
+    hardening: HardeningConfig = config_for_mode(
+        options.hardening,
         transfer_deadline=options.transfer_deadline,
         inflight_deadline=options.inflight_deadline,
         fault=FaultSwitch(options.fault),

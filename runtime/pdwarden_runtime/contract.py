@@ -53,10 +53,10 @@ GENERATE_PATH: Final = "/generate"
 # Only served when the runtime runs with --allow-fault-injection.
 FAULT_PATH: Final = "/debug/fault"
 FAULT_NONE: Final = "none"
-FAULT_LEGACY_RACE: Final = "legacy-status-race"
+FAULT_EMULATED_PORT_RACE: Final = "emulated-maxstatus-port-race"
 FAULT_STALL: Final = "stall-transfers"
 FAULT_DROP_ABORT: Final = "drop-abort"
-FAULTS: Final = (FAULT_NONE, FAULT_LEGACY_RACE, FAULT_STALL, FAULT_DROP_ABORT)
+FAULTS: Final = (FAULT_NONE, FAULT_EMULATED_PORT_RACE, FAULT_STALL, FAULT_DROP_ABORT)
 
 # --- Environment variables ------------------------------------------------------------
 ENV_POD_IP: Final = "POD_IP"

@@ -102,10 +102,10 @@ class RuntimeServer:
              "max_model_len": o.pool_pages * o.page_size}]})
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
-        mgr = self.engine.mgr
-        if mgr is None:
+        rt = self.engine.rt
+        if rt is None:
             return _error(503, "engine is starting")
-        body, content_type = mgr.pdwarden.metrics.exposition()
+        body, content_type = rt.metrics.exposition()
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def debug_state(self, request: web.Request) -> web.Response:
@@ -120,7 +120,7 @@ class RuntimeServer:
             room = int(text)
         except ValueError:
             return _error(400, f"room must be an integer bootstrap_room, got {text!r}")
-        status = mgr.pdwarden.table.get(room)
+        status = mgr.request_status.get(room)  # SGLang's own view (stock or hardened)
         label = None if status is None else KVPoll(status).label
         return web.json_response({"room": room, "status": label})
 

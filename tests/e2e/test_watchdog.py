@@ -354,7 +354,7 @@ def _up(
 
 # The earlier ladder steps (terminal-sticky status, no silent skip, deadlines) would catch the
 # race inside the pod; the watchdog is the last layer, so these pods run without them.
-LEGACY_PREFILL = ["--hardening", "off", "--race-window", "5"]
+LEGACY_PREFILL = ["--hardening", "emulated-port", "--race-window", "5"]
 RACE_PROMPT = "w" * 400  # 25 KV pages = 4 chunks: non-last chunks open the race window
 
 
@@ -392,7 +392,7 @@ def _stuck_since(pod: dict[str, Any]) -> float | None:
 
 def _wedge(env: Env, name: str, victim: dict[str, Any]) -> float:
     """Inject the seed's race into `victim` and trigger it; returns when its stuck room was born."""
-    _inject(victim, "legacy-status-race")
+    _inject(victim, "emulated-maxstatus-port-race")
     decode = env.live_ready_pods(name, contract.ROLE_DECODE)[0]
     for _ in range(5):
         _race_once(victim, decode)

@@ -5,11 +5,12 @@ The test process sets the launcher's environment (``seam_env``) and starts a chi
 hardening is whatever ``sitecustomize`` installed at start-up, nothing else. The child gets
 its KV classes from ``get_kv_class(TransferBackend.NIXL, ...)`` like SGLang's prefill and
 decode code, on CPU tensors (NIXL over UCX, DRAM), and replays the race: a non-last chunk
-lands, its Transferring write is held (fault ``legacy-status-race``), decode's ABORT makes
+lands, its Transferring write is held (fault ``emulated-maxstatus-port-race``), decode's ABORT makes
 the room Failed and drops its transfer info, the held write comes, then the last chunk.
 
 Hardened, the room ends Failed on both sides and the resurrecting write is refused and
-counted. The control run (hardening off, same seam) shows the wedge the test guards against.
+counted. The control run (`emulated-port`: the emulated NIXL port with the old max() rule,
+same seam) shows the wedge the test guards against.
 SGLang's runtime-context getters are replaced in the child (no model, no GPU), as in
 /work/shared/research/sgl_nixl_cpu.py.
 """
@@ -218,7 +219,7 @@ def run_child(
 
 
 def test_hardened_sglang_nixl_race_ends_failed(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    config = {"engine": "sglang", "fault": "legacy-status-race", "race_window": 5}
+    config = {"engine": "sglang", "fault": "emulated-maxstatus-port-race", "race_window": 5}
     # up to 120 s for the room to conclude (returns as soon as it does)
     r = run_child(monkeypatch, tmp_path, config, BOOT_PORT_HARDENED, settle_s=120)
     assert r["seam"]["activated"] is True
@@ -238,7 +239,8 @@ def test_hardened_sglang_nixl_race_ends_failed(monkeypatch: pytest.MonkeyPatch, 
 
 def test_control_without_hardening_wedges(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """Same seam, fixes off: the prefill room is stuck in Transferring (the seed's bug)."""
-    config = {"engine": "sglang", "fault": "legacy-status-race", "race_window": 5, "hardening": "off"}
+    config = {"engine": "sglang", "fault": "emulated-maxstatus-port-race", "race_window": 5,
+              "hardening": "emulated-port"}
     # 15 s: well past the 5 s race window; a wedged room never concludes
     r = run_child(monkeypatch, tmp_path, config, BOOT_PORT_LEGACY, settle_s=15)
     assert r["seam"]["activated"] is True

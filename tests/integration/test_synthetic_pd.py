@@ -248,7 +248,7 @@ def _refused_failed_to_transferring(rt: Runtime) -> float:
 
 def test_legacy_status_race_wedges_a_room_without_hardening(pairs: dict[str, Pair]) -> None:
     legacy = pairs["legacy"]
-    legacy.set_fault("legacy-status-race")
+    legacy.set_fault("emulated-maxstatus-port-race")
     try:
         result = asyncio.run(_decode_aborts_mid_transfer(legacy, room=777001, hold=5.0))
     finally:
@@ -264,7 +264,7 @@ def test_legacy_status_race_wedges_a_room_without_hardening(pairs: dict[str, Pai
 def test_legacy_status_race_concludes_failed_with_hardening(pairs: dict[str, Pair]) -> None:
     hardened = pairs["hardened"]
     refused_before = _refused_failed_to_transferring(hardened.prefill)
-    hardened.set_fault("legacy-status-race")
+    hardened.set_fault("emulated-maxstatus-port-race")
     try:
         result = asyncio.run(_decode_aborts_mid_transfer(hardened, room=777002, hold=30.0))
     finally:

@@ -41,7 +41,7 @@ def results() -> dict[str, dict]:
             [sys.executable, "-m", "pdwarden_runtime.transfer.scenarios", ORDER, "--hardening", mode,
              "--port", str(free_port()), "--transfer-deadline", "1.0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for mode in ("on", "off")
+        for mode in ("on", "emulated-port")
     }
     try:
         return {mode: _parse(mode, proc) for mode, proc in procs.items()}
@@ -59,7 +59,7 @@ def hardened(results: dict[str, dict]) -> dict:
 
 @pytest.fixture(scope="module")
 def legacy(results: dict[str, dict]) -> dict:
-    return results["off"]
+    return results["emulated-port"]
 
 
 def test_roundtrip_moves_and_verifies_data(hardened: dict) -> None:

@@ -29,7 +29,8 @@ def test_demo_manifest_is_the_example_with_2_2_1_pods_and_fault_injection_allowe
     assert (spec.prefill.replicas, spec.decode.replicas, spec.router.replicas) == (2, 2, 1)
     assert spec.engine == "synthetic"
     assert spec.watchdog.action == "restart"
-    assert spec.prefill.args == ["--hardening", "off", "--race-window", "5"]  # so the race can wedge it
+    # the emulated NIXL port, so the race can wedge it
+    assert spec.prefill.args == ["--hardening", "emulated-port", "--race-window", "5"]
     assert spec.decode.args == example["spec"].get("decode", {}).get("args", [])
     # the operator acts before the runtime's own deadline would hide the wedge
     assert spec.watchdog.stuck_after_seconds < spec.transfer.inflight_deadline_seconds

@@ -31,7 +31,9 @@ def test_config_defaults_have_every_fix_and_no_fault() -> None:
 def test_config_from_mapping_and_env() -> None:
     config = HardeningConfig.from_mapping({"hardening": "off", "transfer_deadline": "2.5",
                                            "inflight_deadline": "off", "fault": "stall-transfers"})
-    assert config.fixes == NO_FIXES and config.status_mode == "legacy"
+    assert config.fixes == NO_FIXES and config.stock_classes
+    emulated = HardeningConfig.from_mapping({"hardening": "emulated-port"})
+    assert emulated.fixes == NO_FIXES and emulated.status_mode == "legacy" and not emulated.stock_classes
     assert config.transfer_deadline == 2.5 and config.inflight_deadline is None
     assert config.fault.active == "stall-transfers"
     env = HardeningConfig.from_env({"PDWARDEN_FIXES": "A,C", "PDWARDEN_TRANSFER_DEADLINE": "7"})
@@ -44,7 +46,7 @@ def test_config_from_mapping_and_env() -> None:
     ({"transfer_deadline": 0}, "transfer deadline must be > 0"),
     ({"fault": "meteor"}, "unknown fault"),
     ({"colour": "blue"}, "unknown hardening setting"),
-    ({"hardening": "maybe"}, "hardening mode must be on or off"),
+    ({"hardening": "maybe"}, "hardening mode must be one of"),
 ])
 def test_config_rejects_bad_input_by_name(values: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):

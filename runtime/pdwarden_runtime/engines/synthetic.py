@@ -40,10 +40,13 @@ from pdwarden_runtime.engines.synthetic_pattern import (
     output_ids,
     output_text,
     verify,
+    verify_pages,
 )
 from pdwarden_runtime.hardening import HardeningConfig, install
 from pdwarden_runtime.hardening.config import FaultSwitch
+from pdwarden_runtime.hardening.mirror import StockMirror
 from pdwarden_runtime.hardening.nixl import HardenedNixlKVManager
+from pdwarden_runtime.hardening.runtime import RoomRuntime
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.transfer.context import publish_sglang_context
 from pdwarden_runtime.transfer.kvpool import KVPool, PagesExhausted, PoolShape
@@ -138,7 +141,11 @@ class SyntheticEngine:
         self.options = options
         self.hardening = hardening
         self.pool = KVPool(options.shape())
-        self.mgr: HardenedNixlKVManager | None = None
+        self.mgr: Any = None
+        # pdwarden's view of the rooms: the hardened manager's own, or (stock classes)
+        # one a StockMirror fills from SGLang's dict.
+        self.rt: RoomRuntime | None = None
+        self._mirror: StockMirror | None = None
         self.bootstrap_server: Any = None
         self.pending: dict[int, str] = {}
         self.completed = 0
@@ -163,8 +170,8 @@ class SyntheticEngine:
         loop = asyncio.get_running_loop()
         self._waiters = _Waiters(loop)
         await loop.run_in_executor(self._executor, self._start_blocking)
-        assert self.mgr is not None
-        self.mgr.pdwarden.status_listeners.append(self._waiters.listener)
+        assert self.rt is not None
+        self.rt.status_listeners.append(self._waiters.listener)
         self._ready.set()
 
     def _start_blocking(self) -> None:
@@ -185,10 +192,24 @@ class SyntheticEngine:
         else:
             mode = DisaggregationMode.DECODE
         manager_cls = get_kv_class(TransferBackend.NIXL, KVClassType.MANAGER)
+        if self.hardening.stock_classes:
+            from sglang.srt.disaggregation.nixl.conn import NixlKVManager
+
+            if manager_cls is not NixlKVManager:
+                raise RuntimeError("--hardening off must run SGLang's NixlKVManager, "
+                                   f"got {manager_cls.__name__}")
+            self.rt = RoomRuntime(self.hardening, self.role)
+            with self.rt.threads.record_started():
+                self.mgr = manager_cls(self.pool.kv_args(), mode, None)
+            self._mirror = StockMirror(self.rt, self.mgr)
+            self._mirror.start()
+            self.rt.start()
+            return
         self.mgr = manager_cls(self.pool.kv_args(), mode, None)
         if not isinstance(self.mgr, HardenedNixlKVManager):
             raise RuntimeError("the hardening seam did not take: SGLang built "
                                f"{type(self.mgr).__name__}, not pdwarden's manager")
+        self.rt = self.mgr.pdwarden
 
     @property
     def ready(self) -> bool:
@@ -208,6 +229,11 @@ class SyntheticEngine:
     def healthy(self) -> tuple[bool, str]:
         if not self.ready:
             return False, "starting"
+        assert self.rt is not None
+        dead = self.rt.threads.dead()
+        if dead:
+            gone = ", ".join(f"{k} {a}/{n} alive" for k, (a, n) in sorted(dead.items()))
+            return False, f"dead thread(s): {gone}"
         threads = self.sglang_threads_alive()
         if self.role == c.ROLE_PREFILL:
             if threads["bootstrap_thread_guarded"] < 1:
@@ -292,11 +318,18 @@ class SyntheticEngine:
             "total_aux": self.options.aux_slots,
             "background_tasks": len(self._background),
             "sglang_threads": self.sglang_threads_alive(),
+            "stock_classes": self.hardening.stock_classes,
         }
-        if mgr is None:
+        rt = self.rt
+        if mgr is None or rt is None:
             return state
-        rt = mgr.pdwarden
+        quarantine = rt.quarantine
         state.update({
+            "threads_alive": rt.threads.alive(),
+            "threads_expected": rt.threads.expected(),
+            "quarantined_handles": rt.quarantined_handles(),
+            "quarantine_ended": quarantine.ended() if quarantine is not None else {},
+            "oldest_in_state": {KVPoll(s).label: round(a, 3) for s, a in rt.table.oldest_in_state().items()},
             "rooms": {KVPoll(s).label: n for s, n in rt.table.counts().items() if n},
             "room_list": {str(r): KVPoll(s).label for r, s in list(rt.table.snapshot().items())[:50]},
             "refused": {f"{getattr(a, 'label', a)}->{b.label}": n
@@ -313,6 +346,8 @@ class SyntheticEngine:
                 "transfer_infos": len(mgr.transfer_infos),
                 "staging_outstanding": len(mgr._staging_outstanding),
                 "ledger": rt.ledger.sizes(),
+                "transfer_queue_depth": sum(q.qsize() if hasattr(q, "qsize") else 0
+                                            for q in getattr(mgr, "transfer_queues", [])),
             })
         else:
             state.update({
@@ -323,8 +358,12 @@ class SyntheticEngine:
         return state
 
     async def close(self) -> None:
-        if self.mgr is not None:
+        if self._mirror is not None:
+            self._mirror.stop()
+        if isinstance(self.mgr, HardenedNixlKVManager):
             self.mgr.shutdown_pdwarden()
+        elif self.rt is not None:
+            self.rt.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -462,21 +501,31 @@ class DecodeEngine(SyntheticEngine):
             state = await self._waiters.until(room, receiver.poll, (KVPoll.Success, KVPoll.Failed))
             if state != KVPoll.Success:
                 self.failed += 1
+                assert self.rt is not None
+                if room in self.rt.decode_deadline_rooms:
+                    # pdwarden's decode deadline: prefill may be alive and still writing;
+                    # abort it and hold the pages until it acknowledges the drain.
+                    self.rt.decode_deadline_rooms.discard(room)
+                    receiver.ensure_abort_notified()
                 reason = self._failure_reason(receiver)
                 if receiver.abort_notified:  # SGLang's timeout sent an ABORT: wait for the drain
                     self._spawn(self._release_after_drain(receiver, pages, aux))
                     handed_off = True
                 raise RequestFailed(reason)
-            problems = await loop.run_in_executor(self._executor, verify, self.pool, spec, pages, aux)
+            problems, corrupted = await loop.run_in_executor(self._executor, verify_pages, self.pool, spec,
+                                                             pages, aux)
             receiver.clear()
             if problems:
+                assert self.rt is not None
+                self.rt.metrics.add_verify_failures(corrupted)
                 self.verify_failures += 1
                 self.failed += 1
                 raise RequestFailed("KV verification failed: " + "; ".join(problems))
             self.completed += 1
             shape = self.pool.shape
             moved = spec.pages * shape.bytes_per_page_all_layers + shape.aux_bytes
-            self.mgr.pdwarden.metrics.add_bytes(moved)
+            assert self.rt is not None
+            self.rt.metrics.add_bytes(moved)
             ids = output_ids(spec)
             return {"text": output_text(ids), "output_ids": ids, "meta_info": {
                 "id": body.get("rid") or f"room-{room}",

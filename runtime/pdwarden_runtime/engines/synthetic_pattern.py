@@ -104,18 +104,28 @@ def fill(pool: KVPool, spec: RequestSpec, pages: np.ndarray, first: int, aux_slo
 
 def verify(pool: KVPool, spec: RequestSpec, pages: np.ndarray, aux_slot: int) -> list[str]:
     """Decode: compare every received byte; return what differs (empty: all equal)."""
+    return verify_pages(pool, spec, pages, aux_slot)[0]
+
+
+def verify_pages(pool: KVPool, spec: RequestSpec, pages: np.ndarray, aux_slot: int) -> tuple[list[str], int]:
+    """``verify`` plus the number of corrupted pages (a page bad in any buffer counts
+    once; a bad aux slot counts as one)."""
     s = pool.shape
     index = torch.from_numpy(np.ascontiguousarray(pages, dtype=np.int64))
     problems = []
+    bad_pages: set[int] = set()
     for buffer in range(s.buffers):
         got = pool.buffers[buffer].view(s.pages, s.page_bytes).index_select(0, index)
         want = page_pattern(spec, buffer, 0, len(pages), s.page_bytes)
         if not torch.equal(got, want):
             bad = (got != want).any(dim=1).nonzero().flatten().tolist()
+            bad_pages.update(bad)
             problems.append(f"buffer {buffer}: pages {bad[:8]} differ")
+    corrupted = len(bad_pages)
     if not torch.equal(pool.aux_view(aux_slot), aux_pattern(spec, s.aux_bytes)):
         problems.append("aux slot differs")
-    return problems
+        corrupted += 1
+    return problems, corrupted
 
 
 def output_ids(spec: RequestSpec) -> list[int]:

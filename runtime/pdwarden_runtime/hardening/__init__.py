@@ -89,6 +89,8 @@ def install(config: HardeningConfig | Mapping[str, Any] | None = None) -> None:
     global _installed
     with _install_lock:
         set_installed_config(resolved)
+        if resolved.stock_classes:
+            return  # --hardening off: SGLang's own classes, untouched
         import importlib
 
         seam = importlib.import_module(SEAM_MODULE)

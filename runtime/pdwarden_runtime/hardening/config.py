@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 # Fault names are the contract's (tests and the demo post them to /debug/fault); re-exported.
 from pdwarden_runtime.contract import FAULT_DROP_ABORT as FAULT_DROP_ABORT
-from pdwarden_runtime.contract import FAULT_LEGACY_RACE as FAULT_LEGACY_RACE
+from pdwarden_runtime.contract import FAULT_EMULATED_PORT_RACE as FAULT_EMULATED_PORT_RACE
 from pdwarden_runtime.contract import FAULT_NONE as FAULT_NONE
 from pdwarden_runtime.contract import FAULT_STALL as FAULT_STALL
 from pdwarden_runtime.contract import FAULTS
@@ -33,12 +33,20 @@ FIX_NAMES: Final = {
     "E": "E_metrics",
 }
 ALL_FIXES: Final = frozenset(FIX_NAMES)
-# "Hardening off": SGLang's NIXL path with the old max() status rule and no B-D. Metrics
-# (E) stay on: they only observe, and they are how a test shows the wedge.
+# No fix: only metrics (E), which observe. With the hardened classes this is the emulated
+# NIXL port (``max()`` status rule); with ``--hardening off`` the stock classes run and
+# the metrics are read from outside them.
 NO_FIXES: Final = frozenset({"E"})
+# --hardening: on = every fix; off = SGLang 0.5.23's NIXL classes, untouched (the control);
+# emulated-port = pdwarden's classes with no fix and the old max() status rule: an
+# emulation of the NIXL port the emulated-port race fault reproduces (tests, the demo).
+HARDENING_ON: Final = "on"
+HARDENING_OFF: Final = "off"
+HARDENING_EMULATED_PORT: Final = "emulated-port"
+HARDENING_MODES: Final = (HARDENING_ON, HARDENING_OFF, HARDENING_EMULATED_PORT)
 
 ENV_FIXES: Final = "PDWARDEN_FIXES"  # "A,B,C,D,E" | "all" | "none"
-ENV_HARDENING_MODE: Final = "PDWARDEN_HARDENING_MODE"  # "on" | "off" (off = NO_FIXES)
+ENV_HARDENING_MODE: Final = "PDWARDEN_HARDENING_MODE"  # one of HARDENING_MODES
 ENV_TRANSFER_DEADLINE: Final = "PDWARDEN_TRANSFER_DEADLINE"
 ENV_INFLIGHT_DEADLINE: Final = "PDWARDEN_INFLIGHT_DEADLINE"
 ENV_FAULT: Final = "PDWARDEN_FAULT"
@@ -49,7 +57,7 @@ ENV_ENGINE: Final = "PDWARDEN_ENGINE"
 
 DEFAULT_TRANSFER_DEADLINE: Final = 30.0
 DEFAULT_INFLIGHT_DEADLINE: Final = 300.0
-# How long the legacy-status-race fault holds a finished chunk's status write, waiting
+# How long the emulated-port race fault holds a finished chunk's status write, waiting
 # for the room's ABORT (it lets go as soon as the ABORT has been handled).
 DEFAULT_RACE_WINDOW: Final = 5.0
 
@@ -97,6 +105,8 @@ class HardeningConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     engine: str = "sglang"
+    # True for --hardening off: SGLang's own classes run, install() rebinds nothing.
+    stock_classes: bool = False
     # Called with each RoomRuntime a hardened manager creates (e.g. a metrics bridge).
     on_runtime: Callable[[RoomRuntime], None] | None = None
 
@@ -138,6 +148,7 @@ class HardeningConfig:
         mode = data.pop("hardening", None)
         if mode is not None:
             kwargs["fixes"] = _fixes_for_mode(str(mode))
+            kwargs["stock_classes"] = _is_off(str(mode))
         if "fixes" in data:
             kwargs["fixes"] = parse_fixes(data.pop("fixes"))
         for name in ("transfer_deadline", "race_window"):
@@ -209,9 +220,18 @@ def _fixes_for_mode(mode: str) -> frozenset[str]:
     lowered = mode.strip().lower()
     if lowered in ("on", "1", "true", "yes"):
         return ALL_FIXES
-    if lowered in ("off", "0", "false", "no"):
+    if _is_off(mode) or lowered == HARDENING_EMULATED_PORT:
         return NO_FIXES
-    raise ConfigError(f"hardening mode must be on or off, got {mode!r}")
+    raise ConfigError(f"hardening mode must be one of {list(HARDENING_MODES)}, got {mode!r}")
+
+
+def _is_off(mode: str) -> bool:
+    return mode.strip().lower() in ("off", "0", "false", "no")
+
+
+def config_for_mode(mode: str, **kwargs: Any) -> HardeningConfig:
+    """A HardeningConfig for a ``--hardening`` mode (see HARDENING_MODES)."""
+    return HardeningConfig(fixes=_fixes_for_mode(mode), stock_classes=_is_off(mode), **kwargs)
 
 
 def _valid_fault(fault: str) -> str:

@@ -18,7 +18,7 @@ What each override adds (letters as in ``FIX_NAMES``):
 - E the table, tracker and RuntimeMetrics live in ``RoomRuntime`` (``mgr.pdwarden``).
 
 Faults (``HardeningConfig.fault``, switchable at run time) are injected here too, so they
-run through the same SGLang code: ``legacy-status-race`` holds a finished non-last chunk's
+run through the same SGLang code: ``emulated-maxstatus-port-race`` holds a finished non-last chunk's
 Transferring write until the room's ABORT has been handled (the ABORT handler drops the
 room's transfer info, as the seed's control thread did); ``stall-transfers`` keeps every
 handle looking unsettled; ``drop-abort`` drops ABORT messages from decode.
@@ -53,7 +53,7 @@ from pdwarden_runtime.contract import (
 )
 from pdwarden_runtime.hardening.config import (
     FAULT_DROP_ABORT,
-    FAULT_LEGACY_RACE,
+    FAULT_EMULATED_PORT_RACE,
     FAULT_NONE,
     FAULT_STALL,
     HardeningConfig,
@@ -102,7 +102,7 @@ def outcome_for(reason: str | None) -> str:
 
 
 class _RaceWindow:
-    """The legacy-status-race fault's hand-off between a parked worker and the ABORT."""
+    """The emulated-maxstatus-port-race fault's hand-off between a parked worker and the ABORT."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -447,7 +447,7 @@ class HardenedNixlKVManager(NixlKVManager):
             moved += sum(self.kv_args.aux_item_lens)
         if moved:
             self.pdwarden.metrics.add_bytes(moved)
-        if self._pdw_config.fault.active == FAULT_LEGACY_RACE and not chunk.is_last_chunk:
+        if self._pdw_config.fault.active == FAULT_EMULATED_PORT_RACE and not chunk.is_last_chunk:
             self._pdw_race_window(chunk.room)
 
     def _pdw_race_window(self, room: int) -> None:
@@ -462,7 +462,7 @@ class HardenedNixlKVManager(NixlKVManager):
             written.set()
 
     def check_status(self, bootstrap_room: int) -> Any:
-        if self._pdw_config.fault.active == FAULT_LEGACY_RACE:
+        if self._pdw_config.fault.active == FAULT_EMULATED_PORT_RACE:
             with self._pdw_race.lock:  # never see an ABORT half-handled (deterministic race)
                 return super().check_status(bootstrap_room)
         return super().check_status(bootstrap_room)
@@ -493,7 +493,7 @@ class HardenedNixlKVManager(NixlKVManager):
         if fault != FAULT_DROP_ABORT:
             with self._pdw_guard(WHERE_ABORT):
                 self._pdw_remember_early_abort(msg)
-        if not msg or msg[0] != ABORT_TAG or fault not in (FAULT_LEGACY_RACE, FAULT_DROP_ABORT):
+        if not msg or msg[0] != ABORT_TAG or fault not in (FAULT_EMULATED_PORT_RACE, FAULT_DROP_ABORT):
             return bool(super()._handle_abort_notification(msg))
         if fault == FAULT_DROP_ABORT:
             log.warning("fault drop-abort: dropping an ABORT from decode")

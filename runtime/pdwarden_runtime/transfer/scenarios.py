@@ -125,7 +125,7 @@ def scenario_race(pair: Pair) -> dict[str, Any]:
     """The seed's race: ABORT from decode lands between a chunk's completion and its
     Transferring write; then the last chunk is sent. Prefill polls only afterwards, as
     SGLang's inflight queue does."""
-    pair.config.fault.set("legacy-status-race")
+    pair.config.fault.set("emulated-maxstatus-port-race")
     room = 4242
     sender, recv, _dst = pair.open_room(room, 8)
     src = pair.p_pool.take_pages(8)
@@ -192,7 +192,8 @@ SCENARIOS: dict[str, Callable[[Pair], dict[str, Any]]] = {
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("scenarios", help=f"comma-separated, run in order: {','.join(sorted(SCENARIOS))}")
-    ap.add_argument("--hardening", choices=["on", "off"], default="on")
+    # Scenarios inject faults through pdwarden's classes: the control is the emulated port.
+    ap.add_argument("--hardening", choices=["on", "emulated-port"], default="on")
     ap.add_argument("--port", type=int, required=True, help="SGLang bootstrap port (loopback)")
     ap.add_argument("--transfer-deadline", type=float, default=1.0)
     args = ap.parse_args(argv)

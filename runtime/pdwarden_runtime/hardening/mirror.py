@@ -1,0 +1,67 @@
+"""Metrics for SGLang's stock NIXL classes, read from outside (nothing in them is replaced).
+
+With ``--hardening off`` the runtime runs SGLang 0.5.23's classes untouched, so no
+status write passes through pdwarden. To still serve the contract metrics (they are how
+a test or the operator sees a stock pod wedge), a daemon thread copies the stock
+manager's ``request_status`` dict into a ``RoomRuntime``'s table every few milliseconds.
+It only reads SGLang's dict; a room that lives shorter than one period may be missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Final
+
+from pdwarden_runtime.hardening.runtime import WHERE_MIRROR, RoomRuntime
+from pdwarden_runtime.kvpoll import OPENING, KVPoll, coerce
+
+log = logging.getLogger(__name__)
+
+PERIOD_S: Final = 0.02
+
+
+class StockMirror:
+    """Copies a stock manager's room statuses into ``runtime.table``."""
+
+    def __init__(self, runtime: RoomRuntime, mgr: Any, period: float = PERIOD_S) -> None:
+        self._rt = runtime
+        self._mgr = mgr
+        self._period = period
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="pdwarden-stock-mirror", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        self._rt.threads.watch(self.thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            with self._rt.guard(WHERE_MIRROR):
+                self.sync()
+
+    def sync(self) -> None:
+        source = self._mgr.request_status
+        for _ in range(3):  # SGLang's threads write the dict while we copy it
+            try:
+                snapshot = {room: coerce(status) for room, status in list(source.items())}
+                break
+            except RuntimeError:
+                continue
+        else:
+            return
+        table = self._rt.table
+        for room, status in snapshot.items():
+            current = table.get(room)
+            if current is None:
+                table.open(room, status if status in OPENING else KVPoll.Bootstrapping)
+                current = table.get(room)
+            if current is not status:
+                table.update(room, status)
+            self._rt.notify(room)
+        for room in table.snapshot():
+            if room not in snapshot:
+                table.clear(room)
