@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdwarden_runtime.contract import (
+    LABEL_METRIC_THREAD,
     METRIC_INFLIGHT_OLDEST_AGE,
     METRIC_INFLIGHT_REQUESTS,
     METRIC_KV_TRANSFERS_BASE,
     METRIC_KV_TRANSFERS_TOTAL,
+    METRIC_RUNTIME_THREADS,
+    METRIC_RUNTIME_THREADS_EXPECTED,
 )
 
 # A runtime pod's body is a few KiB; anything far bigger is hostile or broken.
@@ -49,6 +52,9 @@ class PodSample:
     inflight: float
     oldest_age: float
     transfers: float
+    # Thread kinds with fewer alive than expected: (kind, alive, expected). Empty when the
+    # runtime exports no thread gauges (older runtimes) or every thread is alive.
+    dead_threads: tuple[tuple[str, float, float], ...] = ()
 
 
 def _relevant_lines(text: str) -> str:
@@ -132,4 +138,29 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
     # The age only means something while a request is in flight (the two gauges are read
     # at slightly different instants, so a just-emptied queue may still show an age).
     oldest_age = max(gauges[METRIC_INFLIGHT_OLDEST_AGE]) if inflight > 0 else 0.0
-    return PodSample(inflight=inflight, oldest_age=oldest_age, transfers=sum(transfers))
+    return PodSample(inflight=inflight, oldest_age=oldest_age, transfers=sum(transfers),
+                     dead_threads=_dead_threads(text))
+
+
+def _dead_threads(text: str) -> tuple[tuple[str, float, float], ...]:
+    """Thread kinds whose alive gauge is below its expected gauge (optional metrics)."""
+    lines = [line for line in text.splitlines()
+             if line.startswith(METRIC_RUNTIME_THREADS)
+             or (line.startswith("# TYPE ") and METRIC_RUNTIME_THREADS in line)]
+    if not lines:
+        return ()
+    found: dict[str, dict[str, float]] = {METRIC_RUNTIME_THREADS: {}, METRIC_RUNTIME_THREADS_EXPECTED: {}}
+    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
+        if family.name not in found:
+            continue
+        if family.type not in ("gauge", "unknown"):
+            raise ParseError(f"{family.name}: type {family.type!r}, expected gauge")
+        for sample in family.samples:
+            if sample.name != family.name:
+                continue
+            kind = sample.labels.get(LABEL_METRIC_THREAD, "")
+            by_kind = found[family.name]
+            by_kind[kind] = by_kind.get(kind, 0.0) + _checked(sample.name, sample.value)
+    alive, expected = found[METRIC_RUNTIME_THREADS], found[METRIC_RUNTIME_THREADS_EXPECTED]
+    return tuple(sorted((kind, alive.get(kind, 0.0), want) for kind, want in expected.items()
+                        if alive.get(kind, 0.0) < want))

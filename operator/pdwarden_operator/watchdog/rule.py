@@ -6,6 +6,10 @@ oldest in-flight request was older than `stuck_after` on two consecutive scrapes
 ageing between them: the same request, not a succession of slow ones). A failed latest
 scrape makes it *unobserved*, never wedged. A counter that went down means the process
 restarted: evidence before that point is discarded.
+
+Separately, a pod is wedged when an essential thread of its runtime (SGLang's NIXL
+bootstrap thread, transfer workers, decode listener, heartbeat; pdwarden's own) is dead on
+two consecutive scrapes: SGLang never restarts them, so the pod cannot recover by itself.
 """
 
 from __future__ import annotations
@@ -50,6 +54,21 @@ def _trusted_run(observations: Sequence[Observation]) -> list[tuple[float, PodSa
     return run
 
 
+def _dead_threads_clause(run: list[tuple[float, PodSample]], figures: dict[str, float]) -> Verdict | None:
+    """Wedged when the same thread kind is short of its expected alive count on the last
+    two consecutive scrapes (one reading could catch a runtime starting or stopping)."""
+    if len(run) < 2:
+        return None
+    latest, previous = run[-1][1], run[-2][1]
+    earlier = {kind for kind, _, _ in previous.dead_threads}
+    dead = [(kind, alive, want) for kind, alive, want in latest.dead_threads if kind in earlier]
+    if not dead:
+        return None
+    listed = ", ".join(f"{kind} {alive:g}/{want:g} alive" for kind, alive, want in dead)
+    return Verdict("wedged", f"essential thread dead on 2 consecutive scrapes: {listed}",
+                   figures | {"deadThreadKinds": float(len(dead))})
+
+
 def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
     """Verdict for one pod from its observations (oldest first)."""
     if not observations:
@@ -65,6 +84,10 @@ def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
         "oldestAgeSeconds": latest.oldest_age,
         "transfersTotal": latest.transfers,
     }
+
+    dead = _dead_threads_clause(run, figures)
+    if dead is not None:
+        return dead
 
     # (1) no progress while busy: walk back over samples busy with the same counter value
     start = len(run) - 1
