@@ -338,6 +338,7 @@ class SyntheticEngine:
             "inflight": rt.tracker.count(),
             "failure_records": len(mgr.failure_records),
             "handle_deadlines": rt.handle_deadlines,
+            "peer_fast_fails": rt.peer_fast_fails,
             "failure_notices": rt.failure_notices,
             "skips_concluded": rt.silent_skips_concluded,
         })

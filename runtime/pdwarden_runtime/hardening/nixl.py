@@ -66,6 +66,7 @@ from pdwarden_runtime.hardening.runtime import (
     WHERE_CHUNK_TAKEN,
     WHERE_DEADLINE,
     WHERE_ENQUEUE,
+    WHERE_QUARANTINE_SETTLED,
     WHERE_STATUS_NOTICE,
     WHERE_STATUS_WRITE,
     RoomRuntime,
@@ -83,6 +84,8 @@ _RACE_HANDOFF_S: Final = 2.0
 
 REASON_HANDLE_DEADLINE: Final = "transfer deadline: NIXL handle still in progress after {:.1f}s; quarantined"
 REASON_SIBLING_RUNNING: Final = "NIXL handle still running after a sibling handle failed"
+REASON_PEER_STALLED: Final = ("transfer deadline: decode peer {} has a stalled transfer (quarantined); "
+                               "failed before sending")
 REASON_INFLIGHT_DEADLINE: Final = "inflight deadline: room not concluded within {:.1f}s"
 REASON_SKIPPED: Final = "room {} before its chunk was sent (pdwarden: skipped chunk concluded Failed)"
 REASON_EARLY_ABORT: Final = "Aborted by decode before this prefill opened the room"
@@ -143,6 +146,7 @@ class _WatchedQueue:
     def get(self) -> Any:
         with self._mgr._pdw_guard(WHERE_CHUNK_FINISHED):
             self._mgr._pdw_chunk_finished()
+        self._mgr._pdw_tls.chunk = None
         chunk = self._inner.get()
         with self._mgr._pdw_guard(WHERE_CHUNK_TAKEN):
             self._mgr._pdw_chunk_taken(chunk)
@@ -166,6 +170,11 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_early_aborts: OrderedDict[int, None] = OrderedDict()
         self._pdw_early_lock = threading.Lock()
         self._pdw_quarantine: HandleQuarantine | None = None
+        # Decode peers (NIXL agent names) with quarantined handles, and per room the
+        # peers of each quarantined batch (to lift the mark when the batch settles).
+        self._pdw_peer_lock = threading.Lock()
+        self._pdw_stalled_peers: dict[str, int] = {}
+        self._pdw_room_peers: dict[int, list[list[str]]] = {}
         if role == ROLE_PREFILL and config.has("C"):
             # Built before SGLang's workers start: they may hand it a batch at once.
             self._pdw_quarantine = HandleQuarantine(
@@ -321,9 +330,13 @@ class HardenedNixlKVManager(NixlKVManager):
         super().transfer_worker(self._pdw_queue(queue), staging_buffer, worker_index)
 
     def _pdw_chunk_taken(self, chunk: Any) -> None:
+        # Per-thread state first: if the ledger below fails, this chunk (not the last
+        # one) is what the rest of the batch's hooks see.
+        self._pdw_tls.chunk = chunk
+        self._pdw_tls.keep_reason = None
         room = chunk.room
         self.pdwarden.ledger.dequeued(room)
-        self._pdw_tls.chunk = chunk
+        self._pdw_fail_if_peer_stalled(room)
         if not self._pdw_config.has("B"):
             return
         status = self.pdwarden.table.get(room)
@@ -413,14 +426,50 @@ class HardenedNixlKVManager(NixlKVManager):
             return
         log.warning("room %s: %s; %d handle(s) quarantined until they settle", room, reason, len(handles))
         self.record_failure(room, reason)
+        # SGLang's failure path records its own reason next ("left a handle running ...
+        # after a peer handle failed"); the room's true cause is this one.
+        self._pdw_tls.keep_reason = room
         self.pdwarden.ledger.failed(room, reason)
         self.pdwarden.ledger.quarantined(room)
+        peers = list(self.transfer_infos.get(room) or ())
+        with self._pdw_peer_lock:
+            self._pdw_room_peers.setdefault(room, []).append(peers)
+            for peer in peers:
+                self._pdw_stalled_peers[peer] = self._pdw_stalled_peers.get(peer, 0) + 1
         self._pdw_quarantine.add(room, handles)
+
+    def _pdw_fail_if_peer_stalled(self, room: int) -> None:
+        """C: a chunk for a decode peer whose earlier handle is quarantined would stall the
+        same way and hold the worker for another full deadline (rooms queue behind it on
+        one worker): fail its room before anything is posted, until the peer's
+        quarantined handles end."""
+        if self._pdw_quarantine is None:
+            return
+        infos = self.transfer_infos.get(room)
+        if not infos:
+            return
+        with self._pdw_peer_lock:
+            stalled = [peer for peer in infos if self._pdw_stalled_peers.get(peer)]
+        if not stalled or self.pdwarden.table.get(room) in (None, KVPoll.Failed, KVPoll.Success):
+            return
+        self.pdwarden.peer_fast_fails += 1
+        self.record_failure(room, REASON_PEER_STALLED.format(stalled[0]))
+        self.update_status(room, KVPoll.Failed)
 
     def _pdw_quarantine_settled(self, room: int) -> None:
         """Every quarantined handle of the room ended: nothing can write into its decode
         pages any more, so do what SGLang's failure path would have done when settled."""
-        with self._pdw_guard("quarantine_settled"):
+        with self._pdw_guard(WHERE_QUARANTINE_SETTLED):
+            with self._pdw_peer_lock:
+                batches = self._pdw_room_peers.get(room) or [[]]
+                for peer in batches.pop(0):
+                    left = self._pdw_stalled_peers.get(peer, 0) - 1
+                    if left > 0:
+                        self._pdw_stalled_peers[peer] = left
+                    else:
+                        self._pdw_stalled_peers.pop(peer, None)
+                if not batches:
+                    self._pdw_room_peers.pop(room, None)
             if self._staging_outstanding.get(room, 0) > 0:
                 self._staging_outstanding[room] -= 1
             idle = self.pdwarden.ledger.unquarantined(room)
@@ -430,6 +479,12 @@ class HardenedNixlKVManager(NixlKVManager):
                     self._maybe_ack_drained_abort(room)
                 self.pdwarden.ledger.settle(room)
                 self._pdw_drop_leftovers(room)
+
+    def record_failure(self, bootstrap_room: int, failure_reason: str) -> None:
+        if getattr(self._pdw_tls, "keep_reason", None) == bootstrap_room:
+            self._pdw_tls.keep_reason = None
+            return
+        super().record_failure(bootstrap_room, failure_reason)
 
     def poison_deferred_ack_room(self, room: int) -> None:
         # A quarantined room's chunk stays counted in _staging_outstanding, which already

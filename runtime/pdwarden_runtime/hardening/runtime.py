@@ -69,6 +69,7 @@ class RoomRuntime:
         self.metrics_server: MetricsServer | None = None
         # Hardening events beyond the contract (the doctor and tests read them).
         self.handle_deadlines = 0
+        self.peer_fast_fails = 0
         self.silent_skips_concluded = 0
         self.failure_notices = 0
 

@@ -181,7 +181,103 @@ def scenario_prefill_abort(pair: Pair) -> dict[str, Any]:
             "prefill_status": KVPoll(sender.poll()).name, **pair.rooms_summary()}
 
 
+def _roundtrip_once(pair: Pair, room: int) -> dict[str, str]:
+    sender, recv, dst = pair.open_room(room, 4)
+    src = pair.p_pool.take_pages(4)
+    sender.send(src)
+    wait_for(lambda: terminal(sender.poll()) and terminal(recv.poll()), 10)
+    result = {"prefill": KVPoll(sender.poll()).name, "decode": KVPoll(recv.poll()).name}
+    sender.clear()
+    recv.clear()
+    pair.p_pool.give_pages(src)
+    pair.d_pool.give_pages(dst)
+    return result
+
+
+def _errors(mgr: Any) -> dict[str, float]:
+    from pdwarden_runtime.contract import METRIC_RUNTIME_ERRORS_TOTAL
+
+    found: dict[str, float] = {}
+    for family in mgr.pdwarden.metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == METRIC_RUNTIME_ERRORS_TOTAL and sample.value:
+                found[sample.labels["where"]] = sample.value
+    return found
+
+
+def scenario_hook_error(pair: Pair) -> dict[str, Any]:
+    """pdwarden's bookkeeping raises inside a transfer worker (every hook, once each):
+    the worker must live on and the room must still complete."""
+    ledger = pair.prefill.pdwarden.ledger
+    broken = ("dequeued", "chunk_done", "enqueued")
+    originals = {name: getattr(ledger, name) for name in broken}
+
+    def failing(name: str) -> Callable[..., Any]:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            setattr(ledger, name, originals[name])  # once
+            raise RuntimeError(f"injected failure in RoomLedger.{name}")
+        return fail
+
+    for name in broken:
+        setattr(ledger, name, failing(name))
+    rooms = [_roundtrip_once(pair, 8100 + i) for i in range(3)]
+    return {"rooms": rooms, "errors": _errors(pair.prefill),
+            "threads_dead": {k: list(v) for k, v in pair.prefill.pdwarden.threads.dead().items()}}
+
+
+def scenario_enqueue_popped(pair: Pair) -> dict[str, Any]:
+    """A live room loses its transfer info before its chunk is enqueued: SGLang's
+    add_transfer_request drops the chunk silently; the room must fail and decode be told."""
+    room = 8200
+    sender, recv, _dst = pair.open_room(room, 4)
+    pair.prefill.transfer_infos.pop(room, None)
+    src = pair.p_pool.take_pages(4)
+    sender.send(src)
+    concluded = wait_for(lambda: terminal(sender.poll()), 3)
+    decode_told = wait_for(lambda: terminal(recv.poll()), 3)
+    return {"concluded": concluded, "prefill": KVPoll(sender.poll()).name, "decode_told": decode_told,
+            "decode": KVPoll(recv.poll()).name}
+
+
+class _PoisonChunk:
+    """A queue item whose ``room`` raises: SGLang's worker reads it outside its try."""
+
+    @property
+    def room(self) -> int:
+        raise SystemExit("injected: transfer worker ends")
+
+
+def scenario_dead_worker(pair: Pair) -> dict[str, Any]:
+    """One of SGLang's transfer workers dies: the thread watch must see it."""
+    threads = pair.prefill.pdwarden.threads
+    before = {"alive": threads.alive(), "expected": threads.expected()}
+    queue = pair.prefill.transfer_queues[0]
+    getattr(queue, "_inner", queue).put(_PoisonChunk())
+    wait_for(lambda: bool(threads.dead()), 5)
+    return {"before": before, "dead": {k: list(v) for k, v in threads.dead().items()}}
+
+
+def scenario_prefill_vanished(pair: Pair) -> dict[str, Any]:
+    """Decode published its pages; the prefill never sends (it stopped, or vanished): the
+    decode room must fail by the deadline and be marked for the abort-and-drain release."""
+    room = 8300
+    reaper = pair.prefill.pdwarden.reaper
+    if reaper is not None:
+        reaper.stop()  # this prefill goes silent: nothing of it will end the room
+    t0 = time.time()
+    _sender, recv, _dst = pair.open_room(room, 4)
+    deadline = pair.config.inflight_deadline or 0.0
+    concluded = wait_for(lambda: terminal(recv.poll()), deadline + 10)
+    return {"concluded": concluded, "decode": KVPoll(recv.poll()).name, "seconds": round(time.time() - t0, 2),
+            "marked_for_drain": room in pair.decode.pdwarden.decode_deadline_rooms,
+            "decode_outcomes": {k: v for k, v in pair.decode.pdwarden.tracker.outcomes().items() if v}}
+
+
 SCENARIOS: dict[str, Callable[[Pair], dict[str, Any]]] = {
+    "hook-error": scenario_hook_error,
+    "enqueue-popped": scenario_enqueue_popped,
+    "dead-worker": scenario_dead_worker,
+    "prefill-vanished": scenario_prefill_vanished,
     "roundtrip": scenario_roundtrip,
     "race": scenario_race,
     "stall": scenario_stall,
@@ -196,13 +292,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hardening", choices=["on", "emulated-port"], default="on")
     ap.add_argument("--port", type=int, required=True, help="SGLang bootstrap port (loopback)")
     ap.add_argument("--transfer-deadline", type=float, default=1.0)
+    ap.add_argument("--inflight-deadline", type=float, default=None)
     args = ap.parse_args(argv)
     names = [n for n in args.scenarios.split(",") if n]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenario(s) {unknown}")
     config = HardeningConfig(fixes=ALL_FIXES if args.hardening == "on" else NO_FIXES,
-                             transfer_deadline=args.transfer_deadline, inflight_deadline=None,
+                             transfer_deadline=args.transfer_deadline,
+                             inflight_deadline=args.inflight_deadline,
                              fault=FaultSwitch("none"), race_window=5.0)
     results: dict[str, Any] = {}
     try:

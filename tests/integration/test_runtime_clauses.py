@@ -1,0 +1,85 @@
+"""One check per runtime clause, on SGLang's real NIXL classes in a child process:
+an exception in a pdwarden hook leaves the transfer worker running; a chunk enqueued for a
+live room that lost its transfer info fails the room (SGLang drops it silently: shown on
+the emulated port); a decode whose prefill went silent fails the room by its deadline and
+keeps the pages for the abort-and-drain release; a dead transfer worker is seen."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pdwarden_bench.runtime_procs import free_port
+
+pytestmark = pytest.mark.integration
+
+INFLIGHT_DEADLINE = 2.0
+
+
+def _run(scenarios: str, hardening: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pdwarden_runtime.transfer.scenarios", scenarios, "--hardening", hardening,
+         "--port", str(free_port()), "--transfer-deadline", "1.0",
+         "--inflight-deadline", str(INFLIGHT_DEADLINE)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _parse(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no result (rc={proc.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}"
+    result: dict[str, Any] = json.loads(lines[-1])
+    assert result["ok"], result.get("error")
+    return result
+
+
+@pytest.fixture(scope="module")
+def results() -> Iterator[dict[str, dict[str, Any]]]:
+    procs = {"on": _run("hook-error,enqueue-popped,prefill-vanished,dead-worker", "on"),
+             "emulated-port": _run("enqueue-popped", "emulated-port")}
+    try:
+        yield {mode: _parse(proc) for mode, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_an_exception_in_a_hook_is_counted_and_the_worker_lives_on(results: dict) -> None:
+    run = results["on"]["hook-error"]
+    assert run["rooms"] == [{"prefill": "Success", "decode": "Success"}] * 3
+    assert run["errors"].get("chunk_taken") == 1 and run["errors"].get("chunk_finished") == 1
+    assert run["errors"].get("enqueue") == 1
+    assert run["threads_dead"] == {}
+
+
+def test_an_enqueue_for_a_room_without_transfer_info_fails_the_room(results: dict) -> None:
+    hardened = results["on"]["enqueue-popped"]
+    assert hardened["concluded"] and hardened["prefill"] == "Failed"
+    assert hardened["decode_told"] and hardened["decode"] == "Failed"
+    control = results["emulated-port"]["enqueue-popped"]
+    assert control["concluded"] is False and control["decode_told"] is False  # SGLang's silent drop
+
+
+def test_a_decode_whose_prefill_went_silent_fails_by_its_deadline(results: dict) -> None:
+    run = results["on"]["prefill-vanished"]
+    assert run["concluded"] and run["decode"] == "Failed"
+    assert run["decode_outcomes"].get("deadline") == 1
+    assert run["marked_for_drain"] is True
+
+
+def test_a_dead_transfer_worker_is_seen(results: dict) -> None:
+    run = results["on"]["dead-worker"]
+    workers = run["before"]["expected"]["nixl_transfer_worker"]
+    assert run["before"]["alive"]["nixl_transfer_worker"] == workers
+    assert run["dead"] == {"nixl_transfer_worker": [workers - 1, workers]}
