@@ -82,4 +82,6 @@ def test_a_dead_transfer_worker_is_seen(results: dict) -> None:
     run = results["on"]["dead-worker"]
     workers = run["before"]["expected"]["nixl_transfer_worker"]
     assert run["before"]["alive"]["nixl_transfer_worker"] == workers
-    assert run["dead"] == {"nixl_transfer_worker": [workers - 1, workers]}
+    assert run["dead"]["nixl_transfer_worker"] == [workers - 1, workers]
+    # the scenario before it stopped the prefill's deadline reaper: seen as well
+    assert run["dead"]["pdwarden_deadline_reaper"] == [0, 1]

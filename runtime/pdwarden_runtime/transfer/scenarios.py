@@ -253,7 +253,7 @@ def scenario_dead_worker(pair: Pair) -> dict[str, Any]:
     before = {"alive": threads.alive(), "expected": threads.expected()}
     queue = pair.prefill.transfer_queues[0]
     getattr(queue, "_inner", queue).put(_PoisonChunk())
-    wait_for(lambda: bool(threads.dead()), 5)
+    wait_for(lambda: "nixl_transfer_worker" in threads.dead(), 5)
     return {"before": before, "dead": {k: list(v) for k, v in threads.dead().items()}}
 
 
