@@ -1,11 +1,14 @@
-"""`pdwarden bench transfer`: KV transfer throughput of the runtime vs bare NIXL.
+"""`pdwarden bench transfer`: what the hardening costs, and how far the path is from NIXL's best.
 
-runtime: a synthetic prefill and decode runtime (two processes, the hardened SGLang NIXL
-path) move one request of ``--size`` bytes of KV in ``--chunk``-byte chunks; the figure is
-SGLang's own sender transfer latency (first chunk enqueued -> Success), and decode
-verifies every byte. raw: two bare NIXL agents in two processes WRITE the same bytes in
-the same chunks, one after another. Both run in this invocation; one JSON line:
-runtime_gbps, raw_nixl_gbps, ratio (medians of ``--iters`` runs).
+stock vs hardened: two synthetic prefill/decode pairs (four processes) run at once, one
+on SGLang 0.5.23's NIXL classes untouched (``--hardening off``), one hardened; they move
+the same request (``--size`` bytes of KV in ``--chunk``-byte chunks) alternately, so both
+see the same machine load. The figure is SGLang's own sender transfer latency (first chunk
+enqueued -> Success); decode verifies every byte. raw: two bare NIXL agents in two
+processes, both progressing, WRITE the same bytes as one large WRITE and as one batched
+multi-descriptor WRITE; the better is NIXL's best here. Every part has a time limit and
+fails with a message naming it. One JSON line: stock_gbps, hardened_gbps,
+hardened_over_stock, raw_nixl_best_gbps, stock_over_raw_best, seconds (medians).
 """
 
 from __future__ import annotations
@@ -22,11 +25,18 @@ from typing import Any
 import click
 
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
-from pdwarden_bench.runtime_procs import Fleet, exit_on_sigterm, free_port, wait_healthy
+from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, free_port, wait_healthy
 
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
           "kb": 10**3, "mb": 10**6, "gb": 10**9}
 PAGE_TOKENS = 16
+RAW_TIMEOUT_S = 45.0
+START_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 30.0
+
+
+class BenchError(RuntimeError):
+    """A part of the benchmark failed or ran out of time; the message names the part."""
 
 
 def parse_size(text: str) -> int:
@@ -43,54 +53,78 @@ def _progress(msg: str) -> None:
 def raw_nixl(size: int, chunk: int, iters: int) -> dict[str, Any]:
     port = free_port()
     base = [sys.executable, "-m", "pdwarden_runtime.transfer.raw_nixl"]
-    target = subprocess.Popen([*base, "target", "--port", str(port), "--size", str(size)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    limit = ["--timeout", str(RAW_TIMEOUT_S)]
+    target = subprocess.Popen([*base, "target", "--port", str(port), "--size", str(size), *limit],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        out = subprocess.run([*base, "initiator", "--port", str(port), "--size", str(size),
-                              "--chunk", str(chunk), "--iters", str(iters)],
-                             capture_output=True, text=True, timeout=300)
+        try:
+            out = subprocess.run([*base, "initiator", "--port", str(port), "--size", str(size),
+                                  "--chunk", str(chunk), "--iters", str(iters), *limit],
+                                 capture_output=True, text=True, timeout=RAW_TIMEOUT_S + 15)
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"raw NIXL: no result within {RAW_TIMEOUT_S + 15:.0f}s") from None
         lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
         if not lines:
-            raise RuntimeError(f"raw NIXL run failed:\n{out.stderr[-2000:]}")
+            raise BenchError(f"raw NIXL: the initiator printed nothing (rc={out.returncode}):\n"
+                             f"{out.stderr[-2000:]}")
         result: dict[str, Any] = json.loads(lines[-1])
+        if "error" in result:
+            raise BenchError(f"raw NIXL: {result['error']}")
+        if not result.get("data_ok"):
+            raise BenchError("raw NIXL: the target's buffer does not hold the written bytes")
         return result
     finally:
         target.kill()
         target.wait()
 
 
-def runtime_path(size: int, chunk: int, iters: int) -> dict[str, Any]:
+def _flags(size: int, chunk: int, hardening: str) -> list[str]:
     # One layer (a K and a V buffer); a chunk is one page of each: page = chunk / 2.
-    page_bytes = chunk // 2
     pages = size // chunk
-    flags = ["--layers", "1", "--page-bytes", str(page_bytes), "--pool-pages", str(pages + 1),
-             "--chunk-pages", "1", "--aux-slots", "4", "--page-size", str(PAGE_TOKENS),
-             "--transfer-deadline", "60"]
-    with Fleet() as fleet:
-        prefill, decode = fleet.runtime("prefill", extra=flags), fleet.runtime("decode", extra=flags)
-        wait_healthy([prefill, decode])
-        endpoint = Endpoint(prefill.url, decode.url, prefill.host, prefill.bootstrap_port)
+    return ["--hardening", hardening, "--layers", "1", "--page-bytes", str(chunk // 2),
+            "--pool-pages", str(pages + 1), "--chunk-pages", "1", "--aux-slots", "4",
+            "--page-size", str(PAGE_TOKENS), "--transfer-deadline", str(REQUEST_TIMEOUT_S)]
 
-        async def run() -> list[float]:
-            rates = []
+
+async def _one(session: Any, pair: tuple[Runtime, Runtime], room: int, size: int, chunk: int,
+               name: str) -> float:
+    prefill, decode = pair
+    endpoint = Endpoint(prefill.url, decode.url, prefill.host, prefill.bootstrap_port)
+    outcome, answer = await pd_request(session, endpoint, room, prompt_tokens=size // chunk * PAGE_TOKENS,
+                                       timeout=REQUEST_TIMEOUT_S)
+    if outcome != COMPLETED:
+        raise BenchError(f"{name}: the transfer did not complete: {str(answer)[:300]}")
+    meta = answer.get("prefill_meta_info") or {}
+    seconds, moved = meta.get("kv_transfer_latency_s"), meta.get("kv_transfer_bytes")
+    if not seconds or not moved:
+        raise BenchError(f"{name}: prefill reported no transfer metric: {meta}")
+    if moved < size:
+        raise BenchError(f"{name}: prefill moved {moved} bytes, expected {size}")
+    return float(moved / seconds / 1e9)
+
+
+def runtime_paths(size: int, chunk: int, iters: int) -> dict[str, list[float]]:
+    with Fleet() as fleet:
+        pairs = {mode: (fleet.runtime("prefill", extra=_flags(size, chunk, flag)),
+                        fleet.runtime("decode", extra=_flags(size, chunk, flag)))
+                 for mode, flag in (("stock", "off"), ("hardened", "on"))}
+        try:
+            wait_healthy([rt for pair in pairs.values() for rt in pair], timeout=START_TIMEOUT_S)
+        except (TimeoutError, RuntimeError) as err:
+            raise BenchError(f"runtimes: {err}") from None
+
+        async def run() -> dict[str, list[float]]:
+            rates: dict[str, list[float]] = {mode: [] for mode in pairs}
             async with new_session() as session:
-                for i in range(iters + 1):  # the first one warms the connection up
-                    outcome, answer = await pd_request(session, endpoint, 4200 + i,
-                                                       prompt_tokens=pages * PAGE_TOKENS, timeout=300)
-                    if outcome != COMPLETED:
-                        raise RuntimeError(f"runtime transfer failed: {answer}")
-                    meta = answer.get("prefill_meta_info") or {}
-                    seconds, moved = meta.get("kv_transfer_latency_s"), meta.get("kv_transfer_bytes")
-                    if not seconds or not moved:
-                        raise RuntimeError(f"prefill reported no transfer metric: {meta}")
-                    if moved < size:
-                        raise RuntimeError(f"prefill moved {moved} bytes, expected {size}")
-                    if i:
-                        rates.append(moved / seconds / 1e9)
+                for i in range(iters + 1):  # the first round warms the connections up
+                    order = list(pairs) if i % 2 == 0 else list(reversed(pairs))
+                    for mode in order:
+                        rate = await _one(session, pairs[mode], 4200 + 10 * i, size, chunk, mode)
+                        if i:
+                            rates[mode].append(rate)
             return rates
 
-        rates = asyncio.run(run())
-        return {"gbps_median": statistics.median(rates), "gbps_best": max(rates), "iters": iters}
+        return asyncio.run(run())
 
 
 @click.command("transfer")
@@ -99,21 +133,29 @@ def runtime_path(size: int, chunk: int, iters: int) -> dict[str, Any]:
 @click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
 def transfer(size: str, chunk: str, iters: int, as_json: bool) -> None:
-    """Runtime KV transfer throughput vs two bare NIXL agents (same sizes, same run)."""
+    """Stock SGLang vs hardened KV transfer (same run), and bare NIXL's best."""
     exit_on_sigterm()
     total, piece = parse_size(size), parse_size(chunk)
     if piece <= 0 or total % piece or piece % 16:
         raise click.BadParameter("size must be a multiple of chunk, chunk a multiple of 16 bytes")
     t0 = time.perf_counter()
-    _progress(f"transfer: raw NIXL, {size} in {chunk} chunks x{iters}")
-    raw = raw_nixl(total, piece, iters)
-    _progress(f"transfer: runtime (synthetic prefill/decode), {size} in {chunk} chunks x{iters}")
-    runtime = runtime_path(total, piece, iters)
+    try:
+        _progress(f"transfer: raw NIXL (large and batched WRITE), {size}, x{iters}")
+        raw = raw_nixl(total, piece, iters)
+        _progress(f"transfer: stock and hardened pairs, {size} in {chunk} chunks, x{iters} each, alternating")
+        rates = runtime_paths(total, piece, iters)
+    except BenchError as err:
+        raise click.ClickException(str(err)) from None
+    stock, hardened = statistics.median(rates["stock"]), statistics.median(rates["hardened"])
+    raw_best = max(raw["large_gbps_median"], raw["batched_gbps_median"])
     result = {
         "size_bytes": total, "chunk_bytes": piece, "iters": iters,
-        "runtime_gbps": round(runtime["gbps_median"], 3), "raw_nixl_gbps": round(raw["gbps_median"], 3),
-        "ratio": round(runtime["gbps_median"] / raw["gbps_median"], 3),
-        "runtime_gbps_best": round(runtime["gbps_best"], 3), "raw_nixl_gbps_best": round(raw["gbps_best"], 3),
-        "raw_data_ok": raw["data_ok"], "seconds": round(time.perf_counter() - t0, 1),
+        "stock_gbps": round(stock, 3), "hardened_gbps": round(hardened, 3),
+        "hardened_over_stock": round(hardened / stock, 3),
+        "raw_nixl_best_gbps": round(raw_best, 3),
+        "raw_nixl_large_gbps": round(raw["large_gbps_median"], 3),
+        "raw_nixl_batched_gbps": round(raw["batched_gbps_median"], 3),
+        "stock_over_raw_best": round(stock / raw_best, 3),
+        "seconds": round(time.perf_counter() - t0, 1),
     }
     print(json.dumps(result, sort_keys=True), flush=True)

@@ -4,7 +4,11 @@ In a fresh process tree started exactly like a hardened SGLang pod's (the launch
 environment; the ``spawn`` start method and ``multiprocessing.Process`` SGLang uses for
 its scheduler), it reports the installed sglang and nixl versions, whether pdwarden
 supports them, and whether each hardening fix (A-E) is active in the main process and in
-the spawned scheduler-like child. Exit status 0 only if everything is.
+the spawned scheduler-like child; in that child it exercises the hardening on SGLang's real
+classes (``sglang_boot.behaviour``: a refused write to a Failed room, a stalled handle that
+fails its room without acking decode's pages, the overridden methods' signatures against
+the pinned upstream ones) and reports the pod's own configuration (the launcher's
+PDWARDEN_HARDENING_CONFIG and related environment). Exit status 0 only if everything is.
 """
 
 from __future__ import annotations
@@ -52,10 +56,20 @@ def run_probe(env: Mapping[str, str], timeout: float) -> dict[str, Any]:
 
 
 def probe_env(base_env: Mapping[str, str], prom_dir: str) -> dict[str, str]:
-    """The launcher's environment for SGLang, but recording activation errors for the report."""
-    from pdwarden_runtime.sglang_boot import seam_env
+    """The launcher's environment for SGLang, but recording activation errors for the report.
 
-    return seam_env(base_env, {"engine": "sglang"}, prom_dir=prom_dir, on_error="record")
+    In a pod the launcher's PDWARDEN_HARDENING_CONFIG (the pod's own flags) is used as is;
+    without one the defaults are checked, and the report says so."""
+    from pdwarden_runtime.sglang_boot import ENV_HARDENING_CONFIG, seam_env
+
+    config: dict[str, Any] = {"engine": "sglang"}
+    raw = base_env.get(ENV_HARDENING_CONFIG)
+    if raw:
+        try:
+            config = {**config, **json.loads(raw)}
+        except (ValueError, TypeError):
+            config = {**config, "_unparseable": raw}
+    return seam_env(base_env, config, prom_dir=prom_dir, on_error="record")
 
 
 def verdict(tree: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,8 +117,19 @@ def verdict(tree: Mapping[str, Any]) -> dict[str, Any]:
             "scheduler process: prometheus_client is not in multiprocess mode, "
             "contract metrics cannot reach the metrics port"
         )
+    behaviour = scheduler.get("behaviour") or {}
+    if "behaviour_error" in scheduler:
+        problems.append(f"scheduler process: behaviour checks: {scheduler['behaviour_error']}")
+    elif scheduler.get("kv_classes_hardened") and "probe_error" not in tree:
+        if not behaviour:
+            problems.append("scheduler process: behaviour checks did not run")
+        for check, outcome in sorted(behaviour.items()):
+            if not outcome.get("ok"):
+                problems += [f"behaviour {check}: {p}" for p in outcome.get("problems") or ["failed"]]
     fixes_in_scheduler = scheduler.get("fixes") or {}
     return {
+        "configuration": scheduler.get("configuration"),
+        "behaviour": {check: bool(outcome.get("ok")) for check, outcome in behaviour.items()},
         "engine": "sglang",
         "ok": not problems,
         "sglang": {"version": versions.get("sglang"), "supported": bool(supported.get("sglang"))},
@@ -141,6 +166,13 @@ def render_text(report: Mapping[str, Any]) -> str:
         f"{mark[active]} fix {name} (in the spawned scheduler process)"
         for name, active in report["fixes"].items()
     ]
+    lines += [f"{mark[ok]} behaviour {check}" for check, ok in (report.get("behaviour") or {}).items()]
+    config = report.get("configuration") or {}
+    if config:
+        lines.append(f"    configuration: fixes {','.join(config.get('fixes', []))}, "
+                     f"transfer deadline {config.get('transfer_deadline')}s, "
+                     f"inflight deadline {config.get('inflight_deadline')}, fault {config.get('fault')}, "
+                     f"stock classes {config.get('stock_classes')}")
     lines += [f"problem: {p}" for p in report["problems"]]
     lines.append("hardening ACTIVE" if report["ok"] else "hardening NOT active")
     return "\n".join(lines)

@@ -1,15 +1,15 @@
 """The whole PD path for real: sglang-router -> synthetic prefill -> NIXL -> synthetic decode.
 
-Two prefill/decode pairs run as separate processes for the module: one hardened (behind
-the real sglang-router) and one with the hardening off. Faults are switched on at run
-time through ``POST /debug/fault``; a stalled peer is a SIGSTOPped decode process.
+A hardened prefill/decode pair runs as separate processes for the module, behind the real
+sglang-router. Faults are switched on at run time through ``POST /debug/fault``. The
+stalled peer (stock SGLang beside the hardened runtime) is in test_stalled_peer.py; the
+emulated-port race control in test_transfer_hardening.py and test_sglang_nixl_race.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import signal
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request, request_body
+from pdwarden_bench.pdclient import Endpoint, new_session, request_body
 from pdwarden_bench.runtime_procs import (
     Fleet,
     Router,
@@ -60,12 +60,9 @@ def fleet() -> Iterator[Fleet]:
 
 @pytest.fixture(scope="module")
 def pairs(fleet: Fleet) -> dict[str, Pair]:
-    legacy_flags = [*FLAGS, "--hardening", "off"]
     started = {
         "hardened": (fleet.runtime("prefill", extra=FLAGS, env=ENV),
                      fleet.runtime("decode", extra=FLAGS, env=ENV)),
-        "legacy": (fleet.runtime("prefill", extra=legacy_flags, env=ENV),
-                   fleet.runtime("decode", extra=legacy_flags, env=ENV)),
     }
     wait_healthy([rt for pair in started.values() for rt in pair], timeout=300)
     return {name: Pair(*rts) for name, rts in started.items()}
@@ -246,21 +243,6 @@ def _refused_failed_to_transferring(rt: Runtime) -> float:
                       from_state="failed", to_state="transferring")
 
 
-def test_legacy_status_race_wedges_a_room_without_hardening(pairs: dict[str, Pair]) -> None:
-    legacy = pairs["legacy"]
-    legacy.set_fault("emulated-maxstatus-port-race")
-    try:
-        result = asyncio.run(_decode_aborts_mid_transfer(legacy, room=777001, hold=5.0))
-    finally:
-        legacy.set_fault("none")
-    assert result["reached_transferring"]
-    # The ABORT's Failed was overwritten by the chunk's late Transferring; the last
-    # chunk was skipped silently: prefill's request never returns, the room never ends.
-    assert result["prefill_returned"] is False
-    assert result["room_after"] == "transferring"
-    assert _refused_failed_to_transferring(legacy.prefill) == 0
-
-
 def test_legacy_status_race_concludes_failed_with_hardening(pairs: dict[str, Pair]) -> None:
     hardened = pairs["hardened"]
     refused_before = _refused_failed_to_transferring(hardened.prefill)
@@ -274,56 +256,3 @@ def test_legacy_status_race_concludes_failed_with_hardening(pairs: dict[str, Pai
     assert result["room_after"] is None  # concluded Failed and cleared
     assert _refused_failed_to_transferring(hardened.prefill) == refused_before + 1
     assert settled(hardened.prefill)["rooms"] == {}
-
-
-async def _stalled_decode(pair: Pair, room: int, hold: float) -> dict[str, Any]:
-    """Stop decode (SIGSTOP) while prefill is between chunks of a room; the next chunk's
-    NIXL handle then never settles. Report prefill's room over ``hold`` seconds."""
-    async with new_session() as session:
-        prefill_leg, decode_leg = _legs(session, pair, room, extra={"synthetic_compute_ms": 400})
-        loop = asyncio.get_running_loop()
-        reached = await loop.run_in_executor(None, wait_room, pair.prefill, room, "transferring")
-        pair.decode.proc.signal(signal.SIGSTOP)
-        t0 = time.monotonic()
-        try:
-            end = t0 + hold
-            room_now = "transferring"
-            while time.monotonic() < end:
-                room_now = await loop.run_in_executor(None, room_state, pair.prefill, room)
-                if room_now != "transferring":
-                    break
-                await asyncio.sleep(0.2)
-            result = {"reached_transferring": reached, "room_after": room_now,
-                      "seconds": time.monotonic() - t0, "prefill_leg_done": prefill_leg.done(),
-                      "handle_deadlines": pair.prefill.state()["handle_deadlines"]}
-        finally:
-            pair.decode.proc.signal(signal.SIGCONT)
-            await _cancel(prefill_leg, decode_leg)
-        return result
-
-
-async def _some_requests(pair: Pair, n: int) -> list[str]:
-    async with new_session() as session:
-        results = await asyncio.gather(*(pd_request(session, pair.endpoint, 900000 + i, prompt_tokens=64)
-                                         for i in range(n)))
-    return [outcome for outcome, _ in results]
-
-
-def test_sigstopped_decode_fails_rooms_within_the_transfer_deadline(pairs: dict[str, Pair]) -> None:
-    hardened = pairs["hardened"]
-    result = asyncio.run(_stalled_decode(hardened, room=888001, hold=TRANSFER_DEADLINE + 20))
-    assert result["reached_transferring"]
-    assert result["room_after"] in (None, "failed"), result
-    assert result["seconds"] < TRANSFER_DEADLINE + 20
-    assert hardened.prefill.state()["handle_deadlines"] >= 1
-    # the worker is free: later rooms (same decode, same worker shard) complete
-    assert asyncio.run(_some_requests(hardened, 8)) == [COMPLETED] * 8
-    assert settled(hardened.prefill)["rooms"] == {}
-
-
-def test_sigstopped_decode_keeps_rooms_transferring_without_hardening(pairs: dict[str, Pair]) -> None:
-    legacy = pairs["legacy"]
-    result = asyncio.run(_stalled_decode(legacy, room=888002, hold=TRANSFER_DEADLINE + 4))
-    assert result["reached_transferring"]
-    assert result["room_after"] == "transferring", result  # shown; the fixture stops the processes
-    assert result["handle_deadlines"] == 0

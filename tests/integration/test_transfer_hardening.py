@@ -104,7 +104,12 @@ def test_stalled_handle_fails_room_and_frees_worker_with_hardening(hardened: dic
     stall = hardened["stall"]
     assert stall["stalled_room"]["concluded"] is True
     assert stall["stalled_room"]["prefill"] == "Failed"
-    assert stall["stalled_room"]["decode_after"] == "Failed"  # decode was told
+    # the handle may still write: decode is not told while it is quarantined ...
+    assert stall["stalled_room"]["decode_while_quarantined"] == "WaitingForInput"
+    assert stall["stalled_room"]["quarantined"] >= 1
+    # ... and is told once it settled
+    assert stall["stalled_room"]["decode_after"] == "Failed"
+    assert stall["stalled_room"]["quarantined_after"] == 0
     assert stall["handle_deadlines"] == 1
     assert stall["outcomes"].get("deadline") == 1
     assert stall["next_room"] == {"prefill": "Success", "decode": "Success"}

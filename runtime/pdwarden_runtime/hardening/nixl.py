@@ -178,7 +178,7 @@ class HardenedNixlKVManager(NixlKVManager):
         if role == ROLE_PREFILL and config.has("C"):
             # Built before SGLang's workers start: they may hand it a batch at once.
             self._pdw_quarantine = HandleQuarantine(
-                read_state=lambda handle: self.agent.check_xfer_state(handle),
+                read_state=self._pdw_quarantined_state,
                 release=lambda handle: self.agent.release_xfer_handle(handle),
                 on_settled=self._pdw_quarantine_settled,
                 on_error=self.pdwarden.count_error)
@@ -455,6 +455,13 @@ class HardenedNixlKVManager(NixlKVManager):
         self.pdwarden.peer_fast_fails += 1
         self.record_failure(room, REASON_PEER_STALLED.format(stalled[0]))
         self.update_status(room, KVPoll.Failed)
+
+    def _pdw_quarantined_state(self, handle: Any) -> str:
+        # The stall fault keeps a handle looking unsettled here too, so a test can hold a
+        # room in quarantine and see that decode is not told while it is.
+        if self._pdw_config.fault.active == FAULT_STALL:
+            return "PROC"
+        return str(self.agent.check_xfer_state(handle))
 
     def _pdw_quarantine_settled(self, room: int) -> None:
         """Every quarantined handle of the room ended: nothing can write into its decode

@@ -73,10 +73,41 @@ def process_report() -> dict[str, Any]:
     return report
 
 
+def pod_configuration() -> dict[str, Any]:
+    """The hardening settings this process runs with (from the pod's flags, which the
+    launcher passes as PDWARDEN_* environment), and the environment that shapes them."""
+    from pdwarden_runtime.hardening.config import installed_config
+
+    config = installed_config()
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(("PDWARDEN_", "SGLANG_DISAGGREGATION_", "UCX_"))
+           and k != "PDWARDEN_HARDENING_ON_ERROR"}
+    return {"fixes": sorted(config.fixes), "stock_classes": config.stock_classes,
+            "transfer_deadline": config.transfer_deadline, "inflight_deadline": config.inflight_deadline,
+            "fault": config.fault.active, "env": env}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def scheduler_probe(writer: Connection) -> None:
     """The spawned child's target (SGLang's ``run_scheduler_process`` stand-in)."""
     try:
-        writer.send(process_report())
+        report = process_report()
+        try:
+            report["configuration"] = pod_configuration()
+            if report.get("kv_classes_hardened"):
+                from pdwarden_runtime.sglang_boot.behaviour import behaviour_checks
+
+                report["behaviour"] = behaviour_checks(_free_port)
+        except Exception as err:
+            report["behaviour_error"] = _error(err)
+        writer.send(report)
     except Exception as err:
         writer.send({"pid": os.getpid(), "report_error": _error(err)})
     finally:

@@ -1,9 +1,14 @@
-"""Two bare NIXL agents in two processes: the baseline the transfer benchmark compares to.
+"""Two bare NIXL agents in two processes: NIXL's best on this machine, the transfer
+benchmark's upper bound.
 
 The target registers a DRAM buffer and hands its agent metadata and address to the
-initiator over ZMQ (as SGLang's decode does in its registration message). The initiator
-WRITEs ``size`` bytes as ``size / chunk`` transfers, one after the other, each awaited
-before the next (what a transfer worker does per chunk), and prints one JSON line:
+initiator over ZMQ (as SGLang's decode does in its registration message), then keeps
+PROGRESSING its NIXL agent (``get_new_notifs``) until the initiator is done: when UCX
+emulates RMA over TCP (``tcp/lo``), a target that only sleeps in a socket receive leaves
+the WRITEs unfinished. The initiator writes ``size`` bytes per iteration in two shapes:
+``large`` (one WRITE of one descriptor) and ``batched`` (one WRITE of ``size / chunk``
+descriptors), and prints one JSON line. Every wait is bounded by ``--timeout``: on expiry
+the process prints an error line and exits, it never hangs.
 
     python -m pdwarden_runtime.transfer.raw_nixl target --port P --size N
     python -m pdwarden_runtime.transfer.raw_nixl initiator --port P --size N --chunk C --iters K
@@ -17,68 +22,98 @@ import os
 import statistics
 import sys
 import time
+from typing import Any
+
+SHAPES = ("large", "batched")
 
 
-def _agent(name: str) -> object:
+def _agent(name: str) -> Any:
     from nixl._api import nixl_agent, nixl_agent_config
 
     return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
 
 
-def run_target(port: int, size: int) -> None:
+def _fail(message: str) -> None:
+    print(json.dumps({"error": message}), flush=True)
+    os._exit(1)
+
+
+def run_target(port: int, size: int, timeout: float) -> None:
     import torch
     import zmq
 
+    end = time.monotonic() + timeout
     agent = _agent("pdwarden-raw-target")
     buf = torch.zeros(size, dtype=torch.uint8)
-    agent.register_memory([(buf.data_ptr(), size, 0, "")], "DRAM")  # type: ignore[attr-defined]
+    agent.register_memory([(buf.data_ptr(), size, 0, "")], "DRAM")
     sock = zmq.Context().socket(zmq.REP)
     sock.bind(f"tcp://127.0.0.1:{port}")
+    if not sock.poll(int(timeout * 1000)):
+        _fail("target: no initiator came")
     sock.recv()
-    sock.send_multipart([json.dumps({"ptr": buf.data_ptr()}).encode(),
-                         agent.get_agent_metadata()])  # type: ignore[attr-defined]
-    sock.recv()  # the initiator is done; check a byte it wrote and answer
-    sock.send(json.dumps({"last_byte": int(buf[-1])}).encode())
+    sock.send_multipart([json.dumps({"ptr": buf.data_ptr()}).encode(), agent.get_agent_metadata()])
+    while not sock.poll(1):  # progress NIXL while the initiator writes
+        agent.get_new_notifs()
+        if time.monotonic() > end:
+            _fail(f"target: initiator not done after {timeout:.0f}s")
+    sock.recv()
+    sock.send(json.dumps({"last_byte": int(buf[-1]), "first_byte": int(buf[0])}).encode())
     os._exit(0)
 
 
-def run_initiator(port: int, size: int, chunk: int, iters: int) -> None:
+def _write(agent: Any, local: Any, remote: Any, peer: str, end: float) -> None:
+    handle = agent.initialize_xfer("WRITE", local, remote, peer)
+    state = agent.transfer(handle)
+    while state == "PROC":
+        if time.monotonic() > end:
+            _fail("initiator: a WRITE is still in progress at the time limit")
+        state = agent.check_xfer_state(handle)
+    if state != "DONE":
+        _fail(f"initiator: WRITE ended {state}")
+    agent.release_xfer_handle(handle)
+
+
+def run_initiator(port: int, size: int, chunk: int, iters: int, timeout: float) -> None:
     import torch
     import zmq
 
     if size % chunk:
         raise SystemExit(f"size {size} is not a multiple of chunk {chunk}")
-    agent: object = _agent("pdwarden-raw-initiator")
+    end = time.monotonic() + timeout
+    agent = _agent("pdwarden-raw-initiator")
     src = torch.full((size,), 7, dtype=torch.uint8)
-    agent.register_memory([(src.data_ptr(), size, 0, "")], "DRAM")  # type: ignore[attr-defined]
+    agent.register_memory([(src.data_ptr(), size, 0, "")], "DRAM")
     sock = zmq.Context().socket(zmq.REQ)
     sock.connect(f"tcp://127.0.0.1:{port}")
     sock.send(b"hello")
+    if not sock.poll(int(timeout * 1000)):
+        _fail("initiator: the target never answered")
     info_raw, metadata = sock.recv_multipart()
-    peer = agent.add_remote_agent(metadata)  # type: ignore[attr-defined]
+    peer = agent.add_remote_agent(metadata)
     peer = peer.decode() if isinstance(peer, bytes) else peer
     dst = json.loads(info_raw)["ptr"]
-    chunks = size // chunk
-    local = [agent.get_xfer_descs([(src.data_ptr() + i * chunk, chunk, 0)], "DRAM")  # type: ignore[attr-defined]
-             for i in range(chunks)]
-    remote = [agent.get_xfer_descs([(dst + i * chunk, chunk, 0)], "DRAM")  # type: ignore[attr-defined]
-              for i in range(chunks)]
-    rates = []
+    n = size // chunk
+    shapes = {
+        "large": (agent.get_xfer_descs([(src.data_ptr(), size, 0)], "DRAM"),
+                  agent.get_xfer_descs([(dst, size, 0)], "DRAM")),
+        "batched": (agent.get_xfer_descs([(src.data_ptr() + i * chunk, chunk, 0) for i in range(n)], "DRAM"),
+                    agent.get_xfer_descs([(dst + i * chunk, chunk, 0) for i in range(n)], "DRAM")),
+    }
+    _write(agent, *shapes["large"], peer, end)  # warm-up: connection and registration caches
+    rates: dict[str, list[float]] = {shape: [] for shape in SHAPES}
     for _ in range(iters):
-        t0 = time.perf_counter()
-        for i in range(chunks):
-            handle = agent.initialize_xfer("WRITE", local[i], remote[i], peer)  # type: ignore[attr-defined]
-            state = agent.transfer(handle)  # type: ignore[attr-defined]
-            while state == "PROC":
-                state = agent.check_xfer_state(handle)  # type: ignore[attr-defined]
-            if state != "DONE":
-                raise SystemExit(f"raw NIXL transfer ended {state}")
-            agent.release_xfer_handle(handle)  # type: ignore[attr-defined]
-        rates.append(size / (time.perf_counter() - t0) / 1e9)
+        for shape in SHAPES:
+            t0 = time.perf_counter()
+            _write(agent, *shapes[shape], peer, end)
+            rates[shape].append(size / (time.perf_counter() - t0) / 1e9)
     sock.send(b"done")
+    if not sock.poll(int(max(1.0, end - time.monotonic()) * 1000)):
+        _fail("initiator: the target did not confirm")
     check = json.loads(sock.recv())
-    print(json.dumps({"gbps_median": statistics.median(rates), "gbps_best": max(rates),
-                      "iters": iters, "data_ok": check["last_byte"] == 7}), flush=True)
+    result = {f"{shape}_gbps_median": statistics.median(rates[shape]) for shape in SHAPES}
+    result |= {f"{shape}_gbps_best": max(rates[shape]) for shape in SHAPES}
+    result |= {"iters": iters, "data_ok": check["last_byte"] == 7 and check["first_byte"] == 7}
+    print(json.dumps(result), flush=True)
     sys.stdout.flush()
     os._exit(0)
 
@@ -90,11 +125,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", type=int, required=True)
     ap.add_argument("--chunk", type=int, default=4 << 20)
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--timeout", type=float, default=45.0, help="seconds; the process exits after it")
     args = ap.parse_args(argv)
     if args.role == "target":
-        run_target(args.port, args.size)
+        run_target(args.port, args.size, args.timeout)
     else:
-        run_initiator(args.port, args.size, args.chunk, args.iters)
+        run_initiator(args.port, args.size, args.chunk, args.iters, args.timeout)
 
 
 if __name__ == "__main__":

@@ -154,9 +154,15 @@ def scenario_stall(pair: Pair) -> dict[str, Any]:
     concluded = wait_for(lambda: terminal(sender.poll()), pair.config.transfer_deadline + 5)
     stalled = {"prefill": KVPoll(sender.poll()).name, "decode": KVPoll(recv.poll()).name,
                "seconds": round(time.time() - t0, 2), "concluded": concluded}
-    wait_for(lambda: terminal(recv.poll()), 2)
+    # while the handle may still write (quarantined), decode must not hear its pages are free
+    wait_for(lambda: terminal(recv.poll()), 1.0)
+    stalled["decode_while_quarantined"] = KVPoll(recv.poll()).name
+    stalled["quarantined"] = _quarantined(pair)
+    pair.config.fault.set("none")  # the handle settles: now decode is told
+    wait_for(lambda: terminal(recv.poll()), 5)
     stalled["decode_after"] = KVPoll(recv.poll()).name
-    pair.config.fault.set("none")
+    wait_for(lambda: _quarantined(pair) == 0, 5)
+    stalled["quarantined_after"] = _quarantined(pair)
     # the next room goes to the same worker (same decode endpoint -> same queue shard)
     nxt, nrecv, _ndst = pair.open_room(room + 1, 4)
     nsrc = pair.p_pool.take_pages(4)
@@ -165,6 +171,10 @@ def scenario_stall(pair: Pair) -> dict[str, Any]:
     return {"stalled_room": stalled,
             "next_room": {"prefill": KVPoll(nxt.poll()).name, "decode": KVPoll(nrecv.poll()).name},
             **pair.rooms_summary()}
+
+
+def _quarantined(pair: Pair) -> int:
+    return int(pair.prefill.pdwarden.quarantined_handles())
 
 
 def scenario_prefill_abort(pair: Pair) -> dict[str, Any]:

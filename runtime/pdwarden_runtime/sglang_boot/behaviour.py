@@ -1,0 +1,148 @@
+"""The doctor's behavioural checks, run inside the spawned scheduler-like child.
+
+Presence of the hardened classes is not proof they work: here a loopback prefill/decode
+pair is built on SGLang's real NIXL classes with the hardening installed (CPU memory,
+NIXL over UCX) and the behaviours that matter are exercised:
+
+- ``sticky_failed``: a non-terminal status write to a Failed room is refused (counted);
+- ``stalled_handle_no_ack``: a handle that stays unsettled (the stall fault) fails the
+  room at the transfer deadline, is quarantined, and decode is NOT told its pages are
+  free until the handle settles; then it is;
+- ``signatures``: every SGLang method pdwarden overrides still has the parameters of the
+  pinned upstream 0.5.23 (a drift means an override may no longer be called as SGLang
+  calls it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+# (class, method) -> parameters of SGLang 0.5.23's method: name, "*" keyword-only, "=" default.
+PINNED_SIGNATURES: Final = {
+    ("NixlKVManager", "update_status"): "self bootstrap_room status",
+    ("NixlKVManager", "send_kv_status_message"): "self targets* bootstrap_room* status* failure_reason*=",
+    ("NixlKVManager", "transfer_worker"): "self queue staging_buffer= worker_index=",
+    ("NixlKVManager", "_await_handles"): "self handles failure_seen*",
+    ("NixlKVManager", "record_failure"): "self bootstrap_room failure_reason",
+    ("NixlKVManager", "poison_deferred_ack_room"): "self room",
+    ("NixlKVManager", "check_status"): "self bootstrap_room",
+    ("NixlKVManager", "_handle_abort_notification"): "self msg",
+    ("NixlKVManager", "add_transfer_request"): (
+        "self bootstrap_room kv_indices index_slice is_last_chunk aux_index= state_indices= "
+        "num_kv_tokens= wait_event*= indices_event*= trace_ctx*="),
+    ("NixlKVSender", "clear"): "self",
+}
+CHECK_DEADLINE_S: Final = 0.5
+
+
+def shape(fn: Callable[..., Any]) -> str:
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        keyword = "*" if p.kind is p.KEYWORD_ONLY else ""
+        out.append(p.name + keyword + ("=" if p.default is not p.empty else ""))
+    return " ".join(out)
+
+
+def check_signatures() -> dict[str, Any]:
+    from sglang.srt.disaggregation.nixl import conn
+
+    from pdwarden_runtime.hardening.nixl import HARDENED_CLASSES
+
+    drift = []
+    for (cls_name, method), pinned in PINNED_SIGNATURES.items():
+        upstream = shape(getattr(getattr(conn, cls_name), method))
+        if upstream != pinned:
+            drift.append(f"{cls_name}.{method}: upstream ({upstream}) != pinned ({pinned})")
+    for cls_name, hardened in HARDENED_CLASSES.items():
+        upstream_cls = getattr(conn, cls_name)
+        for method, fn in vars(hardened).items():
+            if callable(fn) and not method.startswith("__") and hasattr(upstream_cls, method) \
+                    and (cls_name, method) not in PINNED_SIGNATURES:
+                drift.append(f"{cls_name}.{method} is overridden but has no pinned signature")
+    return {"ok": not drift, "checked": len(PINNED_SIGNATURES), "problems": drift}
+
+
+def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def behaviour_checks(free_port: Callable[[], int]) -> dict[str, Any]:
+    """Run the checks; never raises (an error is a failed check with its message)."""
+    from pdwarden_runtime.hardening.config import FaultSwitch, installed_config
+
+    report: dict[str, Any] = {"signatures": _guarded(check_signatures)}
+    config = dataclasses.replace(installed_config(), transfer_deadline=CHECK_DEADLINE_S, fault=FaultSwitch(),
+                                 metrics_port=None, stock_classes=False,
+                                 fixes=frozenset("ABCDE"), inflight_deadline=None)
+    try:
+        from pdwarden_runtime.transfer.scenarios import Pair
+
+        pair = Pair(free_port(), config)
+    except Exception as err:
+        report["pair"] = {"ok": False, "problems": [f"{type(err).__name__}: {err}"]}
+        return report
+    report["sticky_failed"] = _guarded(lambda: _sticky_failed(pair))
+    report["stalled_handle_no_ack"] = _guarded(lambda: _stalled_no_ack(pair))
+    return report
+
+
+def _guarded(check: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    try:
+        return check()
+    except Exception as err:
+        return {"ok": False, "problems": [f"{type(err).__name__}: {err}"]}
+
+
+def _sticky_failed(pair: Any) -> dict[str, Any]:
+    from pdwarden_runtime.kvpoll import KVPoll
+
+    room = 910001
+    mgr = pair.prefill
+    mgr.update_status(room, KVPoll.Bootstrapping)
+    mgr.update_status(room, KVPoll.Failed)
+    mgr.update_status(room, KVPoll.Transferring)
+    final = KVPoll(mgr.check_status(room))
+    refused = mgr.pdwarden.table.refused().get((KVPoll.Failed, KVPoll.Transferring), 0)
+    mgr.request_status.pop(room, None)
+    ok = final is KVPoll.Failed and refused >= 1
+    return {"ok": ok, "final": final.name, "refused": refused,
+            "problems": [] if ok else [f"Failed -> Transferring was not refused (room ended {final.name})"]}
+
+
+def _stalled_no_ack(pair: Any) -> dict[str, Any]:
+    from pdwarden_runtime.contract import FAULT_STALL
+    from pdwarden_runtime.kvpoll import KVPoll
+
+    room = 910002
+    pair.config.fault.set(FAULT_STALL)
+    try:
+        sender, recv, _dst = pair.open_room(room, 4)
+        src = pair.p_pool.take_pages(4)
+        sender.send(src)
+        failed = _wait(lambda: int(sender.poll()) == KVPoll.Failed, CHECK_DEADLINE_S + 10)
+        quarantined = pair.prefill.pdwarden.quarantined_handles()
+        told_early = _wait(lambda: int(recv.poll()) in (KVPoll.Failed, KVPoll.Success), 0.5)
+    finally:
+        pair.config.fault.set("none")
+    told_after = _wait(lambda: int(recv.poll()) == KVPoll.Failed, 10)
+    problems = []
+    if not failed:
+        problems.append("the stalled room did not fail at the transfer deadline")
+    if quarantined < 1:
+        problems.append("the stalled handle was not quarantined")
+    if told_early:
+        problems.append("decode was told its pages are free while the handle could still write")
+    if not told_after:
+        problems.append("decode was never told after the quarantined handle settled")
+    return {"ok": not problems, "room_failed": failed, "quarantined": quarantined,
+            "decode_told_while_quarantined": told_early, "decode_told_after": told_after,
+            "problems": problems}
