@@ -4,24 +4,36 @@ What each override adds (letters as in ``FIX_NAMES``):
 
 - A ``request_status`` is a ``RoomStatusMap`` over pdwarden's ``RoomStatusTable`` and
   ``update_status`` writes through it: Failed and Success are terminal, refused writes
-  are counted. With A off the table runs SGLang's old ``max()`` rule (legacy).
+  are counted. With A off the table runs the emulated port's ``max()`` rule (legacy).
 - B every chunk a transfer worker takes off its queue passes ``_pdw_chunk_taken``: if the
   worker is about to skip it silently (room cleared, Failed, or its transfer info gone),
   the room is concluded Failed and decode gets ``KV_STATUS Failed`` once no chunk of the
   room can still write into decode's pages (``RoomLedger``). The same notice covers a
   prefill-side abort and metadata that arrives for a room that already ended.
-- C ``_await_handles`` gives up on handles that stay in PROC past the transfer deadline
-  (a stalled peer): it releases them and reports the batch failed, so SGLang's own
-  failure path fails the room, tells decode and frees the worker.
-- D the inflight tracker's deadline fails any prefill room that stays non-terminal too
-  long; decode is told like in B.
-- E the table, tracker and RuntimeMetrics live in ``RoomRuntime`` (``mgr.pdwarden``).
+  ``add_transfer_request`` for a live room that lost its transfer info fails the room
+  instead of dropping the chunk silently.
+- C ``_await_handles`` stops waiting for handles that stay in PROC past the transfer
+  deadline (a stalled peer) but never reports them settled: a released WRITE can still
+  land. The handles go to ``HandleQuarantine`` and the batch is reported unsettled, so
+  SGLang's own failure path fails the room for prefill (the worker moves on) and keeps
+  the chunk counted; decode's KV_STATUS and drain ACK go out only once the quarantine
+  saw every handle end (DONE, ERR, or its peer disconnected). Until then later chunks
+  for the same decode peer fail before anything is posted.
+- D the inflight tracker's deadline fails any room that has waited for or moved KV too
+  long (from leaving Bootstrapping: queueing is not a wedge). On prefill decode is told
+  like in B; on decode the engine aborts the room and holds its pages until prefill
+  acknowledges the drain.
+- E the table, tracker, RuntimeMetrics and thread watch live in ``RoomRuntime``
+  (``mgr.pdwarden``). Every hook pdwarden adds inside SGLang's threads runs under
+  ``RoomRuntime.guard``: an exception in it is logged and counted
+  (``pdwarden_runtime_errors_total{where}``) and the thread goes on.
 
 Faults (``HardeningConfig.fault``, switchable at run time) are injected here too, so they
-run through the same SGLang code: ``emulated-maxstatus-port-race`` holds a finished non-last chunk's
-Transferring write until the room's ABORT has been handled (the ABORT handler drops the
-room's transfer info, as the seed's control thread did); ``stall-transfers`` keeps every
-handle looking unsettled; ``drop-abort`` drops ABORT messages from decode.
+run through the same SGLang code: ``emulated-maxstatus-port-race`` (the emulated NIXL port's
+race) holds a finished non-last chunk's Transferring write until the room's ABORT has been
+handled (the ABORT handler drops the room's transfer info, as that port did);
+``stall-transfers`` keeps every handle looking unsettled (in the quarantine too);
+``drop-abort`` drops ABORT messages from decode.
 """
 
 from __future__ import annotations
