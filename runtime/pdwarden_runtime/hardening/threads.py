@@ -28,6 +28,17 @@ THREAD_KINDS: Final = {
 }
 
 
+_original_start = threading.Thread.start
+_recorders: list[ThreadWatch] = []
+_recorders_lock = threading.Lock()
+
+
+def _recording_start(thread: threading.Thread) -> None:
+    for watch in list(_recorders):
+        watch.watch(thread)
+    _original_start(thread)
+
+
 def kind_of(thread: threading.Thread) -> str | None:
     name = thread.name
     for marker, kind in THREAD_KINDS.items():
@@ -53,14 +64,19 @@ class ThreadWatch:
 
     @contextmanager
     def record_started(self) -> Iterator[None]:
-        """Watch every known-kind thread started inside the block."""
-        before = {id(t) for t in threading.enumerate()}
+        """Watch every known-kind thread started inside the block (even one that dies at
+        once: ``Thread.start`` is observed while the block runs)."""
+        with _recorders_lock:
+            _recorders.append(self)
+            if len(_recorders) == 1:
+                threading.Thread.start = _recording_start  # type: ignore[method-assign,assignment]
         try:
             yield
         finally:
-            for thread in threading.enumerate():
-                if id(thread) not in before:
-                    self.watch(thread)
+            with _recorders_lock:
+                _recorders.remove(self)
+                if not _recorders:
+                    threading.Thread.start = _original_start  # type: ignore[method-assign]
 
     def expected(self) -> dict[str, int]:
         with self._lock:
