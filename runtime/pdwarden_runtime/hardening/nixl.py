@@ -506,12 +506,20 @@ class HardenedNixlKVManager(NixlKVManager):
         super().record_failure(bootstrap_room, failure_reason)
 
     def poison_deferred_ack_room(self, room: int) -> None:
-        # A quarantined room's chunk stays counted in _staging_outstanding, which already
-        # holds the drain ACK back; poisoning would keep decode waiting for its timeout
-        # after the quarantine has proved the writes over.
+        # A quarantined room's drain ACK is held by _maybe_ack_drained_abort below until
+        # the quarantine has proved the writes over; poisoning would instead keep decode
+        # waiting for its release timeout after that.
         if self._pdw_quarantine is not None and self._pdw_quarantine.holds(room):
             return
         super().poison_deferred_ack_room(room)
+
+    def _maybe_ack_drained_abort(self, room: int) -> None:
+        # SGLang acks a drain when a room's outstanding count reaches 0; a later chunk of a
+        # failed room resets that count when it is skipped, while an earlier chunk's
+        # handle may still be writing. Never ack a room with quarantined handles.
+        if self._pdw_quarantine is not None and self._pdw_quarantine.holds(room):
+            return
+        super()._maybe_ack_drained_abort(room)
 
     def _pdw_chunk_landed(self, chunk: Any) -> None:
         if chunk is None:

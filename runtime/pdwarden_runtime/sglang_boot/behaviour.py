@@ -29,6 +29,7 @@ PINNED_SIGNATURES: Final = {
     ("NixlKVManager", "_await_handles"): "self handles failure_seen*",
     ("NixlKVManager", "record_failure"): "self bootstrap_room failure_reason",
     ("NixlKVManager", "poison_deferred_ack_room"): "self room",
+    ("NixlKVManager", "_maybe_ack_drained_abort"): "self room",
     ("NixlKVManager", "check_status"): "self bootstrap_room",
     ("NixlKVManager", "_handle_abort_notification"): "self msg",
     ("NixlKVManager", "add_transfer_request"): (
