@@ -33,7 +33,10 @@ def doctor_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 
 
 def test_doctor_finds_every_fix_active_in_the_spawned_scheduler() -> None:
-    done = doctor_cli("--engine", "sglang", "--json")
+    # the pod's own configuration (the launcher's PDWARDEN_HARDENING_CONFIG) is what is checked
+    pod_config = json.dumps({"engine": "sglang", "transfer_deadline": 12.5, "inflight_deadline": 90})
+    done = doctor_cli("--engine", "sglang", "--json",
+                      env={**os.environ, "PDWARDEN_HARDENING_CONFIG": pod_config})
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["ok"] is True and report["problems"] == []
@@ -42,6 +45,10 @@ def test_doctor_finds_every_fix_active_in_the_spawned_scheduler() -> None:
     assert report["start_method"] == "spawn"
     assert report["seam"] == "sitecustomize"
     assert report["fixes"] == dict.fromkeys(FIXES, True)
+    # behaviour, on SGLang's real classes in the spawned child
+    assert report["behaviour"] == {"signatures": True, "sticky_failed": True, "stalled_handle_no_ack": True}
+    assert report["configuration"]["transfer_deadline"] == 12.5
+    assert report["configuration"]["inflight_deadline"] == 90
     main, scheduler = report["processes"]["main"], report["processes"]["scheduler"]
     assert main["pid"] != scheduler["pid"]
     assert scheduler["nixl_backend_loaded_before_lookup"] is False  # armed, not loaded
