@@ -130,7 +130,7 @@ def runtime_paths(size: int, chunk: int, iters: int) -> dict[str, list[float]]:
 @click.command("transfer")
 @click.option("--size", default="256MiB", show_default=True)
 @click.option("--chunk", default="4MiB", show_default=True)
-@click.option("--iters", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--iters", type=click.IntRange(min=1), default=3, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
 def transfer(size: str, chunk: str, iters: int, as_json: bool) -> None:
     """Stock SGLang vs hardened KV transfer (same run), and bare NIXL's best."""
