@@ -31,8 +31,8 @@ _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
           "kb": 10**3, "mb": 10**6, "gb": 10**9}
 PAGE_TOKENS = 16
 RAW_TIMEOUT_S = 45.0
-START_TIMEOUT_S = 60.0
-REQUEST_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 180.0
+REQUEST_TIMEOUT_S = 90.0
 
 
 class BenchError(RuntimeError):
