@@ -30,7 +30,7 @@ from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, free_p
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
           "kb": 10**3, "mb": 10**6, "gb": 10**9}
 PAGE_TOKENS = 16
-RAW_TIMEOUT_S = 45.0
+RAW_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 90.0
 
@@ -60,9 +60,9 @@ def raw_nixl(size: int, chunk: int, iters: int) -> dict[str, Any]:
         try:
             out = subprocess.run([*base, "initiator", "--port", str(port), "--size", str(size),
                                   "--chunk", str(chunk), "--iters", str(iters), *limit],
-                                 capture_output=True, text=True, timeout=RAW_TIMEOUT_S + 15)
+                                 capture_output=True, text=True, timeout=RAW_TIMEOUT_S + 30)
         except subprocess.TimeoutExpired:
-            raise BenchError(f"raw NIXL: no result within {RAW_TIMEOUT_S + 15:.0f}s") from None
+            raise BenchError(f"raw NIXL: no result within {RAW_TIMEOUT_S + 30:.0f}s") from None
         lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
         if not lines:
             raise BenchError(f"raw NIXL: the initiator printed nothing (rc={out.returncode}):\n"
