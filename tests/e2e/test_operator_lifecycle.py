@@ -28,6 +28,7 @@ pytestmark = pytest.mark.e2e
 
 HEALTH_PORT = 35101  # this module's operator (range 35000-35999 belongs to the operator tests)
 NS_PREFIX = "pdwe-op-"
+CRASH_MODELS = 12  # enough work that a kill at the first child lands mid-reconcile
 CHILD_KINDS = ("deployments", "services", "serviceaccounts", "roles", "rolebindings", "poddisruptionbudgets")
 CHILDREN = {
     "deployments": {"prefill", "decode", "router"},
@@ -85,8 +86,8 @@ def _complete(kubectl: Kubectl, name: str, ns: str) -> bool:
     )
 
 
-def _zero_model(kubectl: Kubectl, name: str, ns: str) -> None:
-    doc = {
+def _zero_doc(name: str, ns: str) -> dict[str, Any]:
+    return {
         "apiVersion": "pdwarden.io/v1alpha1",
         "kind": "DisaggregatedModel",
         "metadata": {"name": name, "namespace": ns},
@@ -98,7 +99,10 @@ def _zero_model(kubectl: Kubectl, name: str, ns: str) -> None:
             "router": {"replicas": 0},
         },
     }
-    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+
+
+def _zero_model(kubectl: Kubectl, name: str, ns: str) -> None:
+    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(_zero_doc(name, ns)))
 
 
 def _ready(kubectl: Kubectl, name: str, ns: str) -> dict[str, Any] | None:
@@ -191,13 +195,14 @@ def test_deleting_the_model_removes_every_child(
 def test_operator_killed_mid_reconcile_converges_without_duplicates(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str
 ) -> None:
-    names = [f"crash-{i}" for i in range(5)]
-    for name in names:
-        _zero_model(kubectl, name, namespace)
-    # Kill as soon as the operator has started writing children: some models are half done.
+    names = [f"crash-{i}" for i in range(CRASH_MODELS)]
+    # One apply for all: the operator gets them at once, so a kill at its first child leaves
+    # most of them with some or none of their children.
+    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all([_zero_doc(n, namespace) for n in names]))
     wait_for(lambda: kubectl.items("deployments", namespace), 60, "the first child", interval=0.05)
     operator.kill()
-    partial = sum(_complete(kubectl, n, namespace) for n in names)
+    complete_when_killed = [n for n in names if _complete(kubectl, n, namespace)]
+    assert len(complete_when_killed) < len(names), "the kill came after the reconcile, not during it"
     operator.start()
     for name in names:
 
@@ -212,7 +217,6 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
         for role in ("prefill", "decode", "router"):
             rs = kubectl.items("replicasets", namespace, f"pdwarden.io/model={name},pdwarden.io/role={role}")
             assert len(rs) == 1, f"{name}-{role}: {len(rs)} ReplicaSets"
-    print(f"models complete when killed: {partial}/{len(names)}")
 
 
 def test_invalid_spec_that_passes_the_crd_is_reported(

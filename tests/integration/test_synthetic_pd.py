@@ -311,11 +311,12 @@ async def _some_requests(pair: Pair, n: int) -> list[str]:
 
 def test_sigstopped_decode_fails_rooms_within_the_transfer_deadline(pairs: dict[str, Pair]) -> None:
     hardened = pairs["hardened"]
+    deadlines_before = hardened.prefill.state()["handle_deadlines"]
     result = asyncio.run(_stalled_decode(hardened, room=888001, hold=TRANSFER_DEADLINE + 20))
     assert result["reached_transferring"]
+    # the room left Transferring while decode was still stopped, and the handle deadline did it
     assert result["room_after"] in (None, "failed"), result
-    assert result["seconds"] < TRANSFER_DEADLINE + 20
-    assert hardened.prefill.state()["handle_deadlines"] >= 1
+    assert result["handle_deadlines"] == deadlines_before + 1, result
     # the worker is free: later rooms (same decode, same worker shard) complete
     assert asyncio.run(_some_requests(hardened, 8)) == [COMPLETED] * 8
     assert settled(hardened.prefill)["rooms"] == {}
