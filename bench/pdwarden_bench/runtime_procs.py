@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,24 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PORT_RANGE = (31000, 31999)
-_taken: set[int] = set()
-
-
-def free_port(host: str = "127.0.0.1", lo: int = PORT_RANGE[0], hi: int = PORT_RANGE[1]) -> int:
-    """A port in [lo, hi] that binds now on host and was not handed out before here."""
-    for _ in range(500):
-        port = random.randint(lo, hi)
-        if port in _taken:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-        _taken.add(port)
-        return port
-    raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
+from pdwarden_bench.ports import free_port
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -240,26 +221,3 @@ class Fleet:
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit so ``finally: fleet.stop()`` runs (no orphans)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {'name{labels}': value} (label order as exposed)."""
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        with contextlib.suppress(ValueError):
-            samples[key] = float(value)
-    return samples
-
-
-def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
-    total = 0.0
-    for key, value in samples.items():
-        base, _, rest = key.partition("{")
-        if base != name:
-            continue
-        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += value
-    return total

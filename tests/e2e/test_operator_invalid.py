@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ._operator_helpers import ROOT, Kubectl, kubectl_with_crd, new_namespace
+from pdwarden_localcluster.testing import Kubectl
+
+from ._operator_helpers import ROOT, kubectl_with_crd, new_namespace
 
 pytestmark = pytest.mark.e2e
 

@@ -13,20 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from pdwarden_operator.process import OperatorProcess
+from pdwarden_bench.operator_process import OperatorProcess
+from pdwarden_localcluster.testing import Kubectl, wait_for
 
-from ._operator_helpers import (
-    ROOT,
-    Kubectl,
-    condition,
-    kubectl_with_crd,
-    new_namespace,
-    wait_for,
-)
+from ._operator_helpers import ROOT, condition, kubectl_with_crd, new_namespace
 
 pytestmark = pytest.mark.e2e
 
-HEALTH_PORT = 35101  # this module's operator (range 35000-35999 belongs to the operator tests)
 NS_PREFIX = "pdwe-op-"
 CRASH_MODELS = 12  # enough work that a kill at the first child lands mid-reconcile
 CHILD_KINDS = ("deployments", "services", "serviceaccounts", "roles", "rolebindings", "poddisruptionbudgets")
@@ -54,9 +47,7 @@ def operator(
     cluster, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:  # type: ignore[no-untyped-def]
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = OperatorProcess(
-        cluster.kubeconfig, namespaces=(f"{NS_PREFIX}*",), health_port=HEALTH_PORT, log_path=log
-    )
+    op = OperatorProcess(cluster.kubeconfig, namespaces=(f"{NS_PREFIX}*",), log_path=log)
     with op:
         yield op
     print(f"operator log: {log}")

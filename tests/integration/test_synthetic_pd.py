@@ -18,13 +18,12 @@ import aiohttp
 import pytest
 
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request, request_body
+from pdwarden_bench.promtext import metric_sum, samples
 from pdwarden_bench.runtime_procs import (
     Fleet,
     Router,
     Runtime,
     http_post_json,
-    metric_sum,
-    parse_metrics,
     wait_healthy,
     wait_router,
 )
@@ -160,7 +159,7 @@ def test_disconnecting_clients_leave_nothing_behind(router: Router, pairs: dict[
 
 def test_metrics_of_both_roles_carry_the_contract_and_move(router: Router, pairs: dict[str, Pair]) -> None:
     hardened = pairs["hardened"]
-    before = {rt.role: parse_metrics(rt.metrics()) for rt in (hardened.prefill, hardened.decode)}
+    before = {rt.role: samples(rt.metrics()) for rt in (hardened.prefill, hardened.decode)}
     counts = asyncio.run(_through_router(router, 20, abort_ratio=0.0, seed=3))
     assert counts["completed"] == 20
     for rt in (hardened.prefill, hardened.decode):
@@ -170,7 +169,7 @@ def test_metrics_of_both_roles_carry_the_contract_and_move(router: Router, pairs
                      c.METRIC_KV_TRANSFER_SECONDS,
                      c.METRIC_STATUS_WRITES_REFUSED_TOTAL, c.METRIC_RUNTIME_INFO):
             assert f"\n{name}" in text, f"{rt.role} /metrics lacks {name}"
-        after = parse_metrics(text)
+        after = samples(text)
         grew = (metric_sum(after, c.METRIC_KV_TRANSFERS_TOTAL, outcome="success")
                 - metric_sum(before[rt.role], c.METRIC_KV_TRANSFERS_TOTAL, outcome="success"))
         assert grew >= 20, f"{rt.role}: success transfers grew by {grew}"
@@ -242,7 +241,7 @@ async def _decode_aborts_mid_transfer(pair: Pair, room: int, hold: float) -> dic
 
 
 def _refused_failed_to_transferring(rt: Runtime) -> float:
-    return metric_sum(parse_metrics(rt.metrics()), c.METRIC_STATUS_WRITES_REFUSED_TOTAL,
+    return metric_sum(samples(rt.metrics()), c.METRIC_STATUS_WRITES_REFUSED_TOTAL,
                       from_state="failed", to_state="transferring")
 
 
