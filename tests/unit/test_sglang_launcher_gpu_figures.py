@@ -43,6 +43,9 @@ def of(series: dict[str, float]) -> list[Sample]:
     return out
 
 
+REFUSED = "pdwarden_kv_status_writes_refused_total{from_state=failed,role=prefill,to_state=transferring}"
+
+
 def test_figures_from_results_and_metric_deltas(g: ModuleType) -> None:
     results = [
         *({"outcome": "completed", "latency_s": float(i)} for i in range(1, 11)),
@@ -66,9 +69,7 @@ def test_figures_from_results_and_metric_deltas(g: ModuleType) -> None:
                 "pdwarden_inflight_requests{role=prefill}": 0.0,
                 "pdwarden_kv_transfers_total{outcome=success,role=prefill}": 10.0,
                 "pdwarden_kv_transfers_total{outcome=aborted,role=prefill}": 4.0,
-                "pdwarden_kv_status_writes_refused_total{from_state=failed,role=prefill,to_state=transferring}": (
-                    3.0
-                ),
+                REFUSED: 3.0,
             }
         ),
         "decode": of({"pdwarden_inflight_requests{role=decode}": 1.0}),
