@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdwarden_cli import chart, demo, demo_alerts
+from pdwarden_cli import chart, demo_alerts, demo_scenario
 from pdwarden_cli.demo_scrape import SeriesStore
 from pdwarden_runtime import contract
 
@@ -13,7 +13,9 @@ pytestmark = pytest.mark.integration
 
 def test_promtool_judges_a_wedge_in_scraped_series() -> None:
     # Series shaped like the demo's: a progressing prefill pod whose queue then stops.
-    groups = chart.rule_groups(chart.helm_template(release=demo.RELEASE, set_values=demo.DEMO_RULE_VALUES))
+    groups = chart.rule_groups(
+        chart.helm_template(release=demo_scenario.RELEASE, set_values=demo_scenario.DEMO_RULE_VALUES)
+    )
     store = SeriesStore(start=0.0, step=2.0)
     target = {
         "job": "d/rt",

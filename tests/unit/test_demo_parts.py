@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from pdwarden_cli import demo
+from pdwarden_cli import demo_scenario
 from pdwarden_cli.demo_scrape import SeriesStore, Target, parse_samples, target_labels
 from pdwarden_operator.models import parse_spec
 from pdwarden_runtime import contract
@@ -22,8 +22,8 @@ pytestmark = pytest.mark.unit
 
 
 def test_demo_manifest_is_the_example_with_2_2_1_pods_and_fault_injection_allowed() -> None:
-    example = yaml.safe_load(demo.EXAMPLE.read_text())
-    m = demo.demo_manifest(example, "ns1")
+    example = yaml.safe_load(demo_scenario.EXAMPLE.read_text())
+    m = demo_scenario.demo_manifest(example, "ns1")
     assert m["metadata"]["namespace"] == "ns1"
     assert m["metadata"]["annotations"][contract.ANNOTATION_ALLOW_FAULT_INJECTION] == "true"
     spec = parse_spec(m["spec"])  # the operator's own validation (the CRD's rules too)
@@ -39,8 +39,8 @@ def test_demo_manifest_is_the_example_with_2_2_1_pods_and_fault_injection_allowe
     )  # the example itself stays safe
 
 
-def good_result() -> demo.DemoResult:
-    return demo.DemoResult(
+def good_result() -> demo_scenario.DemoResult:
+    return demo_scenario.DemoResult(
         wedges_injected=1,
         wedges_detected=1,
         detection_seconds=23.456,
