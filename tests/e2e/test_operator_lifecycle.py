@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import select
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -187,11 +189,24 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str
 ) -> None:
     names = [f"crash-{i}" for i in range(CRASH_MODELS)]
-    # One apply for all: the operator gets them at once, so a kill at its first child leaves
-    # most of them with some or none of their children.
-    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all([_zero_doc(n, namespace) for n in names]))
-    wait_for(lambda: kubectl.items("deployments", namespace), 60, "the first child", interval=0.05)
-    operator.kill()
+    # One apply for all: the operator gets them at once, and a watch (not polling, which is
+    # slower than the operator) kills it at its first child, leaving most models with some or
+    # none of their children.
+    watch = subprocess.Popen(
+        [kubectl.exe, "get", "deployments", "-n", namespace, "--watch", "-o", "name"],
+        env=kubectl.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watch.stdout is not None
+        kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all([_zero_doc(n, namespace) for n in names]))
+        ready, _, _ = select.select([watch.stdout], [], [], 60)
+        assert ready, "no child within 60 s"
+        operator.kill()
+    finally:
+        watch.kill()
+        watch.wait(10)
     complete_when_killed = [n for n in names if _complete(kubectl, n, namespace)]
     assert len(complete_when_killed) < len(names), "the kill came after the reconcile, not during it"
     operator.start()
