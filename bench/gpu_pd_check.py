@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pdwarden_bench.promtext import Sample, metric_sum, samples
+from pdwarden_localcluster.testing import wait_for
 
 # --- the model ---------------------------------------------------------------------------
 VOCAB_WORDS = 4092  # + 4 specials = 4096 ids
@@ -147,42 +148,28 @@ def plan(role: str, host: str, port: int, bootstrap_port: int, user_args: Sequen
 
 # --- readiness ---------------------------------------------------------------------------
 def wait_urls(urls: Sequence[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    pending = list(urls)
-    while pending:
-        url = pending[0]
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                if resp.status == 200:
-                    pending.pop(0)
-                    print(f"ready: {url}", flush=True)
-                    continue
-        except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"not ready within {timeout:.0f} s: {url}")
-        time.sleep(1)
+    for url in urls:
+        wait_for(lambda u=url: _get_ok(u), timeout, f"{url} to answer 200", 1.0)
+        print(f"ready: {url}", flush=True)
+
+
+def _get_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return bool(resp.status == 200)
 
 
 def wait_generate(url: str, timeout: float) -> None:
     body = json.dumps(
         {"text": "w1 w2 w3", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
     ).encode()
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
-        req = urllib.request.Request(
-            f"{url}/generate", data=body, headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                if resp.status == 200:
-                    print(f"generate ok through {url}", flush=True)
-                    return
-        except (urllib.error.URLError, OSError) as err:
-            last = str(err)
-        time.sleep(2)
-    raise SystemExit(f"no successful /generate through {url} within {timeout:.0f} s ({last})")
+    req = urllib.request.Request(f"{url}/generate", data=body, headers={"Content-Type": "application/json"})
+
+    def generates() -> bool:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return bool(resp.status == 200)
+
+    wait_for(generates, timeout, f"a successful /generate through {url}", 2.0)
+    print(f"generate ok through {url}", flush=True)
 
 
 # --- metrics -----------------------------------------------------------------------------
