@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_localcluster import build, procs, tools
+from pdwarden_localcluster import build, procs
 from pdwarden_localcluster.cluster import ClusterInfo, admin_api
 from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
 
@@ -261,15 +261,6 @@ def test_kubectl_version_reports_the_pinned_server_version(kubectl: Kubectl, clu
     versions = json.loads(kubectl("version", "-o", "json").stdout)
     assert versions["serverVersion"]["gitVersion"] == build.kubernetes_version() == cluster.kubernetes_version
     assert versions["clientVersion"]["minor"] == "35"
-
-
-def test_helm_and_promtool_run(cluster: ClusterInfo) -> None:
-    helm = subprocess.run([str(tools.require("helm")), "version"], capture_output=True, text=True, timeout=30)
-    assert helm.returncode == 0 and "v4." in helm.stdout
-    promtool = subprocess.run(
-        [str(tools.require("promtool")), "--version"], capture_output=True, text=True, timeout=30
-    )
-    assert promtool.returncode == 0 and "promtool, version" in promtool.stdout + promtool.stderr
 
 
 def test_up_twice_is_harmless(cluster: ClusterInfo) -> None:
