@@ -27,6 +27,7 @@ from pdwarden_bench.runtime_procs import (
     wait_healthy,
     wait_router,
 )
+from pdwarden_localcluster.testing import WaitTimeout, wait_for
 from pdwarden_runtime import contract as c
 
 pytestmark = pytest.mark.integration
@@ -79,20 +80,24 @@ def router(fleet: Fleet, pairs: dict[str, Pair]) -> Router:
 
 
 def settled(rt: Runtime, timeout: float = 45.0) -> dict[str, Any]:
-    """Wait until the runtime holds no request, room, page or per-room entry."""
-    end = time.monotonic() + timeout
-    while True:
+    """The runtime's state once it holds no request, room, page or per-room entry (or its last
+    state at the timeout: the caller's assertions then name what is left)."""
+
+    def clean() -> dict[str, Any] | None:
         state = rt.state()
-        clean = (state["pending_requests"] == 0 and not state["rooms"] and state["background_tasks"] == 0
-                 and state["free_pages"] == state["total_pages"] and state["free_aux"] == state["total_aux"]
-                 and state["failure_records"] == 0)
+        ok = (state["pending_requests"] == 0 and not state["rooms"] and state["background_tasks"] == 0
+              and state["free_pages"] == state["total_pages"] and state["free_aux"] == state["total_aux"]
+              and state["failure_records"] == 0)
         if rt.role == c.ROLE_PREFILL:
-            clean = clean and state["transfer_infos"] == 0 and state["staging_outstanding"] == 0
+            ok = ok and state["transfer_infos"] == 0 and state["staging_outstanding"] == 0
         else:
-            clean = clean and state["prefill_response_tracker"] == 0 and state["deferred_abort_acks"] == 0
-        if clean or time.monotonic() > end:
-            return state
-        time.sleep(0.5)
+            ok = ok and state["prefill_response_tracker"] == 0 and state["deferred_abort_acks"] == 0
+        return state if ok else None
+
+    try:
+        return wait_for(clean, timeout, f"{rt.role} to settle", 0.5)
+    except WaitTimeout:
+        return rt.state()
 
 
 async def _through_router(router: Router, n: int, abort_ratio: float, seed: int) -> dict[str, int]:
@@ -193,12 +198,12 @@ def room_state(rt: Runtime, room: int) -> Any:
 
 
 def wait_room(rt: Runtime, room: int, wanted: str, timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if room_state(rt, room) == wanted:
-            return True
-        time.sleep(0.05)
-    return False
+    """Whether `room` reached state `wanted` within `timeout`."""
+    try:
+        wait_for(lambda: room_state(rt, room) == wanted, timeout, f"room {room} {wanted}", 0.05)
+    except WaitTimeout:
+        return False
+    return True
 
 
 def _legs(session: aiohttp.ClientSession, pair: Pair, room: int,
