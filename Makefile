@@ -31,11 +31,11 @@ lint: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest -p no:cacheprovider --durations=25 $(ARGS)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly --durations=25 $(ARGS)
 
 # The inner loop: everything but the `slow` scenarios.
 test-fast: setup
-	$(VENV)/bin/python -m pytest -p no:cacheprovider -m "not slow" $(ARGS)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly -m "not slow" $(ARGS)
 
 test-unit: setup
 	$(VENV)/bin/python -m pytest -m unit
