@@ -350,9 +350,8 @@ def cleanup(kube: DemoCluster | None, steps: Steps, model: str) -> None:
     steps.say("Cleaning up: model, chart, namespace")
     with contextlib.suppress(Exception):
         kube.delete_model(NAMESPACE, model)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and kube.pods(NAMESPACE, selector({contract.LABEL_MODEL: model})):
-            time.sleep(1)
+        model_pods = selector({contract.LABEL_MODEL: model})
+        testing.wait_for(lambda: not kube.pods(NAMESPACE, model_pods), 60, "the model's pods to stop", 1.0)
     with contextlib.suppress(Exception):
         kube.helm_uninstall(RELEASE, NAMESPACE)
     with contextlib.suppress(Exception):
