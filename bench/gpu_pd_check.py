@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,7 @@ def plan(role: str, host: str, port: int, bootstrap_port: int, user_args: Sequen
 # --- readiness ---------------------------------------------------------------------------
 def wait_urls(urls: Sequence[str], timeout: float) -> None:
     for url in urls:
-        wait_for(lambda u=url: _get_ok(u), timeout, f"{url} to answer 200", 1.0)
+        wait_for(partial(_get_ok, url), timeout, f"{url} to answer 200", 1.0)
         print(f"ready: {url}", flush=True)
 
 

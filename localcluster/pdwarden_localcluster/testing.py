@@ -50,9 +50,7 @@ class Kubectl:
             [self.exe, *args], env=self.env, input=stdin, capture_output=True, text=True, timeout=timeout
         )
         if check and proc.returncode != 0:
-            raise KubectlError(
-                f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}"
-            )
+            raise KubectlError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
     run = __call__

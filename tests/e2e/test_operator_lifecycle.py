@@ -201,8 +201,8 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
     try:
         assert watch.stdout is not None
         kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all([_zero_doc(n, namespace) for n in names]))
-        ready, _, _ = select.select([watch.stdout], [], [], 60)
-        assert ready, "no child within 60 s"
+        readable, _, _ = select.select([watch.stdout], [], [], 60)
+        assert readable, "no child within 60 s"
         operator.kill()
     finally:
         watch.kill()

@@ -108,4 +108,3 @@ def test_arming_alone_loads_nothing_heavy(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False", "False", "False"]
-
