@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_localcluster.testing import Kubectl, wait_for
+from pdwarden_localcluster.testing import Kubectl, serving, wait_for
 
 from ._operator_helpers import ROOT, condition, kubectl_with_crd, new_namespace
 
@@ -259,9 +259,8 @@ def test_invalid_spec_that_passes_the_crd_is_reported(
 
 def _router_ip(kubectl: Kubectl, name: str, ns: str) -> str | None:
     for pod in kubectl.items("pods", ns, f"pdwarden.io/model={name},pdwarden.io/role=router"):
-        ip = (pod.get("status") or {}).get("podIP")
-        if ip and any(c.get("ready") for c in pod["status"].get("containerStatuses") or []):
-            return str(ip)
+        if serving(pod):
+            return str(pod["status"]["podIP"])
     return None
 
 
