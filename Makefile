@@ -8,7 +8,7 @@ export PDWARDEN_CACHE ?= $(HOME)/.cache/pdwarden
 export PIP_CACHE_DIR ?= $(HOME)/.cache/pip
 ARGS ?=
 
-.PHONY: setup tools test test-all test-unit test-integration test-e2e lint demo clean crds
+.PHONY: setup tools test test-fast test-unit test-integration test-e2e lint demo clean crds
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
@@ -26,14 +26,16 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-# The default run skips the few multi-minute scenarios marked `slow` (CI budget); test-all runs them.
+# Every test, the multi-minute safety scenarios (marked `slow`) included, in a random order
+# (pytest-randomly prints its seed; ARGS=--randomly-seed=N repeats an order).
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest -p no:cacheprovider -m "not slow" --durations=25
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly --durations=25 $(ARGS)
 
-test-all: setup
-	$(VENV)/bin/python -m pytest -p no:cacheprovider --durations=25
+# The inner loop: everything but the `slow` scenarios.
+test-fast: setup
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly -m "not slow" $(ARGS)
 
 test-unit: setup
 	$(VENV)/bin/python -m pytest -m unit

@@ -24,8 +24,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from pdwarden_bench.promtext import Sample, metric_sum, samples
+from pdwarden_localcluster.testing import wait_for
 
 # --- the model ---------------------------------------------------------------------------
 VOCAB_WORDS = 4092  # + 4 specials = 4096 ids
@@ -145,71 +149,39 @@ def plan(role: str, host: str, port: int, bootstrap_port: int, user_args: Sequen
 
 # --- readiness ---------------------------------------------------------------------------
 def wait_urls(urls: Sequence[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    pending = list(urls)
-    while pending:
-        url = pending[0]
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                if resp.status == 200:
-                    pending.pop(0)
-                    print(f"ready: {url}", flush=True)
-                    continue
-        except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"not ready within {timeout:.0f} s: {url}")
-        time.sleep(1)
+    for url in urls:
+        wait_for(partial(_get_ok, url), timeout, f"{url} to answer 200", 1.0)
+        print(f"ready: {url}", flush=True)
+
+
+def _get_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return bool(resp.status == 200)
 
 
 def wait_generate(url: str, timeout: float) -> None:
     body = json.dumps(
         {"text": "w1 w2 w3", "sampling_params": {"max_new_tokens": 2, "temperature": 0}}
     ).encode()
-    deadline = time.monotonic() + timeout
-    last = ""
-    while time.monotonic() < deadline:
-        req = urllib.request.Request(
-            f"{url}/generate", data=body, headers={"Content-Type": "application/json"}
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                if resp.status == 200:
-                    print(f"generate ok through {url}", flush=True)
-                    return
-        except (urllib.error.URLError, OSError) as err:
-            last = str(err)
-        time.sleep(2)
-    raise SystemExit(f"no successful /generate through {url} within {timeout:.0f} s ({last})")
+    req = urllib.request.Request(f"{url}/generate", data=body, headers={"Content-Type": "application/json"})
+
+    def generates() -> bool:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return bool(resp.status == 200)
+
+    wait_for(generates, timeout, f"a successful /generate through {url}", 2.0)
+    print(f"generate ok through {url}", flush=True)
 
 
 # --- metrics -----------------------------------------------------------------------------
-def scrape(url: str) -> dict[str, float]:
-    """name{labels} -> value, labels sorted, from a Prometheus text endpoint ({} if down)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
+def scrape(url: str) -> list[Sample]:
+    """The samples of a Prometheus text endpoint ([] if down)."""
     try:
         with urllib.request.urlopen(url, timeout=10) as resp:
             text = resp.read().decode()
     except (urllib.error.URLError, OSError):
-        return {}
-    out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}"] = s.value
-    return out
-
-
-def total(samples: Mapping[str, float], name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels``."""
-    want = [f"{k}={v}" for k, v in labels.items()]
-    result = 0.0
-    for key, value in samples.items():
-        metric, _, rest = key.partition("{")
-        if metric == name and all(w in rest.rstrip("}").split(",") for w in want):
-            result += value
-    return result
+        return []
+    return samples(text)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -226,37 +198,37 @@ OUTCOMES = ("success", "failed", "aborted", "deadline")
 
 def figures(
     results: Sequence[Mapping[str, Any]],
-    before: Mapping[str, Mapping[str, float]],
-    after: Mapping[str, Mapping[str, float]],
+    before: Mapping[str, list[Sample]],
+    after: Mapping[str, list[Sample]],
     load_seconds: float,
 ) -> dict[str, Any]:
     """The check's figures from per-request results and metric snapshots (pure)."""
     completed = [r for r in results if r["outcome"] == "completed"]
     latencies = [r["latency_s"] for r in completed]
-    pre_b, pre_a = before.get("prefill", {}), after.get("prefill", {})
-    moved = total(pre_a, "pdwarden_kv_transfer_bytes_total") - total(
+    pre_b, pre_a = before.get("prefill", []), after.get("prefill", [])
+    moved = metric_sum(pre_a, "pdwarden_kv_transfer_bytes_total") - metric_sum(
         pre_b, "pdwarden_kv_transfer_bytes_total"
     )
     speed_sum = sum(
-        total(after.get(r, {}), "sglang:kv_transfer_speed_gb_s_sum")
-        - total(before.get(r, {}), "sglang:kv_transfer_speed_gb_s_sum")
+        metric_sum(after.get(r, []), "sglang:kv_transfer_speed_gb_s_sum")
+        - metric_sum(before.get(r, []), "sglang:kv_transfer_speed_gb_s_sum")
         for r in ("prefill_sglang",)
     )
     speed_n = sum(
-        total(after.get(r, {}), "sglang:kv_transfer_speed_gb_s_count")
-        - total(before.get(r, {}), "sglang:kv_transfer_speed_gb_s_count")
+        metric_sum(after.get(r, []), "sglang:kv_transfer_speed_gb_s_count")
+        - metric_sum(before.get(r, []), "sglang:kv_transfer_speed_gb_s_count")
         for r in ("prefill_sglang",)
     )
     outcomes = {
         role: {
-            o: total(after.get(role, {}), "pdwarden_kv_transfers_total", outcome=o)
-            - total(before.get(role, {}), "pdwarden_kv_transfers_total", outcome=o)
+            o: metric_sum(after.get(role, []), "pdwarden_kv_transfers_total", outcome=o)
+            - metric_sum(before.get(role, []), "pdwarden_kv_transfers_total", outcome=o)
             for o in OUTCOMES
         }
         for role in ("prefill", "decode")
     }
     wedged = {
-        role: total(after.get(role, {}), "pdwarden_inflight_requests") for role in ("prefill", "decode")
+        role: metric_sum(after.get(role, []), "pdwarden_inflight_requests") for role in ("prefill", "decode")
     }
     p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
     return {
@@ -268,8 +240,8 @@ def figures(
         "wedged_rooms": int(sum(wedged.values())),
         "wedged_rooms_by_role": {k: int(v) for k, v in wedged.items()},
         "sglang_inflight_after_drain": {
-            "prefill": total(after.get("prefill_sglang", {}), "sglang:num_prefill_inflight_queue_reqs"),
-            "decode": total(after.get("decode_sglang", {}), "sglang:num_decode_transfer_queue_reqs"),
+            "prefill": metric_sum(after.get("prefill_sglang", []), "sglang:num_prefill_inflight_queue_reqs"),
+            "decode": metric_sum(after.get("decode_sglang", []), "sglang:num_decode_transfer_queue_reqs"),
         },
         "latency_p50_s": None if p50 is None else round(p50, 4),
         "latency_p99_s": None if p99 is None else round(p99, 4),
@@ -278,8 +250,8 @@ def figures(
         "kv_transfer_gbps_per_transfer_sglang": round(speed_sum / speed_n, 3) if speed_n else None,
         "transfer_outcomes": outcomes,
         "status_writes_refused": int(
-            total(after.get("prefill", {}), "pdwarden_kv_status_writes_refused_total")
-            - total(before.get("prefill", {}), "pdwarden_kv_status_writes_refused_total")
+            metric_sum(after.get("prefill", []), "pdwarden_kv_status_writes_refused_total")
+            - metric_sum(before.get("prefill", []), "pdwarden_kv_status_writes_refused_total")
         ),
         "load_seconds": round(load_seconds, 2),
     }
@@ -347,7 +319,7 @@ async def run_load(args: argparse.Namespace) -> list[dict[str, Any]]:
         return list(await asyncio.gather(*(bounded(i) for i in range(args.requests))))
 
 
-def snapshot(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+def snapshot(args: argparse.Namespace) -> dict[str, list[Sample]]:
     return {
         "prefill": scrape(args.prefill_metrics),
         "decode": scrape(args.decode_metrics),
@@ -361,7 +333,7 @@ def drain(args: argparse.Namespace) -> float:
     start = time.monotonic()
     while time.monotonic() - start < args.drain_s:
         snap = snapshot(args)
-        if all(total(snap[r], "pdwarden_inflight_requests") == 0 for r in ("prefill", "decode")):
+        if all(metric_sum(snap[r], "pdwarden_inflight_requests") == 0 for r in ("prefill", "decode")):
             break
         time.sleep(1)
     return time.monotonic() - start

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -60,18 +59,6 @@ def _model(name: str, namespace: str) -> dict[str, Any]:
             "router": {"replicas": 0},
         },
     }
-
-
-def _free_port(first: int, last: int) -> int:
-    """The first port in [first, last] nobody listens on (another run may hold the default)."""
-    for port in range(first, last + 1):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise click.ClickException(f"no free port in {first}-{last} for the operator's health endpoint")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -127,10 +114,10 @@ class StatusWatch:
 
 
 async def _run(models: int, kubeconfig: str, health_port: int, timeout: float) -> dict[str, Any]:
+    from pdwarden_bench.operator_process import OperatorProcess
     from pdwarden_operator.crd import CRD_NAME, build_crd
     from pdwarden_operator.kube import apply as kube
     from pdwarden_operator.kube.client import connect, set_client
-    from pdwarden_operator.process import OperatorProcess
 
     set_client(connect(kubeconfig))
     await kube.apply(build_crd())
@@ -144,8 +131,9 @@ async def _run(models: int, kubeconfig: str, health_port: int, timeout: float) -
     namespace = f"pdw-bench-reconcile-{uuid.uuid4().hex[:6]}"
     await kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     log_path = Path(tempfile.gettempdir()) / f"{namespace}-operator.log"
-    port = _free_port(health_port, health_port + 99)
-    op = OperatorProcess(kubeconfig, namespaces=(namespace,), health_port=port, log_path=log_path)
+    op = OperatorProcess(
+        kubeconfig, namespaces=(namespace,), health_port=health_port or None, log_path=log_path
+    )
     watch = StatusWatch(kubeconfig, namespace)
     try:
         await asyncio.to_thread(op.start)
@@ -242,7 +230,11 @@ def _kubeconfig(explicit: str | None) -> str:
     "--kubeconfig", default=None, help="Default: $KUBECONFIG, else the local cluster (started if down)."
 )
 @click.option(
-    "--health-port", type=int, default=35900, show_default=True, help="The operator's liveness port."
+    "--health-port",
+    type=int,
+    default=0,
+    show_default=True,
+    help="The operator's liveness port (0: a free one).",
 )
 @click.option(
     "--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for all statuses."

@@ -10,13 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -24,24 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PORT_RANGE = (31000, 31999)
-_taken: set[int] = set()
-
-
-def free_port(host: str = "127.0.0.1", lo: int = PORT_RANGE[0], hi: int = PORT_RANGE[1]) -> int:
-    """A port in [lo, hi] that binds now on host and was not handed out before here."""
-    for _ in range(500):
-        port = random.randint(lo, hi)
-        if port in _taken:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-        _taken.add(port)
-        return port
-    raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
+from pdwarden_bench.ports import free_port
+from pdwarden_localcluster.testing import wait_for
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
@@ -156,19 +137,15 @@ def start_runtime(role: str, log_dir: Path, *, host: str = "127.0.0.1", extra: S
 
 
 def wait_healthy(runtimes: Sequence[Runtime], timeout: float = 180.0) -> None:
-    end = time.monotonic() + timeout
-    pending = list(runtimes)
-    while pending:
-        for rt in list(pending):
+    """Until every runtime answers /health; a runtime that exits meanwhile fails at once."""
+
+    def all_healthy() -> bool:
+        for rt in runtimes:
             if not rt.proc.alive():
                 raise RuntimeError(f"{rt.role} runtime exited early:\n{rt.proc.log_tail()}")
-            if http_get(f"{rt.url}/health", timeout=2)[0] == 200:
-                pending.remove(rt)
-        if pending and time.monotonic() > end:
-            raise TimeoutError(f"runtimes not healthy after {timeout}s: {[r.role for r in pending]}\n"
-                               + "\n".join(r.proc.log_tail(15) for r in pending))
-        if pending:
-            time.sleep(0.5)
+        return all(http_get(f"{rt.url}/health", timeout=2)[0] == 200 for rt in runtimes)
+
+    wait_for(all_healthy, timeout, f"runtimes {[rt.role for rt in runtimes]} to be healthy", 0.5)
 
 
 @dataclass
@@ -193,20 +170,14 @@ def start_router(prefill: Runtime, decode: Runtime, log_dir: Path, host: str = "
 
 def wait_router(router: Router, timeout: float = 180.0) -> None:
     """Until a real PD request through the router succeeds."""
-    end = time.monotonic() + timeout
     body = {"text": "router warm-up", "sampling_params": {"max_new_tokens": 1}}
-    while True:
+
+    def routes() -> bool:
         if not router.proc.alive():
             raise RuntimeError(f"router exited early:\n{router.proc.log_tail()}")
-        try:
-            status, _ = http_post_json(f"{router.url}/generate", body, timeout=10)
-        except (urllib.error.URLError, OSError):
-            status = 0
-        if status == 200:
-            return
-        if time.monotonic() > end:
-            raise TimeoutError(f"router not routing after {timeout}s:\n{router.proc.log_tail()}")
-        time.sleep(1.0)
+        return http_post_json(f"{router.url}/generate", body, timeout=10)[0] == 200
+
+    wait_for(routes, timeout, f"the router at {router.url} to route a request", 1.0)
 
 
 @dataclass
@@ -240,26 +211,3 @@ class Fleet:
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit so ``finally: fleet.stop()`` runs (no orphans)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-
-
-def parse_metrics(text: str) -> dict[str, float]:
-    """Prometheus text -> {'name{labels}': value} (label order as exposed)."""
-    samples: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        with contextlib.suppress(ValueError):
-            samples[key] = float(value)
-    return samples
-
-
-def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
-    total = 0.0
-    for key, value in samples.items():
-        base, _, rest = key.partition("{")
-        if base != name:
-            continue
-        if all(f'{k}="{v}"' in rest for k, v in labels.items()):
-            total += value
-    return total

@@ -1,4 +1,5 @@
-"""`pdwarden demo`: a new user's first ten minutes, end to end on the local cluster.
+"""`pdwarden demo`: a new user's first ten minutes, end to end on the local cluster (the run;
+the scenario it follows is `pdwarden_cli.demo_scenario`, what it shows `pdwarden_cli.demo_report`).
 
 Starts the embedded cluster, installs the Helm chart, deploys examples/synthetic.yaml
 (2 prefill, 2 decode, 1 router), sends steady traffic through the router with some
@@ -12,194 +13,59 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 import click
 import yaml
 from rich.console import Console
-from rich.table import Table
 
 from pdwarden_cli import chart, demo_alerts, demo_traffic
-from pdwarden_cli.demo_kube import DemoCluster, DemoError, Obj, pod_ip, pod_ready, selector
+from pdwarden_cli.demo_kube import DemoCluster, DemoError, Obj, pod_ip, selector
+from pdwarden_cli.demo_report import Steps, summary_table
+from pdwarden_cli.demo_scenario import (
+    CHART_VALUES,
+    DEMO_RULE_VALUES,
+    EXAMPLE,
+    INFLIGHT_ALERTS,
+    NAMESPACE,
+    OPERATOR_JOB,
+    PREFILL_DEMO_ARGS,
+    RECOVERY_SETTLE_S,
+    RECOVERY_WINDOW_S,
+    RELEASE,
+    SCRAPE_STEP_S,
+    TRAFFIC,
+    WARMUP_S,
+    DemoResult,
+    Observed,
+    demo_manifest,
+    event_relevant,
+    recovered,
+    remediations_for,
+    wedge_seen,
+)
 from pdwarden_cli.demo_scrape import SeriesStore, Target, scrape_once
+from pdwarden_localcluster import testing
+from pdwarden_localcluster.testing import serving
+from pdwarden_operator.watchdog.targets import metrics_url
 from pdwarden_runtime import contract
 
-NAMESPACE = "pdwarden-demo"
-RELEASE = "pdwarden"
-OPERATOR_JOB = f"{RELEASE}-metrics"  # the chart's metrics Service (release name contains the chart's)
-EXAMPLE = chart.REPO_ROOT / "examples" / "synthetic.yaml"
-SCRAPE_STEP_S = 2.0
-WARMUP_S = 20.0
-RECOVERY_SETTLE_S = 5.0
-RECOVERY_WINDOW_S = 20.0
+T = TypeVar("T")
 FAULT = "emulated-maxstatus-port-race"
-TRAFFIC = demo_traffic.TrafficConfig()
-PREFILL_DEMO_ARGS = ("--hardening", "emulated-port", "--race-window", "5")
-# Alerts about the wedged pod's queue; either shows the wedge (a queue that still finishes
-# its short requests keeps its progress counter moving, so only the age may fire).
-INFLIGHT_ALERTS = ("PdwardenInflightStuck", "PdwardenInflightOldestAgeHigh")
-# Cancelling clients make the hardened decode pods refuse late status writes (the race,
-# caught: what the runtime's fix is for), so that informational alert may fire any time.
-ALLOWED_BEFORE_FAULT = ("PdwardenStatusWritesRefused",)
-
-# The operator watches only the demo's namespace, so the demo never touches other models.
-CHART_VALUES = {"operator.scope": "namespace", "operator.watchNamespace": NAMESPACE}
-# The chart's alert rules with windows sized for a demo that lasts minutes, not hours.
-DEMO_RULE_VALUES = {
-    "monitoring.prometheusRule.enabled": "true",
-    "monitoring.prometheusRule.rules.inflightStuck.window": "20s",
-    "monitoring.prometheusRule.rules.inflightStuck.for": "0s",
-    "monitoring.prometheusRule.rules.inflightOldestAge.thresholdSeconds": "15",
-    "monitoring.prometheusRule.rules.inflightOldestAge.for": "0s",
-    "monitoring.prometheusRule.rules.wedgeRemediated.window": "30s",
-    "monitoring.prometheusRule.rules.statusWritesRefused.window": "1m",
-    "monitoring.prometheusRule.rules.podsUnobserved.for": "3m",
-    "monitoring.prometheusRule.rules.operatorDown.for": "1m",
-}
 
 
-def demo_manifest(example: Obj, namespace: str = NAMESPACE) -> Obj:
-    """The example model, shaped for the demo: 2+2+1 pods, fault injection allowed, a quick watchdog."""
-    m = copy.deepcopy(example)
-    meta = m.setdefault("metadata", {})
-    meta["namespace"] = namespace
-    meta.setdefault("annotations", {})[contract.ANNOTATION_ALLOW_FAULT_INJECTION] = "true"
-    spec = m["spec"]
-    # The runtime's in-pod fixes (terminal-sticky status, no silent skip, deadlines) would
-    # catch the race inside the pod; the demo turns them off on prefill so the race wedges
-    # it, and shows the operator, the last layer. The race window is the fault's: how long a
-    # finished chunk's status write waits for an ABORT.
-    spec["prefill"] = {
-        **spec.get("prefill", {}),
-        "replicas": 2,
-        "args": [*PREFILL_DEMO_ARGS],
-    }
-    spec["decode"] = {**spec.get("decode", {}), "replicas": 2}
-    spec["router"] = {**spec.get("router", {}), "replicas": 1}
-    # The runtime's own deadline stays longer than the watchdog's, so the operator acts first.
-    spec["transfer"] = {
-        **spec.get("transfer", {}),
-        "inflightDeadlineSeconds": 300,
-        "transferDeadlineSeconds": 60,
-    }
-    spec["watchdog"] = {
-        **spec.get("watchdog", {}),
-        "stuckAfterSeconds": 20,
-        "scrapeIntervalSeconds": 5,
-        "action": "restart",
-        "maxRemediations": 3,
-        "budgetWindowSeconds": 600,
-        "maxUnavailable": 1,
-    }
-    return m
-
-
-@dataclass
-class DemoResult:
-    wedges_injected: int = 0
-    wedges_detected: int = 0
-    detection_seconds: float | None = None
-    remediations: int = 0
-    requests_ok: int = 0
-    requests_failed: int = 0
-    recovered: bool = False
-    requests_cancelled: int = 0
-    alerts_fired: list[str] = field(default_factory=list)
-    alerts_for_wedged_pod: list[str] = field(default_factory=list)
-    alerts_before_fault: list[str] | None = None  # None: not evaluated
-    wedged_pod: str | None = None
-    replacement_pod: str | None = None
-    error: str | None = None
-
-    def failures(self) -> list[str]:
-        """What did not happen (empty: the demo showed everything it promises)."""
-        if self.error:
-            return [self.error]  # what did not happen after it is a consequence
-        out = []
-        if self.wedges_injected < 1:
-            out.append("no wedge was injected")
-        if self.wedges_detected < self.wedges_injected:
-            out.append("the operator did not detect the wedge")
-        if self.remediations < 1:
-            out.append("the wedged pod was not remediated")
-        if not self.recovered:
-            out.append("traffic did not recover")
-        if not set(INFLIGHT_ALERTS) & set(self.alerts_for_wedged_pod):
-            out.append(f"no inflight alert ({' or '.join(INFLIGHT_ALERTS)}) fired for the wedged pod")
-        if "PdwardenWedgeRemediated" not in self.alerts_fired:
-            out.append("the PdwardenWedgeRemediated alert did not fire")
-        early = [a for a in self.alerts_before_fault or [] if a not in ALLOWED_BEFORE_FAULT]
-        if early:
-            out.append(f"alerts fired before the fault was injected: {', '.join(early)}")
-        return out
-
-    def json_line(self) -> str:
-        keys = (
-            "wedges_injected",
-            "wedges_detected",
-            "detection_seconds",
-            "remediations",
-            "requests_ok",
-            "requests_failed",
-            "recovered",
-            "requests_cancelled",
-            "alerts_fired",
-            "alerts_for_wedged_pod",
-            "alerts_before_fault",
-        )
-        data = asdict(self)
-        out = {k: data[k] for k in keys}
-        if out["detection_seconds"] is not None:
-            out["detection_seconds"] = round(out["detection_seconds"], 1)
-        return json.dumps(out)
-
-
-@dataclass
-class Observed:
-    """What the demo saw of the cluster, for the summary."""
-
-    events: list[Obj] = field(default_factory=list)
-    remediation_entries: list[Obj] = field(default_factory=list)
-    conditions: list[Obj] = field(default_factory=list)
-    traffic_phases: list[tuple[str, int, int, int]] = field(default_factory=list)
-    inject_time: float | None = None  # wall clock of the fault injection
-
-
-class Steps:
-    """Progress output: one line per step, a spinner while waiting."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-
-    def say(self, msg: str) -> None:
-        self.console.log(f"[bold]{msg}")
-
-    def ok(self, msg: str) -> None:
-        self.console.log(f"[green]✓[/green] {msg}")
-
-    @contextlib.contextmanager
-    def waiting(self, msg: str) -> Iterator[None]:
-        with self.console.status(msg):
-            yield
-
-
-async def wait_for(
-    what: str, check: Callable[[], Any], timeout_s: float, interval_s: float = 1.0
-) -> Any:  # the first truthy value check() returns
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = await asyncio.to_thread(check)
-        if value:
-            return value
-        await asyncio.sleep(interval_s)
-    raise DemoError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+async def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float) -> T:
+    """The one `wait_for`, off the event loop; a timeout is a failed demo step."""
+    try:
+        return await asyncio.to_thread(testing.wait_for, check, timeout, what, interval)
+    except testing.WaitTimeout as exc:
+        raise DemoError(str(exc)) from None
 
 
 def role_selector(role: str, model: str) -> str:
@@ -207,26 +73,26 @@ def role_selector(role: str, model: str) -> str:
 
 
 def scrape_targets(kube: DemoCluster, model: str) -> list[Target]:
+    """Runtime pods where the watchdog scrapes them; the operator where its ServiceMonitor would."""
     targets = []
     for role in contract.RUNTIME_ROLES:
         for pod in kube.pods(NAMESPACE, role_selector(role, model)):
-            ip = pod_ip(pod)
-            if not ip or pod["metadata"].get("deletionTimestamp"):
+            url = metrics_url(pod)
+            if url is None:
                 continue
-            port = container_port(pod, contract.PORT_NAME_METRICS) or contract.DEFAULT_METRICS_PORT
             labels = {
                 "job": f"{NAMESPACE}/{RELEASE}-runtime",
-                "instance": f"{ip}:{port}",
+                "instance": urlsplit(url).netloc,
                 "namespace": NAMESPACE,
                 "pod": pod["metadata"]["name"],
                 "model": model,
             }
-            targets.append(Target(f"http://{ip}:{port}{contract.METRICS_PATH}", labels))
+            targets.append(Target(url, labels))
     for pod in kube.pods(
         NAMESPACE, f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
     ):
         ip = pod_ip(pod)
-        if ip and pod_ready(pod):
+        if ip and serving(pod):
             port = container_port(pod, "metrics") or contract.OPERATOR_METRICS_PORT
             labels = {"job": OPERATOR_JOB, "instance": f"{ip}:{port}", "namespace": NAMESPACE}
             targets.append(Target(f"http://{ip}:{port}{contract.METRICS_PATH}", labels, honor_labels=True))
@@ -258,7 +124,7 @@ def model_ready(kube: DemoCluster, name: str) -> bool:
         return False
     want = {"prefill": 2, "decode": 2, "router": 1}
     return all(
-        sum(pod_ready(p) for p in kube.pods(NAMESPACE, role_selector(r, name))) >= n for r, n in want.items()
+        sum(serving(p) for p in kube.pods(NAMESPACE, role_selector(r, name))) >= n for r, n in want.items()
     )
 
 
@@ -269,24 +135,15 @@ def pods_summary(kube: DemoCluster, model: str) -> str:
         statuses = pod.get("status", {}).get("containerStatuses") or [{}]
         waiting = (statuses[0].get("state") or {}).get("waiting") or {}
         reason = f" {waiting['reason']}" if waiting.get("reason") else ""
-        parts.append(f"{pod['metadata']['name']} {'ready' if pod_ready(pod) else 'not ready'}{reason}")
+        parts.append(f"{pod['metadata']['name']} {'ready' if serving(pod) else 'not ready'}{reason}")
     return ", ".join(sorted(parts)) or "no pods"
 
 
 def ready_pods(kube: DemoCluster, role: str, model: str) -> list[Obj]:
     return sorted(
-        (p for p in kube.pods(NAMESPACE, role_selector(role, model)) if pod_ready(p) and pod_ip(p)),
+        (p for p in kube.pods(NAMESPACE, role_selector(role, model)) if serving(p) and pod_ip(p)),
         key=lambda p: p["metadata"]["name"],
     )
-
-
-def remediations_for(dm: Obj, pod: str) -> list[Obj]:
-    return [r for r in (dm.get("status") or {}).get("remediations") or [] if r.get("pod") == pod]
-
-
-def wedge_seen(dm: Obj, pod: str) -> bool:
-    watchdog = (dm.get("status") or {}).get("watchdog") or {}
-    return pod in (watchdog.get("wedgedPods") or []) or bool(remediations_for(dm, pod))
 
 
 async def inject_fault(ip: str) -> Obj:
@@ -305,9 +162,7 @@ async def inject_fault(ip: str) -> Obj:
     return answer
 
 
-async def run_demo(
-    kube: DemoCluster, steps: Steps, result: DemoResult, seen: Observed, example: Obj
-) -> None:
+async def run_demo(kube: DemoCluster, steps: Steps, result: DemoResult, seen: Observed, example: Obj) -> None:
     manifest = demo_manifest(example)
     model = manifest["metadata"]["name"]
 
@@ -324,7 +179,7 @@ async def run_demo(
     with steps.waiting("waiting for the model to be Ready ..."):
         try:
             await wait_for(
-                "the model to be Ready with all its pods", lambda: model_ready(kube, model), 300, 2.0
+                lambda: model_ready(kube, model), 300, "the model to be Ready with all its pods", 2.0
             )
         except DemoError as exc:
             raise DemoError(f"{exc}: {await asyncio.to_thread(pods_summary, kube, model)}") from None
@@ -336,7 +191,7 @@ async def run_demo(
         def routes() -> bool:
             return asyncio.run(demo_traffic.probe(router_ip))
 
-        await wait_for("a first request through the router", routes, 120, 2.0)
+        await wait_for(routes, 120, "a first request through the router", 2.0)
 
     store = SeriesStore(start=time.time(), step=SCRAPE_STEP_S)
     log = demo_traffic.TrafficLog()
@@ -399,14 +254,6 @@ async def gather_status(kube: DemoCluster, result: DemoResult, seen: Observed, m
     )
 
 
-def event_relevant(event: Obj, model: str, result: DemoResult) -> bool:
-    """Events on the model, or on the wedged pod (a restart or eviction is posted there too)."""
-    involved = event.get("involvedObject") or {}
-    on_model = involved.get("kind") == contract.KIND and involved.get("name") == model
-    on_wedged_pod = involved.get("kind") == "Pod" and involved.get("name") == result.wedged_pod
-    return on_model or on_wedged_pod
-
-
 async def traffic_and_fault(
     kube: DemoCluster,
     steps: Steps,
@@ -437,14 +284,15 @@ async def traffic_and_fault(
     )
     answer = await inject_fault(victim_ip)
     t_inject = seen.inject_time = time.time()
+    seen.fault = FAULT
     result.wedges_injected = 1
     steps.ok(f"fault active: {answer}")
 
     with steps.waiting(f"waiting for the operator to find {victim_name} wedged ..."):
         await wait_for(
-            "the operator to detect the wedge",
             lambda: wedge_seen(kube.get_model(NAMESPACE, model) or {}, victim_name),
             150,
+            "the operator to detect the wedge",
             0.5,
         )
     result.wedges_detected = 1
@@ -453,9 +301,9 @@ async def traffic_and_fault(
 
     with steps.waiting("waiting for the remediation ..."):
         entries = await wait_for(
-            "a remediation of the wedged pod",
             lambda: remediations_for(kube.get_model(NAMESPACE, model) or {}, victim_name),
             120,
+            "a remediation of the wedged pod",
             0.5,
         )
     result.remediations = len(entries)
@@ -477,7 +325,7 @@ async def traffic_and_fault(
         victim_name
     }
     with steps.waiting("waiting for the replacement prefill pod ..."):
-        result.replacement_pod = await wait_for("a replacement prefill pod to be Ready", replaced, 300, 1.0)
+        result.replacement_pod = await wait_for(replaced, 300, "a replacement prefill pod to be Ready", 1.0)
     steps.ok(f"{victim_name} replaced by {result.replacement_pod}")
 
     await asyncio.sleep(RECOVERY_SETTLE_S)
@@ -486,8 +334,7 @@ async def traffic_and_fault(
         await asyncio.sleep(RECOVERY_WINDOW_S)
     after = log.counts(t_window)
     seen.traffic_phases.append(("after the restart", after["ok"], after["failed"], after["cancelled"]))
-    answered = after["ok"] + after["failed"]
-    result.recovered = after["ok"] >= 5 and after["ok"] >= 0.9 * answered
+    result.recovered = recovered(after["ok"], after["failed"])
     recovery = f"traffic after the restart: {after['ok']} ok, {after['failed']} failed"
     if result.recovered:
         steps.ok(recovery)
@@ -497,57 +344,14 @@ async def traffic_and_fault(
     await asyncio.sleep(2 * SCRAPE_STEP_S)
 
 
-def summary_table(result: DemoResult, seen: Observed) -> list[Table]:
-    tables = []
-    t = Table(title="pdwarden demo: what happened")
-    t.add_column("step")
-    t.add_column("result")
-    injected = f"{result.wedges_injected} ({FAULT} into {result.wedged_pod})" if result.wedged_pod else "no"
-    t.add_row("wedge injected", injected)
-    det = f"{result.detection_seconds:.1f}s after the fault" if result.detection_seconds is not None else "no"
-    t.add_row("wedge detected", det)
-    t.add_row("remediations", f"{result.remediations} (replacement: {result.replacement_pod or '-'})")
-    for phase, ok, failed, cancelled in seen.traffic_phases:
-        t.add_row(f"traffic {phase}", f"{ok} ok, {failed} failed, {cancelled} cancelled by clients")
-    t.add_row("traffic recovered", "yes" if result.recovered else "NO")
-    t.add_row("alerts fired (promtool)", ", ".join(result.alerts_fired) or "none")
-    before = result.alerts_before_fault
-    t.add_row("alerts before the fault", "-" if before is None else ", ".join(before) or "none")
-    tables.append(t)
-    if seen.remediation_entries:
-        r = Table(title="status.remediations")
-        for col in ("pod", "role", "reason", "action", "time", "outcome"):
-            r.add_column(col)
-        for entry in seen.remediation_entries:
-            r.add_row(
-                *(str(entry.get(c, "")) for c in ("pod", "role", "reason", "action", "time", "outcome"))
-            )
-        tables.append(r)
-    if seen.events:
-        e = Table(title="Events")
-        for col in ("type", "reason", "object", "message"):
-            e.add_column(col)
-        for ev in seen.events[-15:]:
-            inv = ev.get("involvedObject") or {}
-            e.add_row(
-                ev.get("type", ""),
-                ev.get("reason", ""),
-                f"{inv.get('kind')}/{inv.get('name')}",
-                (ev.get("message") or "")[:120],
-            )
-        tables.append(e)
-    return tables
-
-
 def cleanup(kube: DemoCluster | None, steps: Steps, model: str) -> None:
     if kube is None:
         return
     steps.say("Cleaning up: model, chart, namespace")
     with contextlib.suppress(Exception):
         kube.delete_model(NAMESPACE, model)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and kube.pods(NAMESPACE, selector({contract.LABEL_MODEL: model})):
-            time.sleep(1)
+        model_pods = selector({contract.LABEL_MODEL: model})
+        testing.wait_for(lambda: not kube.pods(NAMESPACE, model_pods), 60, "the model's pods to stop", 1.0)
     with contextlib.suppress(Exception):
         kube.helm_uninstall(RELEASE, NAMESPACE)
     with contextlib.suppress(Exception):

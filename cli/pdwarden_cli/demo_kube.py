@@ -160,13 +160,6 @@ def pod_ip(pod: Obj) -> str | None:
     return ip
 
 
-def pod_ready(pod: Obj) -> bool:
-    if pod.get("metadata", {}).get("deletionTimestamp"):
-        return False
-    conditions = pod.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-
-
 def selector(labels: Mapping[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in labels.items())
 

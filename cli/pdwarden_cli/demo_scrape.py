@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
+from pdwarden_bench import promtext
 from pdwarden_runtime import contract
 
 # The series the alert rules read: the contract's exposed names (not histogram parts).
@@ -78,12 +78,7 @@ def format_value(value: float) -> str:
 
 def parse_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     """The contract samples of one /metrics page: (name, labels, value)."""
-    out = []
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in KEPT_NAMES:
-                out.append((sample.name, dict(sample.labels), float(sample.value)))
-    return out
+    return [(s.name, s.labels, s.value) for s in promtext.samples(text, KEPT_NAMES)]
 
 
 def target_labels(sample_labels: Mapping[str, str], target: Target) -> dict[str, str]:

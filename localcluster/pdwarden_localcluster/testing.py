@@ -1,7 +1,8 @@
-"""Helpers for tests that run against the local cluster: kubectl and waiting.
+"""Helpers for tests, benchmarks and the demo on the local cluster: kubectl, waiting, readiness.
 
-Fixtures live in tests/e2e/conftest.py; these are plain functions/classes so any test (or
-bench) can import them.
+Fixtures live in tests/e2e/conftest.py; these are plain functions/classes so any test,
+benchmark or the demo can import them. `wait_for` is the one way anything here waits for a
+condition.
 """
 
 from __future__ import annotations
@@ -12,13 +13,26 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pdwarden_localcluster.tools import require
 
 T = TypeVar("T")
+
+
+class KubectlError(AssertionError):
+    """kubectl exited non-zero (an AssertionError, so a test shows it as a failed check)."""
+
+
+class WaitTimeout(AssertionError):
+    """`wait_for` ran out of time; the message names what it waited for and the last value."""
+
+
+# Failures that are expected while things start (kubectl against a warming API server, HTTP
+# to a process not listening yet): `wait_for` keeps polling through them by default.
+TRANSIENT: tuple[type[BaseException], ...] = (KubectlError, OSError)
 
 
 class Kubectl:
@@ -36,9 +50,7 @@ class Kubectl:
             [self.exe, *args], env=self.env, input=stdin, capture_output=True, text=True, timeout=timeout
         )
         if check and proc.returncode != 0:
-            raise AssertionError(
-                f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}"
-            )
+            raise KubectlError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
     run = __call__
@@ -57,7 +69,7 @@ class Kubectl:
         if proc.returncode != 0:
             if "NotFound" in proc.stderr:
                 return None
-            raise AssertionError(f"kubectl get {kind} {name}: {proc.stderr.strip()}")
+            raise KubectlError(f"kubectl get {kind} {name}: {proc.stderr.strip()}")
         return dict(json.loads(proc.stdout))
 
     def items(
@@ -74,12 +86,13 @@ def wait_for(
     timeout: float,
     what: str,
     interval: float = 0.5,
-    retry_on: tuple[type[BaseException], ...] = (),
+    retry_on: tuple[type[BaseException], ...] = TRANSIENT,
 ) -> T:
-    """Poll `check` until it returns something truthy; fail naming `what` and the last value.
+    """Poll `check` until it returns something truthy, and return that.
 
-    An exception of a `retry_on` type counts as a falsy value (e.g. kubectl failing while
-    things start)."""
+    Raises WaitTimeout naming `what` and the last value. An exception of a `retry_on` type
+    counts as a falsy value (e.g. kubectl failing while things start); any other propagates.
+    """
     deadline = time.monotonic() + timeout
     last: Any = None
     while True:
@@ -91,7 +104,7 @@ def wait_for(
             if last:
                 return last
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last value: {last!r}")
+            raise WaitTimeout(f"timed out after {timeout:g}s waiting for {what}; last value: {last!r}")
         time.sleep(interval)
 
 
@@ -112,6 +125,13 @@ def create_namespace(kubectl: Kubectl, name: str, timeout: float = 60) -> str:
     return name
 
 
-def pod_ready(pod: dict[str, Any]) -> bool:
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    """The kubelet's verdict: condition Ready is True (a terminating pod may still be Ready)."""
     conds = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def serving(pod: Mapping[str, Any]) -> bool:
+    """Ready, not terminating and with an IP: a pod to send traffic to."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    return pod_ready(pod) and not meta.get("deletionTimestamp") and bool(status.get("podIP"))

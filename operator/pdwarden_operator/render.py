@@ -90,7 +90,7 @@ def served_name(owner: Owner, spec: DisaggregatedModelSpec) -> str:
 
 
 def runtime_command(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> list[str]:
-    """COMMON.md interface 1: the command every runtime pod runs."""
+    """The command every runtime pod runs (parsed by ``pdwarden_runtime.cli``'s ``serve``)."""
     role_spec = spec.role(role)
     cmd = [
         "pdwarden",
@@ -394,7 +394,7 @@ ROLES = (contract.ROLE_PREFILL, contract.ROLE_DECODE, contract.ROLE_ROUTER)
 
 
 def render_children(owner: Owner, spec: DisaggregatedModelSpec) -> list[Obj]:
-    """Every child, in apply order (RBAC before the router that needs it)."""
+    """Every child of one DisaggregatedModel; `kube.apply.apply_all` applies them all at once."""
     return [
         runtime_deployment(owner, spec, contract.ROLE_PREFILL),
         runtime_deployment(owner, spec, contract.ROLE_DECODE),

@@ -1,6 +1,6 @@
 """DisaggregatedModel status from what was observed: pure functions, no API calls.
 
-`compute_conditions` is the one place conditions are computed (COMMON.md interface 5): the
+`compute_conditions` is the one place conditions are computed: the
 reconciler calls it with Deployments it observed, the watchdog calls it with its own
 findings, and both get the same Ready / Progressing / Degraded / Wedged semantics.
 """

@@ -1,18 +1,16 @@
-"""Shared helpers of the operator e2e tests: kubectl, waiting, the operator process."""
+"""Shared helpers of the operator e2e tests: kubectl with the CRD, namespaces, conditions."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pdwarden_localcluster.testing import Kubectl
-from pdwarden_localcluster.testing import wait_for as shared_wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "pdwarden.io_disaggregatedmodels.yaml"
-T = TypeVar("T")
 
 
 def kubectl_with_crd(kubeconfig: str | Path) -> Kubectl:
@@ -21,11 +19,6 @@ def kubectl_with_crd(kubeconfig: str | Path) -> Kubectl:
     k.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
     k.run("wait", "--for=condition=Established", "crd/disaggregatedmodels.pdwarden.io", "--timeout=60s")
     return k
-
-
-def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.5) -> T:
-    """The local cluster's `wait_for`, riding out transient kubectl failures while things start."""
-    return shared_wait_for(check, timeout, what, interval, retry_on=(AssertionError,))
 
 
 def new_namespace(kubectl: Kubectl, prefix: str) -> Iterator[str]:

@@ -24,7 +24,7 @@ MODELS = 5
 def test_small_run_reconciles_every_model_completely(cluster: ClusterInfo) -> None:
     pdwarden = Path(sys.executable).parent / "pdwarden"
     out = subprocess.run(
-        [str(pdwarden), "bench", "reconcile", "--models", str(MODELS), "--json", "--health-port", "35800"],
+        [str(pdwarden), "bench", "reconcile", "--models", str(MODELS), "--json"],
         capture_output=True,
         text=True,
         timeout=420,
@@ -37,4 +37,3 @@ def test_small_run_reconciles_every_model_completely(cluster: ClusterInfo) -> No
     assert figures["children_complete"] == MODELS
     assert 0 < figures["p50_s"] <= figures["p99_s"] <= figures["max_s"]
     assert figures["operator_peak_rss_mib"] > 0
-    assert isinstance(figures["goal_met"], bool)

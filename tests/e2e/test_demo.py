@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_cli import demo
+from pdwarden_cli import demo_scenario
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -35,13 +35,13 @@ def test_demo_detects_remediates_recovers_alerts_and_cleans_up(cluster: Any) -> 
     assert result["remediations"] >= 1
     assert result["recovered"] is True
     assert result["requests_ok"] > 0
-    assert set(demo.INFLIGHT_ALERTS) & set(result["alerts_for_wedged_pod"])
+    assert set(demo_scenario.INFLIGHT_ALERTS) & set(result["alerts_for_wedged_pod"])
     assert "PdwardenWedgeRemediated" in result["alerts_fired"]
     # generous bound: the watchdog's stuckAfterSeconds (20) plus scrapes and polling
     assert 0 < result["detection_seconds"] < 120
     # it cleaned up after itself: no demo namespace left behind
     check = subprocess.run(
-        [str(pdwarden.with_name("kubectl")), "get", "namespace", demo.NAMESPACE],
+        [str(pdwarden.with_name("kubectl")), "get", "namespace", demo_scenario.NAMESPACE],
         capture_output=True,
         text=True,
         timeout=60,

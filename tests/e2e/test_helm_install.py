@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import yaml
 
 from pdwarden_cli import chart
+from pdwarden_localcluster.testing import wait_for
 from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
@@ -47,17 +47,6 @@ def get_json(kubeconfig: Path, *args: str) -> Any:
     proc = kubectl(kubeconfig, "get", *args, "-o", "json")
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
-
-
-def wait_until(what: str, check: Any, timeout: float, interval: float = 2.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 @pytest.fixture
@@ -216,7 +205,7 @@ def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
                 and len(deploys["items"]) == 3
             )
 
-        wait_until("the operator pod to reconcile the model", reconciled, 180)
+        wait_for(reconciled, 180, "the operator pod to reconcile the model", 2.0)
         deploys = get_json(kubeconfig, "deployments", "-n", namespace, "-l", f"{contract.LABEL_MODEL}={name}")
         roles = sorted(d["metadata"]["labels"][contract.LABEL_ROLE] for d in deploys["items"])
         assert roles == ["decode", "prefill", "router"]
@@ -239,5 +228,5 @@ def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
         cluster_wide = get_json(kubeconfig, "clusterrole,clusterrolebinding", "-l", selector)["items"]
         return not namespaced and not cluster_wide
 
-    wait_until("every operator object to be deleted", gone, 120)
+    wait_for(gone, 120, "every operator object to be deleted", 2.0)
     assert helm(kubeconfig, "status", release, "-n", namespace).returncode != 0

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from pdwarden_localcluster import build, procs, tools
-from pdwarden_localcluster.cluster import ClusterInfo, admin_api
+from pdwarden_bench.ports import free_port_base
+from pdwarden_localcluster import build, procs
+from pdwarden_localcluster.cluster import ClusterInfo, Ports, admin_api
 from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -263,21 +264,18 @@ def test_kubectl_version_reports_the_pinned_server_version(kubectl: Kubectl, clu
     assert versions["clientVersion"]["minor"] == "35"
 
 
-def test_helm_and_promtool_run(cluster: ClusterInfo) -> None:
-    helm = subprocess.run([str(tools.require("helm")), "version"], capture_output=True, text=True, timeout=30)
-    assert helm.returncode == 0 and "v4." in helm.stdout
-    promtool = subprocess.run(
-        [str(tools.require("promtool")), "--version"], capture_output=True, text=True, timeout=30
-    )
-    assert promtool.returncode == 0 and "promtool, version" in promtool.stdout + promtool.stderr
-
-
 def test_up_twice_is_harmless(cluster: ClusterInfo) -> None:
     proc = subprocess.run([PDWARDEN, "cluster", "up", "--json"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
     assert info["started"] is False and info["processes"] == cluster.processes | info["processes"]
     assert info["processes"]["kube-apiserver"] == cluster.processes["kube-apiserver"]
+
+
+def other_cluster_base() -> int:
+    """A port base whose every control-plane and kubelet port is free now (one node)."""
+    p = Ports(0)
+    return free_port_base([*p.all().values(), p.kubelet])
 
 
 def _other_cluster_env(tmp_path: Path, base: int) -> dict[str, str]:
@@ -289,20 +287,21 @@ def _other_cluster_env(tmp_path: Path, base: int) -> dict[str, str]:
 
 
 def test_a_port_in_use_is_a_clear_error(cluster: ClusterInfo, tmp_path: Path) -> None:
-    env = _other_cluster_env(tmp_path, 36500)
+    base = other_cluster_base()
+    env = _other_cluster_env(tmp_path, base)
     with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 36500 + 443))
+        busy.bind(("127.0.0.1", Ports(base).apiserver))
         busy.listen()
         proc = subprocess.run(
             [PDWARDEN, "cluster", "up"], env=env, capture_output=True, text=True, timeout=120
         )
     assert proc.returncode == 1
-    assert "port 36943" in proc.stderr and "in use" in proc.stderr
+    assert f"port {Ports(base).apiserver}" in proc.stderr and "in use" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_up_after_a_killed_run_recovers_and_down_leaves_nothing(cluster: ClusterInfo, tmp_path: Path) -> None:
-    env = _other_cluster_env(tmp_path, 36600)
+    env = _other_cluster_env(tmp_path, other_cluster_base())
     state = tmp_path / "state"
     try:
         first = subprocess.run(

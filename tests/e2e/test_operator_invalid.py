@@ -3,12 +3,15 @@ with a message naming the offending field, and nothing is created."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from ._operator_helpers import ROOT, Kubectl, kubectl_with_crd, new_namespace
+from pdwarden_localcluster.testing import Kubectl
+
+from ._operator_helpers import ROOT, kubectl_with_crd, new_namespace
 
 pytestmark = pytest.mark.e2e
 
@@ -33,16 +36,26 @@ def test_corpus_is_large_enough() -> None:
     assert len(INVALID) >= 25
 
 
+@pytest.fixture(scope="module")
+def rejections(kubectl: Kubectl, namespace: str) -> dict[Path, subprocess.CompletedProcess[str]]:
+    """`kubectl apply` of every invalid manifest, all done before any test reads the outcome."""
+    return {m: kubectl.run("apply", "-n", namespace, "-f", str(m), check=False) for m in INVALID}
+
+
 @pytest.mark.parametrize("manifest", INVALID, ids=lambda p: p.stem)
-def test_api_server_rejects_and_names_the_field(kubectl: Kubectl, namespace: str, manifest: Path) -> None:
+def test_api_server_rejects_and_names_the_field(
+    rejections: dict[Path, subprocess.CompletedProcess[str]], manifest: Path
+) -> None:
     field = expected_field(manifest)
-    proc = kubectl.run("apply", "-n", namespace, "-f", str(manifest), check=False)
+    proc = rejections[manifest]
     assert proc.returncode != 0, f"{manifest.name} was accepted: {proc.stdout}"
     assert field in proc.stderr, f"{manifest.name}: expected {field!r} in: {proc.stderr.strip()}"
 
 
-def test_nothing_was_created(kubectl: Kubectl, namespace: str) -> None:
-    # Runs after the parametrized cases (file order): not one object made it in.
+def test_nothing_was_created(
+    kubectl: Kubectl, namespace: str, rejections: dict[Path, subprocess.CompletedProcess[str]]
+) -> None:
+    assert len(rejections) == len(INVALID)  # every manifest was applied before looking
     assert kubectl.items("disaggregatedmodels", namespace) == []
     assert kubectl.items("deployments", namespace) == []
 

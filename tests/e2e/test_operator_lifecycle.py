@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import select
+import subprocess
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -13,21 +15,15 @@ from typing import Any
 import pytest
 import yaml
 
-from pdwarden_operator.process import OperatorProcess
+from pdwarden_bench.operator_process import OperatorProcess
+from pdwarden_localcluster.testing import Kubectl, serving, wait_for
 
-from ._operator_helpers import (
-    ROOT,
-    Kubectl,
-    condition,
-    kubectl_with_crd,
-    new_namespace,
-    wait_for,
-)
+from ._operator_helpers import ROOT, condition, kubectl_with_crd, new_namespace
 
 pytestmark = pytest.mark.e2e
 
-HEALTH_PORT = 35101  # this module's operator (range 35000-35999 belongs to the operator tests)
 NS_PREFIX = "pdwe-op-"
+CRASH_MODELS = 12  # enough work that a kill at the first child lands mid-reconcile
 CHILD_KINDS = ("deployments", "services", "serviceaccounts", "roles", "rolebindings", "poddisruptionbudgets")
 CHILDREN = {
     "deployments": {"prefill", "decode", "router"},
@@ -53,9 +49,7 @@ def operator(
     cluster, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:  # type: ignore[no-untyped-def]
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = OperatorProcess(
-        cluster.kubeconfig, namespaces=(f"{NS_PREFIX}*",), health_port=HEALTH_PORT, log_path=log
-    )
+    op = OperatorProcess(cluster.kubeconfig, namespaces=(f"{NS_PREFIX}*",), log_path=log)
     with op:
         yield op
     print(f"operator log: {log}")
@@ -85,8 +79,8 @@ def _complete(kubectl: Kubectl, name: str, ns: str) -> bool:
     )
 
 
-def _zero_model(kubectl: Kubectl, name: str, ns: str) -> None:
-    doc = {
+def _zero_doc(name: str, ns: str) -> dict[str, Any]:
+    return {
         "apiVersion": "pdwarden.io/v1alpha1",
         "kind": "DisaggregatedModel",
         "metadata": {"name": name, "namespace": ns},
@@ -98,7 +92,10 @@ def _zero_model(kubectl: Kubectl, name: str, ns: str) -> None:
             "router": {"replicas": 0},
         },
     }
-    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(doc))
+
+
+def _zero_model(kubectl: Kubectl, name: str, ns: str) -> None:
+    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(_zero_doc(name, ns)))
 
 
 def _ready(kubectl: Kubectl, name: str, ns: str) -> dict[str, Any] | None:
@@ -191,13 +188,27 @@ def test_deleting_the_model_removes_every_child(
 def test_operator_killed_mid_reconcile_converges_without_duplicates(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str
 ) -> None:
-    names = [f"crash-{i}" for i in range(5)]
-    for name in names:
-        _zero_model(kubectl, name, namespace)
-    # Kill as soon as the operator has started writing children: some models are half done.
-    wait_for(lambda: kubectl.items("deployments", namespace), 60, "the first child", interval=0.05)
-    operator.kill()
-    partial = sum(_complete(kubectl, n, namespace) for n in names)
+    names = [f"crash-{i}" for i in range(CRASH_MODELS)]
+    # One apply for all: the operator gets them at once, and a watch (not polling, which is
+    # slower than the operator) kills it at its first child, leaving most models with some or
+    # none of their children.
+    watch = subprocess.Popen(
+        [kubectl.exe, "get", "deployments", "-n", namespace, "--watch", "-o", "name"],
+        env=kubectl.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert watch.stdout is not None
+        kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all([_zero_doc(n, namespace) for n in names]))
+        readable, _, _ = select.select([watch.stdout], [], [], 60)
+        assert readable, "no child within 60 s"
+        operator.kill()
+    finally:
+        watch.kill()
+        watch.wait(10)
+    complete_when_killed = [n for n in names if _complete(kubectl, n, namespace)]
+    assert len(complete_when_killed) < len(names), "the kill came after the reconcile, not during it"
     operator.start()
     for name in names:
 
@@ -212,7 +223,6 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
         for role in ("prefill", "decode", "router"):
             rs = kubectl.items("replicasets", namespace, f"pdwarden.io/model={name},pdwarden.io/role={role}")
             assert len(rs) == 1, f"{name}-{role}: {len(rs)} ReplicaSets"
-    print(f"models complete when killed: {partial}/{len(names)}")
 
 
 def test_invalid_spec_that_passes_the_crd_is_reported(
@@ -249,9 +259,8 @@ def test_invalid_spec_that_passes_the_crd_is_reported(
 
 def _router_ip(kubectl: Kubectl, name: str, ns: str) -> str | None:
     for pod in kubectl.items("pods", ns, f"pdwarden.io/model={name},pdwarden.io/role=router"):
-        ip = (pod.get("status") or {}).get("podIP")
-        if ip and any(c.get("ready") for c in pod["status"].get("containerStatuses") or []):
-            return str(ip)
+        if serving(pod):
+            return str(pod["status"]["podIP"])
     return None
 
 

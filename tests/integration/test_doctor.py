@@ -115,10 +115,3 @@ def test_arming_alone_loads_nothing_heavy(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False", "False", "False"]
-
-
-def test_trigger_is_the_hardening_seam() -> None:
-    from pdwarden_runtime import hardening
-    from pdwarden_runtime.sglang_boot.activate import TRIGGER_MODULE
-
-    assert TRIGGER_MODULE == hardening.SEAM_MODULE

@@ -16,8 +16,8 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.parser import text_string_to_metric_families
 
+from pdwarden_bench.promtext import Sample, metric_sum, samples
 from pdwarden_runtime import contract as c
 from pdwarden_runtime.sglang_boot.prom_bridge import contract_registry, serve_contract_metrics
 
@@ -71,16 +71,8 @@ def run_rank(prom_dir: str, n_open: int, n_done: int, n_failed: int) -> None:
     assert done.stdout.strip() == "ok"
 
 
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def value(found: dict, name: str, **labels: str) -> float:
-    return found[(name, tuple(sorted({"role": "prefill", **labels}.items())))]
+def value(found: list[Sample], name: str, **labels: str) -> float:
+    return metric_sum(found, name, **{"role": "prefill", **labels})
 
 
 @pytest.fixture
@@ -94,7 +86,7 @@ def two_ranks(tmp_path) -> str:
 
 def test_contract_metrics_merge_over_ranks(two_ranks: str) -> None:
     found = samples(generate_latest(contract_registry(two_ranks)).decode())
-    assert all(name.startswith("pdwarden_") for name, _ in found)
+    assert found and all(s.name.startswith("pdwarden_") for s in found)
     # gauges: the worst rank (rank 0 still has rooms 3 open... 5 open - 2 done - 1 failed - 1 late)
     assert value(found, c.METRIC_INFLIGHT_REQUESTS) == 1
     # counters: summed over ranks
@@ -104,9 +96,9 @@ def test_contract_metrics_merge_over_ranks(two_ranks: str) -> None:
     refused = value(found, c.METRIC_STATUS_WRITES_REFUSED_TOTAL, from_state="failed", to_state="transferring")
     assert refused == 1
     # the identity gauge is one series, without multiprocess mode's pid label
-    info = [k for k in found if k[0] == c.METRIC_RUNTIME_INFO]
-    assert len(info) == 1 and "pid" not in dict(info[0][1])
-    assert found[info[0]] == 1
+    info = [s for s in found if s.name == c.METRIC_RUNTIME_INFO]
+    assert len(info) == 1 and "pid" not in info[0].labels
+    assert info[0].value == 1
 
 
 def test_sglang_own_metrics_endpoint_shows_them_too(two_ranks: str) -> None:
@@ -118,7 +110,7 @@ def test_sglang_own_metrics_endpoint_shows_them_too(two_ranks: str) -> None:
 
 
 def test_metrics_port_serves_them(two_ranks: str) -> None:
-    server = serve_contract_metrics(two_ranks, "127.0.0.1", 32011)
+    server = serve_contract_metrics(two_ranks, "127.0.0.1", 0)  # the kernel picks a free port
     try:
         with urllib.request.urlopen(server.url, timeout=10) as resp:
             found = samples(resp.read().decode())

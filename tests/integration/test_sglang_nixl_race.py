@@ -26,12 +26,12 @@ from typing import Any
 
 import pytest
 
+from pdwarden_bench.ports import free_port
+from pdwarden_localcluster.testing import WaitTimeout, wait_for
 from pdwarden_runtime.sglang_boot import seam_env
 
 pytestmark = pytest.mark.integration
 
-BOOT_PORT_HARDENED = 32101
-BOOT_PORT_LEGACY = 32102
 CHILD_TIMEOUT_S = 600  # generous: importing SGLang on a loaded 2-core machine is slow
 N_PAGES = 64
 ITEM = 4096
@@ -104,12 +104,12 @@ def _kv_args(kv_args_class: Any, fill: int) -> tuple[Any, list[Any], Any]:
 
 
 def _wait_for(pred: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return bool(pred())
+    """Whether `pred` came true within `timeout` (the child reports either outcome)."""
+    try:
+        wait_for(pred, timeout, "a condition of the race", 0.01, ())
+    except WaitTimeout:
+        return False
+    return True
 
 
 def race_in_scheduler_like_child(boot_port: int, settle_s: float, writer: Connection) -> None:
@@ -221,7 +221,7 @@ def run_child(
 def test_hardened_sglang_nixl_race_ends_failed(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     config = {"engine": "sglang", "fault": "emulated-maxstatus-port-race", "race_window": 5}
     # up to 120 s for the room to conclude (returns as soon as it does)
-    r = run_child(monkeypatch, tmp_path, config, BOOT_PORT_HARDENED, settle_s=120)
+    r = run_child(monkeypatch, tmp_path, config, free_port(), settle_s=120)
     assert r["seam"]["activated"] is True
     assert all(r["fixes"].values()), r["fixes"]
     assert r["classes"] == [
@@ -242,7 +242,7 @@ def test_control_without_hardening_wedges(monkeypatch: pytest.MonkeyPatch, tmp_p
     config = {"engine": "sglang", "fault": "emulated-maxstatus-port-race", "race_window": 5,
               "hardening": "emulated-port"}
     # 15 s: well past the 5 s race window; a wedged room never concludes
-    r = run_child(monkeypatch, tmp_path, config, BOOT_PORT_LEGACY, settle_s=15)
+    r = run_child(monkeypatch, tmp_path, config, free_port(), settle_s=15)
     assert r["seam"]["activated"] is True
     assert r["fixes"]["A_sticky_status"] is False
     assert r["chunk_landed"]

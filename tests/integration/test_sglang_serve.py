@@ -8,13 +8,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from pdwarden_bench.ports import free_port
 from pdwarden_localcluster import procs
+from pdwarden_localcluster.testing import wait_for
 from pdwarden_runtime.sglang_boot import SITE_DIR
 
 pytestmark = pytest.mark.integration
@@ -66,14 +67,9 @@ def environ_of(pid: int) -> dict[str, str]:
     return dict(item.decode(errors="replace").split("=", 1) for item in raw if b"=" in item)
 
 
-def group_alive(pgid: int, within: float = 0.0) -> bool:
-    """Whether a live (non-zombie) process of group ``pgid`` remains after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        alive = bool(procs.group_members(pgid, not_before=0))
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.5)
+def group_alive(pgid: int) -> bool:
+    """Whether a live (non-zombie) process of group ``pgid`` remains."""
+    return bool(procs.group_members(pgid, not_before=0))
 
 
 def serve(args: list[str], sglang_args: list[str]) -> subprocess.Popen[str]:
@@ -88,6 +84,7 @@ def serve(args: list[str], sglang_args: list[str]) -> subprocess.Popen[str]:
 
 def test_launcher_runs_sglang_hardened_and_stops_its_whole_tree(tmp_path: Path) -> None:
     model = tiny_model(tmp_path / "model")
+    metrics_port = free_port()
     proc = serve(
         [
             "--role",
@@ -95,11 +92,11 @@ def test_launcher_runs_sglang_hardened_and_stops_its_whole_tree(tmp_path: Path) 
             "--host",
             "127.0.0.1",
             "--port",
-            "32510",
+            str(free_port()),
             "--bootstrap-port",
-            "32511",
+            str(free_port()),
             "--metrics-port",
-            "32512",
+            str(metrics_port),
         ],
         [
             "--model-path",
@@ -114,26 +111,27 @@ def test_launcher_runs_sglang_hardened_and_stops_its_whole_tree(tmp_path: Path) 
             "disabled",
         ],
     )
-    sglang_pid = None
+    sglang_pid: int | None = None
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        spawned: list[int] = []
-        while time.monotonic() < deadline and proc.poll() is None:
-            kids = children(proc.pid)
-            if kids:
-                sglang_pid = kids[0]
-                spawned = children(sglang_pid)
+
+        def sglang_spawned() -> tuple[int, list[int]] | None:
+            if proc.poll() is not None:
+                raise AssertionError(proc.stdout.read() if proc.stdout else "the launcher exited")
+            for kid in children(proc.pid)[:1]:
+                spawned = children(kid)
                 if any(
                     "spawn_main" in Path(f"/proc/{p}/cmdline").read_text(errors="replace")
                     for p in spawned
                     if Path(f"/proc/{p}").exists()
                 ):
-                    break
-            time.sleep(1)
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert sglang_pid is not None and spawned, "SGLang never spawned its processes"
+                    return kid, spawned
+            return None
+
+        sglang_pid, spawned = wait_for(
+            sglang_spawned, START_TIMEOUT, "SGLang to spawn its processes", 1.0, (OSError,)
+        )
         # the contract metrics port is up while SGLang starts
-        with urllib.request.urlopen("http://127.0.0.1:32512/metrics", timeout=10) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as resp:
             assert resp.status == 200
         # SGLang's main and its spawned children carry the seam
         for pid in [sglang_pid, *spawned]:
@@ -161,7 +159,8 @@ def test_launcher_runs_sglang_hardened_and_stops_its_whole_tree(tmp_path: Path) 
     )
     assert f"your SGLang arguments (untouched): --model-path {model}" in out
     # SIGKILLed children take a moment to be reaped; the bound is generous, not a timing claim
-    assert not group_alive(sglang_pid, within=30), "SGLang's processes outlived the launcher"
+    pgid: int = sglang_pid
+    wait_for(lambda: not group_alive(pgid), 30, "SGLang's processes to end with the launcher")
     assert not Path(prom_dir).exists()
 
 
@@ -173,11 +172,11 @@ def test_sglang_failure_is_the_launcher_exit_status(tmp_path: Path) -> None:
             "--host",
             "127.0.0.1",
             "--port",
-            "32520",
+            str(free_port()),
             "--bootstrap-port",
-            "32521",
+            str(free_port()),
             "--metrics-port",
-            "32522",
+            str(free_port()),
         ],
         ["--model-path", str(tmp_path / "no-such-model"), "--load-format", "dummy", "--device", "cpu"],
     )
@@ -192,6 +191,7 @@ def test_sglang_failure_is_the_launcher_exit_status(tmp_path: Path) -> None:
 
 
 def test_conflicting_arguments_stop_before_sglang_starts() -> None:
+    port = free_port()
     done = subprocess.run(
         [
             *PDW,
@@ -202,9 +202,9 @@ def test_conflicting_arguments_stop_before_sglang_starts() -> None:
             "--role",
             "prefill",
             "--port",
-            "32530",
+            str(port),
             "--metrics-port",
-            "32532",
+            str(free_port()),
             "--",
             "--model-path",
             "/m",
@@ -217,5 +217,5 @@ def test_conflicting_arguments_stop_before_sglang_starts() -> None:
         check=False,
     )
     assert done.returncode != 0
-    assert "--port 31000 (pdwarden sets --port 32530)" in done.stdout + done.stderr
+    assert f"--port 31000 (pdwarden sets --port {port})" in done.stdout + done.stderr
     assert "sglang.launch_server" not in done.stdout + done.stderr

@@ -18,16 +18,16 @@ import aiohttp
 import pytest
 
 from pdwarden_bench.pdclient import Endpoint, new_session, request_body
+from pdwarden_bench.promtext import metric_sum, samples
 from pdwarden_bench.runtime_procs import (
     Fleet,
     Router,
     Runtime,
     http_post_json,
-    metric_sum,
-    parse_metrics,
     wait_healthy,
     wait_router,
 )
+from pdwarden_localcluster.testing import WaitTimeout, wait_for
 from pdwarden_runtime import contract as c
 
 pytestmark = pytest.mark.integration
@@ -77,20 +77,24 @@ def router(fleet: Fleet, pairs: dict[str, Pair]) -> Router:
 
 
 def settled(rt: Runtime, timeout: float = 45.0) -> dict[str, Any]:
-    """Wait until the runtime holds no request, room, page or per-room entry."""
-    end = time.monotonic() + timeout
-    while True:
+    """The runtime's state once it holds no request, room, page or per-room entry (or its last
+    state at the timeout: the caller's assertions then name what is left)."""
+
+    def clean() -> dict[str, Any] | None:
         state = rt.state()
-        clean = (state["pending_requests"] == 0 and not state["rooms"] and state["background_tasks"] == 0
-                 and state["free_pages"] == state["total_pages"] and state["free_aux"] == state["total_aux"]
-                 and state["failure_records"] == 0)
+        ok = (state["pending_requests"] == 0 and not state["rooms"] and state["background_tasks"] == 0
+              and state["free_pages"] == state["total_pages"] and state["free_aux"] == state["total_aux"]
+              and state["failure_records"] == 0)
         if rt.role == c.ROLE_PREFILL:
-            clean = clean and state["transfer_infos"] == 0 and state["staging_outstanding"] == 0
+            ok = ok and state["transfer_infos"] == 0 and state["staging_outstanding"] == 0
         else:
-            clean = clean and state["prefill_response_tracker"] == 0 and state["deferred_abort_acks"] == 0
-        if clean or time.monotonic() > end:
-            return state
-        time.sleep(0.5)
+            ok = ok and state["prefill_response_tracker"] == 0 and state["deferred_abort_acks"] == 0
+        return state if ok else None
+
+    try:
+        return wait_for(clean, timeout, f"{rt.role} to settle", 0.5)
+    except WaitTimeout:
+        return rt.state()
 
 
 async def _through_router(router: Router, n: int, abort_ratio: float, seed: int) -> dict[str, int]:
@@ -157,7 +161,7 @@ def test_disconnecting_clients_leave_nothing_behind(router: Router, pairs: dict[
 
 def test_metrics_of_both_roles_carry_the_contract_and_move(router: Router, pairs: dict[str, Pair]) -> None:
     hardened = pairs["hardened"]
-    before = {rt.role: parse_metrics(rt.metrics()) for rt in (hardened.prefill, hardened.decode)}
+    before = {rt.role: samples(rt.metrics()) for rt in (hardened.prefill, hardened.decode)}
     counts = asyncio.run(_through_router(router, 20, abort_ratio=0.0, seed=3))
     assert counts["completed"] == 20
     for rt in (hardened.prefill, hardened.decode):
@@ -167,7 +171,7 @@ def test_metrics_of_both_roles_carry_the_contract_and_move(router: Router, pairs
                      c.METRIC_KV_TRANSFER_SECONDS,
                      c.METRIC_STATUS_WRITES_REFUSED_TOTAL, c.METRIC_RUNTIME_INFO):
             assert f"\n{name}" in text, f"{rt.role} /metrics lacks {name}"
-        after = parse_metrics(text)
+        after = samples(text)
         grew = (metric_sum(after, c.METRIC_KV_TRANSFERS_TOTAL, outcome="success")
                 - metric_sum(before[rt.role], c.METRIC_KV_TRANSFERS_TOTAL, outcome="success"))
         assert grew >= 20, f"{rt.role}: success transfers grew by {grew}"
@@ -191,12 +195,12 @@ def room_state(rt: Runtime, room: int) -> Any:
 
 
 def wait_room(rt: Runtime, room: int, wanted: str, timeout: float = 30.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if room_state(rt, room) == wanted:
-            return True
-        time.sleep(0.05)
-    return False
+    """Whether `room` reached state `wanted` within `timeout`."""
+    try:
+        wait_for(lambda: room_state(rt, room) == wanted, timeout, f"room {room} {wanted}", 0.05)
+    except WaitTimeout:
+        return False
+    return True
 
 
 def _legs(session: aiohttp.ClientSession, pair: Pair, room: int,
@@ -239,7 +243,7 @@ async def _decode_aborts_mid_transfer(pair: Pair, room: int, hold: float) -> dic
 
 
 def _refused_failed_to_transferring(rt: Runtime) -> float:
-    return metric_sum(parse_metrics(rt.metrics()), c.METRIC_STATUS_WRITES_REFUSED_TOTAL,
+    return metric_sum(samples(rt.metrics()), c.METRIC_STATUS_WRITES_REFUSED_TOTAL,
                       from_state="failed", to_state="transferring")
 
 

@@ -11,14 +11,13 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 
+from pdwarden_bench.ports import free_port
 from pdwarden_operator.watchdog.scrape import Scraper, Target
 from tests.unit.test_watchdog_fuzz import hostile
 
 pytestmark = pytest.mark.integration
 
 HOST = "127.0.209.1"  # not 127.0.0.1: its ephemeral client ports may sit on ours
-PORT = 33010
-CLOSED_PORT = 33011
 GOOD = (
     "# TYPE pdwarden_inflight_requests gauge\npdwarden_inflight_requests 2\n"
     "# TYPE pdwarden_inflight_oldest_age_seconds gauge\npdwarden_inflight_oldest_age_seconds 1.5\n"
@@ -53,7 +52,7 @@ async def error(_: web.Request) -> web.Response:
 
 
 async def redirect(_: web.Request) -> web.Response:
-    raise web.HTTPFound("http://127.0.209.1:33010/good")
+    raise web.HTTPFound("/good")
 
 
 async def reset(request: web.Request) -> web.Response:
@@ -77,10 +76,11 @@ async def server() -> AsyncIterator[str]:
         app.router.add_get(path, handler)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, HOST, PORT)
+    port = free_port(HOST)
+    site = web.TCPSite(runner, HOST, port)
     await site.start()
     try:
-        yield f"http://{HOST}:{PORT}"
+        yield f"http://{HOST}:{port}"
     finally:
         await runner.cleanup()
 
@@ -90,7 +90,7 @@ async def test_every_failure_is_reported_per_pod_and_the_round_completes(server:
     try:
         names = ["good", "slow", "huge", "binary", "error", "redirect", "reset"]
         targets = [Target(n, f"{server}/{n}") for n in names]
-        targets.append(Target("closed", f"http://{HOST}:{CLOSED_PORT}/metrics"))
+        targets.append(Target("closed", f"http://{HOST}:{free_port(HOST)}/metrics"))  # nobody listens
         results = await asyncio.wait_for(scraper.scrape(targets), timeout=20)
         by_key = {r.key: r for r in results}
         assert [r.key for r in results] == [*names, "closed"]
@@ -100,7 +100,7 @@ async def test_every_failure_is_reported_per_pod_and_the_round_completes(server:
         assert by_key["slow"].error == "timeout after 1s"
         assert "exceeds the limit" in (by_key["huge"].error or "")
         assert by_key["binary"].error == "body is not UTF-8"
-        assert by_key["error"].error == "HTTP 503 from http://127.0.209.1:33010/error"
+        assert by_key["error"].error == f"HTTP 503 from {server}/error"
         assert "HTTP 302" in (by_key["redirect"].error or "")
         assert by_key["reset"].sample is None and by_key["reset"].error
         assert by_key["closed"].sample is None and "ClientConnectorError" in (by_key["closed"].error or "")
@@ -117,9 +117,10 @@ async def test_operator_metrics_are_served_over_http() -> None:
     from pdwarden_operator.metrics import METRICS, serve
 
     METRICS.remediations.labels("it-ns", "it-model", "restart", "deleted").inc()
-    server = serve(33021, HOST)
+    port = free_port(HOST)
+    server = serve(port, HOST)
     try:
-        async with aiohttp.ClientSession() as session, session.get(f"http://{HOST}:33021/metrics") as resp:
+        async with aiohttp.ClientSession() as session, session.get(f"http://{HOST}:{port}/metrics") as resp:
             text = await resp.text()
         assert resp.status == 200
         assert (
@@ -134,7 +135,8 @@ async def test_operator_metrics_are_served_over_http() -> None:
 @pytest.fixture(scope="module")
 def hostile_server() -> Iterator[dict[str, bytes]]:
     """A real HTTP endpoint on its own thread serving whatever body the test puts in the dict."""
-    current: dict[str, bytes] = {"body": b""}
+    port = free_port(HOST)
+    current: dict[str, bytes] = {"body": b"", "url": f"http://{HOST}:{port}/metrics".encode()}
 
     async def serve_current(_: web.Request) -> web.Response:
         return web.Response(body=current["body"], content_type="text/plain")
@@ -144,7 +146,7 @@ def hostile_server() -> Iterator[dict[str, bytes]]:
     app.router.add_get("/metrics", serve_current)
     runner = web.AppRunner(app, access_log=None)
     loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.TCPSite(runner, HOST, PORT + 2).start())
+    loop.run_until_complete(web.TCPSite(runner, HOST, port).start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     try:
@@ -166,7 +168,7 @@ def test_hostile_bodies_over_http_never_escape_the_scraper(
     async def once() -> None:
         scraper = Scraper(concurrency=1, timeout_seconds=5.0, max_bytes=64 * 1024)
         try:
-            (result,) = await scraper.scrape([Target("p", f"http://{HOST}:{PORT + 2}/metrics")])
+            (result,) = await scraper.scrape([Target("p", hostile_server["url"].decode())])
         finally:
             await scraper.close()
         if result.sample is None:

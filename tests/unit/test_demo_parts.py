@@ -1,5 +1,6 @@
 """The demo's pure parts: its model manifest, its verdict, and the scraped-series grid that
-promtool replays (fed by a real RuntimeMetrics exposition and judged by the real promtool)."""
+promtool replays (fed by a real RuntimeMetrics exposition; tests/integration/test_demo_alerts.py
+has promtool judge it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from pdwarden_cli import chart, demo, demo_alerts
+from pdwarden_cli import demo_scenario
 from pdwarden_cli.demo_scrape import SeriesStore, Target, parse_samples, target_labels
 from pdwarden_operator.models import parse_spec
 from pdwarden_runtime import contract
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.unit
 
 
 def test_demo_manifest_is_the_example_with_2_2_1_pods_and_fault_injection_allowed() -> None:
-    example = yaml.safe_load(demo.EXAMPLE.read_text())
-    m = demo.demo_manifest(example, "ns1")
+    example = yaml.safe_load(demo_scenario.EXAMPLE.read_text())
+    m = demo_scenario.demo_manifest(example, "ns1")
     assert m["metadata"]["namespace"] == "ns1"
     assert m["metadata"]["annotations"][contract.ANNOTATION_ALLOW_FAULT_INJECTION] == "true"
     spec = parse_spec(m["spec"])  # the operator's own validation (the CRD's rules too)
@@ -39,8 +40,8 @@ def test_demo_manifest_is_the_example_with_2_2_1_pods_and_fault_injection_allowe
     )  # the example itself stays safe
 
 
-def good_result() -> demo.DemoResult:
-    return demo.DemoResult(
+def good_result() -> demo_scenario.DemoResult:
+    return demo_scenario.DemoResult(
         wedges_injected=1,
         wedges_detected=1,
         detection_seconds=23.456,
@@ -144,33 +145,3 @@ def test_series_grid_marks_missed_scrapes() -> None:
     rows = {r["series"]: r["values"] for r in store.input_series()}
     assert rows['up{instance="i", job="a\\"b"}'] == "1 _ 0 _"
     assert rows['up{instance="k", job="a\\"b"}'] == "_ _ _ 0.5"
-
-
-def test_promtool_judges_a_wedge_in_scraped_series() -> None:
-    # Series shaped like the demo's: a progressing prefill pod whose queue then stops.
-    groups = chart.rule_groups(chart.helm_template(release=demo.RELEASE, set_values=demo.DEMO_RULE_VALUES))
-    store = SeriesStore(start=0.0, step=2.0)
-    target = {
-        "job": "d/rt",
-        "instance": "127.0.1.2:9400",
-        "namespace": "d",
-        "pod": "m-prefill-a",
-        "model": "m",
-    }
-    for i in range(50):
-        at = i * 2.0
-        store.add(at, {"__name__": "up", **target}, 1)
-        store.add(at, {"__name__": contract.METRIC_INFLIGHT_REQUESTS, **target, "role": "prefill"}, 2)
-        done = {
-            "__name__": contract.METRIC_KV_TRANSFERS_TOTAL,
-            **target,
-            "role": "prefill",
-            "outcome": "success",
-        }
-        store.add(at, done, 3 * min(i, 25))  # progress stops at slot 25 (50 s)
-        age = {"__name__": contract.METRIC_INFLIGHT_OLDEST_AGE, **target, "role": "prefill"}
-        store.add(at, age, 1 if i <= 25 else 2 * (i - 25))
-    assert not demo_alerts.was_firing(groups, store, until_slot=24)
-    fired = demo_alerts.firing_alerts(groups, store, matchers={"pod": "m-prefill-a"})
-    assert fired == ["PdwardenInflightStuck", "PdwardenInflightOldestAgeHigh"]
-    assert demo_alerts.firing_alerts(groups, store, matchers={"pod": "another-pod"}) == []

@@ -1,56 +1,20 @@
 """The runtime's /metrics: every contract name with its type, series at 0 from the start,
-one registry per runtime, served over HTTP and through an aiohttp handler."""
+one registry per runtime (serving it over HTTP: tests/integration/test_runtime_metrics_http.py)."""
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
-
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdwarden_runtime import contract as c
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import STATE_LABELS, KVPoll
-from pdwarden_runtime.metrics import RuntimeMetrics, exposition, metrics_handler, serve_metrics
+from pdwarden_runtime.metrics import RuntimeMetrics
 from pdwarden_runtime.status import RoomStatusTable
+from tests.support.runtime_metrics import CONTRACT_FAMILIES, runtime
 
 pytestmark = pytest.mark.unit
-
-# family name as the parser reports it (counters lose `_total`) -> type
-CONTRACT_FAMILIES = {
-    c.METRIC_INFLIGHT_REQUESTS: "gauge",
-    c.METRIC_INFLIGHT_OLDEST_AGE: "gauge",
-    c.METRIC_KV_ROOMS: "gauge",
-    c.METRIC_KV_TRANSFERS_BASE: "counter",
-    c.METRIC_KV_TRANSFER_BYTES_BASE: "counter",
-    c.METRIC_KV_TRANSFER_SECONDS: "histogram",
-    c.METRIC_STATUS_WRITES_REFUSED_BASE: "counter",
-    c.METRIC_RUNTIME_INFO: "gauge",
-}
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def runtime(
-    role: str = c.ROLE_PREFILL, deadline: float | None = None
-) -> tuple[FakeClock, RoomStatusTable, InflightTracker, RuntimeMetrics]:
-    clock = FakeClock()
-    table = RoomStatusTable("sticky")
-    tracker = InflightTracker(table, deadline=deadline, clock=clock)
-    metrics = RuntimeMetrics(
-        role, table, tracker, engine="synthetic", transfer_backend="nixl", version="9.9.9"
-    )
-    return clock, table, tracker, metrics
 
 
 def samples(metrics: RuntimeMetrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -161,32 +125,3 @@ def test_bad_role_and_negative_bytes_are_clear_errors() -> None:
     *_, metrics = runtime()
     with pytest.raises(ValueError, match="must be >= 0"):
         metrics.add_bytes(-1)
-
-
-def test_serve_metrics_over_http_and_stop() -> None:
-    *_, metrics = runtime()
-    server = serve_metrics(metrics.registry, "127.0.0.1", 0)
-    try:
-        with urllib.request.urlopen(server.url, timeout=10) as response:
-            body = response.read().decode()
-            assert response.headers["Content-Type"].startswith("text/plain")
-        assert {f.name for f in text_string_to_metric_families(body)} >= set(CONTRACT_FAMILIES)
-    finally:
-        server.stop()
-    with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen(server.url, timeout=2)
-
-
-async def test_aiohttp_handler_serves_the_registry() -> None:
-    *_, metrics = runtime(c.ROLE_DECODE)
-    app = web.Application()
-    app.router.add_get(c.METRICS_PATH, metrics_handler(metrics.registry))
-    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
-        response = await client.get(c.METRICS_PATH)
-        assert response.status == 200
-        assert response.headers["Content-Type"].startswith("text/plain")
-        body = await response.text()
-    families = {f.name: f.type for f in text_string_to_metric_families(body)}
-    assert families == {**families, **CONTRACT_FAMILIES}
-    assert 'role="decode"' in body
-    assert exposition(metrics.registry)[0].decode().count("\n") == body.count("\n")

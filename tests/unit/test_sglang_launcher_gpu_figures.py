@@ -9,6 +9,8 @@ from types import ModuleType
 
 import pytest
 
+from pdwarden_bench.promtext import Sample
+
 pytestmark = pytest.mark.unit
 
 HELPER = Path(__file__).resolve().parents[2] / "bench" / "gpu_pd_check.py"
@@ -31,15 +33,17 @@ def test_percentiles(g: ModuleType) -> None:
     assert g.percentile(list(range(101)), 0.99) == pytest.approx(99.0)
 
 
-def test_total_sums_matching_series(g: ModuleType) -> None:
-    samples = {
-        "pdwarden_kv_transfers_total{outcome=success,role=prefill}": 5.0,
-        "pdwarden_kv_transfers_total{outcome=failed,role=prefill}": 2.0,
-        "pdwarden_kv_transfers_totalx{outcome=success,role=prefill}": 100.0,
-    }
-    assert g.total(samples, "pdwarden_kv_transfers_total") == 7.0
-    assert g.total(samples, "pdwarden_kv_transfers_total", outcome="success") == 5.0
-    assert g.total(samples, "missing") == 0.0
+def of(series: dict[str, float]) -> list[Sample]:
+    """`name{k=v,...}: value` written compactly -> the samples the check's scrape returns."""
+    out = []
+    for key, value in series.items():
+        name, _, rest = key.partition("{")
+        labels = dict(kv.split("=", 1) for kv in rest.rstrip("}").split(",") if kv)
+        out.append(Sample(name, labels, value))
+    return out
+
+
+REFUSED = "pdwarden_kv_status_writes_refused_total{from_state=failed,role=prefill,to_state=transferring}"
 
 
 def test_figures_from_results_and_metric_deltas(g: ModuleType) -> None:
@@ -50,28 +54,32 @@ def test_figures_from_results_and_metric_deltas(g: ModuleType) -> None:
         {"outcome": "timeout", "latency_s": 60.0},
     ]
     before = {
-        "prefill": {"pdwarden_kv_transfer_bytes_total{role=prefill}": 1e9},
-        "prefill_sglang": {
-            "sglang:kv_transfer_speed_gb_s_sum{model=m}": 10.0,
-            "sglang:kv_transfer_speed_gb_s_count{model=m}": 1.0,
-        },
+        "prefill": of({"pdwarden_kv_transfer_bytes_total{role=prefill}": 1e9}),
+        "prefill_sglang": of(
+            {
+                "sglang:kv_transfer_speed_gb_s_sum{model=m}": 10.0,
+                "sglang:kv_transfer_speed_gb_s_count{model=m}": 1.0,
+            }
+        ),
     }
     after = {
-        "prefill": {
-            "pdwarden_kv_transfer_bytes_total{role=prefill}": 5e9,
-            "pdwarden_inflight_requests{role=prefill}": 0.0,
-            "pdwarden_kv_transfers_total{outcome=success,role=prefill}": 10.0,
-            "pdwarden_kv_transfers_total{outcome=aborted,role=prefill}": 4.0,
-            "pdwarden_kv_status_writes_refused_total{from_state=failed,role=prefill,to_state=transferring}": (
-                3.0
-            ),
-        },
-        "decode": {"pdwarden_inflight_requests{role=decode}": 1.0},
-        "prefill_sglang": {
-            "sglang:kv_transfer_speed_gb_s_sum{model=m}": 70.0,
-            "sglang:kv_transfer_speed_gb_s_count{model=m}": 4.0,
-        },
-        "decode_sglang": {"sglang:num_decode_transfer_queue_reqs{model=m}": 1.0},
+        "prefill": of(
+            {
+                "pdwarden_kv_transfer_bytes_total{role=prefill}": 5e9,
+                "pdwarden_inflight_requests{role=prefill}": 0.0,
+                "pdwarden_kv_transfers_total{outcome=success,role=prefill}": 10.0,
+                "pdwarden_kv_transfers_total{outcome=aborted,role=prefill}": 4.0,
+                REFUSED: 3.0,
+            }
+        ),
+        "decode": of({"pdwarden_inflight_requests{role=decode}": 1.0}),
+        "prefill_sglang": of(
+            {
+                "sglang:kv_transfer_speed_gb_s_sum{model=m}": 70.0,
+                "sglang:kv_transfer_speed_gb_s_count{model=m}": 4.0,
+            }
+        ),
+        "decode_sglang": of({"sglang:num_decode_transfer_queue_reqs{model=m}": 1.0}),
     }
     f = g.figures(results, before, after, load_seconds=2.0)
     assert (f["requests"], f["completed"], f["aborted"], f["errors"], f["timed_out"]) == (16, 10, 4, 1, 1)

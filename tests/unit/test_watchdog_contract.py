@@ -2,33 +2,27 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog.parse import parse_metrics
 from pdwarden_operator.watchdog.targets import metrics_url, pod_view
 from pdwarden_runtime import contract
-from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import KVPoll
-from pdwarden_runtime.metrics import RuntimeMetrics
-from pdwarden_runtime.status import RoomStatusTable
+from tests.support.runtime_metrics import runtime
 
 pytestmark = pytest.mark.unit
 
 
 def test_parses_the_runtime_exposition_through_a_room_lifecycle() -> None:
-    table = RoomStatusTable(mode="sticky")
-    tracker = InflightTracker(table)
-    metrics = RuntimeMetrics("prefill", table, tracker, engine="synthetic", transfer_backend="nixl")
+    clock, table, _, metrics = runtime()
     idle = parse_metrics(metrics.exposition()[0])
     assert (idle.inflight, idle.oldest_age, idle.transfers) == (0, 0, 0)
     table.open(7, KVPoll.Bootstrapping)
     table.update(7, KVPoll.Transferring)
-    time.sleep(0.05)
+    clock.now += 4.5
     busy = parse_metrics(metrics.exposition()[0])
-    assert busy.inflight == 1 and busy.oldest_age > 0 and busy.transfers == 0
+    assert (busy.inflight, busy.oldest_age, busy.transfers) == (1, 4.5, 0)
     table.update(7, KVPoll.Success)
     table.open(8, KVPoll.Bootstrapping)
     table.update(8, KVPoll.Failed)

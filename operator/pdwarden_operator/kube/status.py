@@ -1,4 +1,4 @@
-"""The single writer of DisaggregatedModel status (COMMON.md interface 4)."""
+"""The single writer of DisaggregatedModel status (the reconciler and the watchdog both go through it)."""
 
 from __future__ import annotations
 

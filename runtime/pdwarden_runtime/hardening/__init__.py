@@ -31,11 +31,13 @@ from pdwarden_runtime.hardening.config import (
     installed_config,
     set_installed_config,
 )
+from pdwarden_runtime.sglang_boot.activate import TRIGGER_MODULE
 
 SUPPORTED_SGLANG: Final = ("0.5.23",)
 SUPPORTED_NIXL: Final = ("1.5.1",)
-# The SGLang package whose names get_kv_class() imports for TransferBackend.NIXL.
-SEAM_MODULE: Final = "sglang.srt.disaggregation.nixl"
+# The SGLang package whose names get_kv_class() imports for TransferBackend.NIXL: the same
+# module whose import arms activation in SGLang's processes.
+SEAM_MODULE: Final = TRIGGER_MODULE
 SEAM_NAMES: Final = ("NixlKVManager", "NixlKVSender", "NixlKVReceiver", "NixlKVBootstrapServer")
 
 _install_lock = threading.Lock()

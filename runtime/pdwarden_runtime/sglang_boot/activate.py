@@ -30,8 +30,8 @@ from typing import Any, Final
 from pdwarden_runtime.sglang_boot import ENV_HARDENING, ENV_HARDENING_CONFIG, ENV_ON_ERROR
 
 SEAM: Final = "sitecustomize"
-# The package whose names get_kv_class() imports for NIXL (== hardening.SEAM_MODULE; a
-# literal here so that arming imports nothing).
+# The package whose names get_kv_class() imports for NIXL (hardening.SEAM_MODULE reads it
+# from here; a literal so that arming imports nothing).
 TRIGGER_MODULE: Final = "sglang.srt.disaggregation.nixl"
 EXIT_ACTIVATION_FAILED: Final = 78  # EX_CONFIG
 

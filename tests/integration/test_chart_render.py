@@ -17,7 +17,7 @@ import pytest
 from pdwarden_cli import chart
 from pdwarden_runtime import contract
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 NAMESPACE = "pdwarden-system"
 ALL_MONITORING = {

@@ -16,7 +16,7 @@ import yaml
 from pdwarden_cli import chart
 from pdwarden_runtime import contract
 
-pytestmark = pytest.mark.unit
+pytestmark = pytest.mark.integration
 
 RELEASE = "pdw"
 NAMESPACE = "pdwarden-system"

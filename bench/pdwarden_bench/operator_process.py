@@ -1,7 +1,9 @@
-"""Run `pdwarden operator run` as a child process (benchmarks, e2e tests, the demo).
+"""Run `pdwarden operator run` as a child process: the harness of the benchmarks and e2e tests.
 
-Starts the operator with its own kubeconfig and ports, waits for its liveness endpoint,
-and always stops it (SIGTERM, then SIGKILL) — also when the caller fails.
+Starts the operator with its own kubeconfig and ports (free ones unless given), waits for
+its liveness endpoint, and always stops it (SIGTERM, then SIGKILL), also when the caller
+fails. It lives with the benchmarks, not in the operator package: nothing in a deployed
+operator runs it.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import IO
+
+from pdwarden_bench.ports import free_port
+from pdwarden_localcluster.testing import WaitTimeout, wait_for
 
 
 class OperatorProcess:
@@ -24,14 +28,14 @@ class OperatorProcess:
         kubeconfig: str | Path,
         *,
         namespaces: tuple[str, ...] = (),
-        health_port: int,
+        health_port: int | None = None,
         metrics_port: int = 0,
         log_path: Path | None = None,
         extra_env: dict[str, str] | None = None,
     ) -> None:
         self.kubeconfig = str(kubeconfig)
         self.namespaces = namespaces
-        self.health_port = health_port
+        self.health_port = health_port or free_port()
         self.metrics_port = metrics_port
         self.log_path = log_path
         self.extra_env = extra_env or {}
@@ -53,15 +57,18 @@ class OperatorProcess:
             self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
             out = self._log
         self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"operator exited with {self.proc.returncode} at start{self._log_hint()}")
-            if self.healthy():
-                return self
-            time.sleep(0.3)
-        self.stop()
-        raise TimeoutError(f"operator not healthy within {timeout:.0f}s{self._log_hint()}")
+        try:
+            wait_for(self._started, timeout, f"the operator's liveness endpoint{self._log_hint()}", 0.3)
+        except WaitTimeout:
+            self.stop()
+            raise
+        return self
+
+    def _started(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"operator exited with {self.proc.returncode} at start{self._log_hint()}")
+        return self.healthy()
 
     def healthy(self) -> bool:
         try:

@@ -1,0 +1,57 @@
+"""The one free-port helper of the benchmarks, the tests and the harnesses they share (and
+its variant for a whole local cluster's ports)."""
+
+from __future__ import annotations
+
+import random
+import socket
+from collections.abc import Iterable
+
+# Below the kernel's ephemeral range (32768-60999 by default): a port there can be taken at
+# any moment by an outgoing connection's local end, so a process told to listen on it may
+# find it busy at start.
+PORT_RANGE = (31000, 31999)
+_taken: set[int] = set()
+# Not the `random` module's state: pytest-randomly reseeds that before every test, which
+# would hand every test process the same sequence of ports.
+_rng = random.SystemRandom()
+
+
+def _binds(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1", lo: int = PORT_RANGE[0], hi: int = PORT_RANGE[1]) -> int:
+    """A port in [lo, hi] that binds now on host and was not handed out before in this process."""
+    for _ in range(500):
+        port = _rng.randint(lo, hi)
+        if port in _taken:
+            continue
+        if not _binds(host, port):
+            continue
+        _taken.add(port)
+        return port
+    raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
+
+
+# Bases for a second local cluster: each spans base..base+~610, all below the ephemeral range.
+BASE_RANGE = (30000, 30900)
+
+
+def free_port_base(
+    offsets: Iterable[int], host: str = "127.0.0.1", lo: int = BASE_RANGE[0], hi: int = BASE_RANGE[1]
+) -> int:
+    """A base, a multiple of 100 in [lo, hi], such that base + each offset binds now on host."""
+    offsets = list(offsets)
+    bases = [b for b in range(lo, hi + 1, 100) if b not in _taken]
+    _rng.shuffle(bases)
+    for base in bases:
+        if all(_binds(host, base + off) for off in offsets):
+            _taken.add(base)
+            return base
+    raise RuntimeError(f"no port base in {lo}-{hi} with every offset {offsets} free on {host}")

@@ -1,0 +1,176 @@
+"""The demo's scenario, pure: the model it deploys, the chart values and alert windows it uses,
+what it must observe (`DemoResult.failures`), and how it reads the model's status and Events.
+`pdwarden_cli.demo` runs it; `pdwarden_cli.demo_report` shows it; tests assert on it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass, field
+
+from pdwarden_cli import chart, demo_traffic
+from pdwarden_cli.demo_kube import Obj
+from pdwarden_runtime import contract
+
+NAMESPACE = "pdwarden-demo"
+RELEASE = "pdwarden"
+OPERATOR_JOB = f"{RELEASE}-metrics"  # the chart's metrics Service (release name contains the chart's)
+EXAMPLE = chart.REPO_ROOT / "examples" / "synthetic.yaml"
+SCRAPE_STEP_S = 2.0
+WARMUP_S = 20.0
+RECOVERY_SETTLE_S = 5.0
+RECOVERY_WINDOW_S = 20.0
+TRAFFIC = demo_traffic.TrafficConfig()
+PREFILL_DEMO_ARGS = ("--hardening", "emulated-port", "--race-window", "5")
+# Alerts about the wedged pod's queue; either shows the wedge (a queue that still finishes
+# its short requests keeps its progress counter moving, so only the age may fire).
+INFLIGHT_ALERTS = ("PdwardenInflightStuck", "PdwardenInflightOldestAgeHigh")
+# Cancelling clients make the hardened decode pods refuse late status writes (the race,
+# caught: what the runtime's fix is for), so that informational alert may fire any time.
+ALLOWED_BEFORE_FAULT = ("PdwardenStatusWritesRefused",)
+
+# The operator watches only the demo's namespace, so the demo never touches other models.
+CHART_VALUES = {"operator.scope": "namespace", "operator.watchNamespace": NAMESPACE}
+# The chart's alert rules with windows sized for a demo that lasts minutes, not hours.
+DEMO_RULE_VALUES = {
+    "monitoring.prometheusRule.enabled": "true",
+    "monitoring.prometheusRule.rules.inflightStuck.window": "20s",
+    "monitoring.prometheusRule.rules.inflightStuck.for": "0s",
+    "monitoring.prometheusRule.rules.inflightOldestAge.thresholdSeconds": "15",
+    "monitoring.prometheusRule.rules.inflightOldestAge.for": "0s",
+    "monitoring.prometheusRule.rules.wedgeRemediated.window": "30s",
+    "monitoring.prometheusRule.rules.statusWritesRefused.window": "1m",
+    "monitoring.prometheusRule.rules.podsUnobserved.for": "3m",
+    "monitoring.prometheusRule.rules.operatorDown.for": "1m",
+}
+
+
+def demo_manifest(example: Obj, namespace: str = NAMESPACE) -> Obj:
+    """The example model, shaped for the demo: 2+2+1 pods, fault injection allowed, a quick watchdog."""
+    m = copy.deepcopy(example)
+    meta = m.setdefault("metadata", {})
+    meta["namespace"] = namespace
+    meta.setdefault("annotations", {})[contract.ANNOTATION_ALLOW_FAULT_INJECTION] = "true"
+    spec = m["spec"]
+    # The runtime's in-pod fixes (terminal-sticky status, no silent skip, deadlines) would
+    # catch the race inside the pod; the demo turns them off on prefill so the race wedges
+    # it, and shows the operator, the last layer. The race window is the fault's: how long a
+    # finished chunk's status write waits for an ABORT.
+    spec["prefill"] = {
+        **spec.get("prefill", {}),
+        "replicas": 2,
+        "args": [*PREFILL_DEMO_ARGS],
+    }
+    spec["decode"] = {**spec.get("decode", {}), "replicas": 2}
+    spec["router"] = {**spec.get("router", {}), "replicas": 1}
+    # The runtime's own deadline stays longer than the watchdog's, so the operator acts first.
+    spec["transfer"] = {
+        **spec.get("transfer", {}),
+        "inflightDeadlineSeconds": 300,
+        "transferDeadlineSeconds": 60,
+    }
+    spec["watchdog"] = {
+        **spec.get("watchdog", {}),
+        "stuckAfterSeconds": 20,
+        "scrapeIntervalSeconds": 5,
+        "action": "restart",
+        "maxRemediations": 3,
+        "budgetWindowSeconds": 600,
+        "maxUnavailable": 1,
+    }
+    return m
+
+
+@dataclass
+class DemoResult:
+    wedges_injected: int = 0
+    wedges_detected: int = 0
+    detection_seconds: float | None = None
+    remediations: int = 0
+    requests_ok: int = 0
+    requests_failed: int = 0
+    recovered: bool = False
+    requests_cancelled: int = 0
+    alerts_fired: list[str] = field(default_factory=list)
+    alerts_for_wedged_pod: list[str] = field(default_factory=list)
+    alerts_before_fault: list[str] | None = None  # None: not evaluated
+    wedged_pod: str | None = None
+    replacement_pod: str | None = None
+    error: str | None = None
+
+    def failures(self) -> list[str]:
+        """What did not happen (empty: the demo showed everything it promises)."""
+        if self.error:
+            return [self.error]  # what did not happen after it is a consequence
+        out = []
+        if self.wedges_injected < 1:
+            out.append("no wedge was injected")
+        if self.wedges_detected < self.wedges_injected:
+            out.append("the operator did not detect the wedge")
+        if self.remediations < 1:
+            out.append("the wedged pod was not remediated")
+        if not self.recovered:
+            out.append("traffic did not recover")
+        if not set(INFLIGHT_ALERTS) & set(self.alerts_for_wedged_pod):
+            out.append(f"no inflight alert ({' or '.join(INFLIGHT_ALERTS)}) fired for the wedged pod")
+        if "PdwardenWedgeRemediated" not in self.alerts_fired:
+            out.append("the PdwardenWedgeRemediated alert did not fire")
+        early = [a for a in self.alerts_before_fault or [] if a not in ALLOWED_BEFORE_FAULT]
+        if early:
+            out.append(f"alerts fired before the fault was injected: {', '.join(early)}")
+        return out
+
+    def json_line(self) -> str:
+        keys = (
+            "wedges_injected",
+            "wedges_detected",
+            "detection_seconds",
+            "remediations",
+            "requests_ok",
+            "requests_failed",
+            "recovered",
+            "requests_cancelled",
+            "alerts_fired",
+            "alerts_for_wedged_pod",
+            "alerts_before_fault",
+        )
+        data = asdict(self)
+        out = {k: data[k] for k in keys}
+        if out["detection_seconds"] is not None:
+            out["detection_seconds"] = round(out["detection_seconds"], 1)
+        return json.dumps(out)
+
+
+@dataclass
+class Observed:
+    """What the demo saw of the cluster, for the summary."""
+
+    events: list[Obj] = field(default_factory=list)
+    remediation_entries: list[Obj] = field(default_factory=list)
+    conditions: list[Obj] = field(default_factory=list)
+    traffic_phases: list[tuple[str, int, int, int]] = field(default_factory=list)
+    inject_time: float | None = None  # wall clock of the fault injection
+    fault: str | None = None  # the fault injected
+
+
+def remediations_for(dm: Obj, pod: str) -> list[Obj]:
+    return [r for r in (dm.get("status") or {}).get("remediations") or [] if r.get("pod") == pod]
+
+
+def wedge_seen(dm: Obj, pod: str) -> bool:
+    watchdog = (dm.get("status") or {}).get("watchdog") or {}
+    return pod in (watchdog.get("wedgedPods") or []) or bool(remediations_for(dm, pod))
+
+
+def event_relevant(event: Obj, model: str, result: DemoResult) -> bool:
+    """Events on the model, or on the wedged pod (a restart or eviction is posted there too)."""
+    involved = event.get("involvedObject") or {}
+    on_model = involved.get("kind") == contract.KIND and involved.get("name") == model
+    on_wedged_pod = involved.get("kind") == "Pod" and involved.get("name") == result.wedged_pod
+    return on_model or on_wedged_pod
+
+
+def recovered(ok: int, failed: int) -> bool:
+    """Traffic after the restart: enough answers, nearly all of them good."""
+    return ok >= 5 and ok >= 0.9 * (ok + failed)

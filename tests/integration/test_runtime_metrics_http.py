@@ -1,0 +1,46 @@
+"""The runtime's /metrics served over HTTP: its own server and the aiohttp handler."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdwarden_runtime import contract as c
+from pdwarden_runtime.metrics import exposition, metrics_handler, serve_metrics
+from tests.support.runtime_metrics import CONTRACT_FAMILIES, runtime
+
+pytestmark = pytest.mark.integration
+
+
+def test_serve_metrics_over_http_and_stop() -> None:
+    *_, metrics = runtime()
+    server = serve_metrics(metrics.registry, "127.0.0.1", 0)
+    try:
+        with urllib.request.urlopen(server.url, timeout=10) as response:
+            body = response.read().decode()
+            assert response.headers["Content-Type"].startswith("text/plain")
+        assert {f.name for f in text_string_to_metric_families(body)} >= set(CONTRACT_FAMILIES)
+    finally:
+        server.stop()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(server.url, timeout=2)
+
+
+async def test_aiohttp_handler_serves_the_registry() -> None:
+    *_, metrics = runtime(c.ROLE_DECODE)
+    app = web.Application()
+    app.router.add_get(c.METRICS_PATH, metrics_handler(metrics.registry))
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        response = await client.get(c.METRICS_PATH)
+        assert response.status == 200
+        assert response.headers["Content-Type"].startswith("text/plain")
+        body = await response.text()
+    families = {f.name: f.type for f in text_string_to_metric_families(body)}
+    assert families == {**families, **CONTRACT_FAMILIES}
+    assert 'role="decode"' in body
+    assert exposition(metrics.registry)[0].decode().count("\n") == body.count("\n")
