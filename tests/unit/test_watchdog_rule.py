@@ -231,3 +231,20 @@ def test_history_keeps_only_what_the_rule_needs() -> None:
     for i in range(1000):
         history.add(Observation(float(i * 10), None, "x"))
     assert 3 <= len(history) <= 11
+
+
+def test_readme_docs_and_rule_define_wedged_word_for_word() -> None:
+    from pathlib import Path
+
+    from pdwarden_operator.watchdog import rule
+
+    root = Path(__file__).resolve().parents[2]
+
+    def words(text: str) -> str:
+        return " ".join(text.replace("**", "").split())
+
+    doc = words(rule.__doc__ or "")
+    definition = doc[doc.index("A pod is wedged") : doc.index("judged by the progress clause alone.")]
+    assert "Transferring" in definition
+    for page in ("README.md", "docs/architecture.md"):
+        assert definition in words((root / page).read_text()), page
