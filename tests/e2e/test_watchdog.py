@@ -146,8 +146,12 @@ class Env:
                 "prefill": {"replicas": 2, "args": prefill_args or []},
                 "decode": {"replicas": 2},
                 "router": {"replicas": 1, "policy": "round_robin"},
-                # the runtime's own deadline (ladder step 1) far away, so the operator's step is tested
-                "transfer": {"inflightDeadlineSeconds": 900, "transferDeadlineSeconds": 60},
+                # the ladder's order: the runtime's deadline (step 1) below stuckAfterSeconds; the
+                # race scenarios run without hardening, so only the operator's step heals them
+                "transfer": {
+                    "inflightDeadlineSeconds": watchdog["stuckAfterSeconds"] - 5,
+                    "transferDeadlineSeconds": min(10, watchdog["stuckAfterSeconds"] - 5),
+                },
                 "watchdog": watchdog,
             },
         }

@@ -3,7 +3,7 @@
 A round: list the model's runtime pods -> scrape them -> wedge rule per pod -> ladder plan ->
 persist the intent (status) -> perform -> persist outcomes and conditions -> metrics.
 Models are tracked through a watch-event handler rather than a kopf daemon, which would put a
-finalizer on every DisaggregatedModel (E's handlers avoid them for the same reason).
+finalizer on every DisaggregatedModel (handlers.py avoids them for the same reason).
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
+from pydantic import ValidationError
 
 from pdwarden_operator.cache import slim
 from pdwarden_operator.kube import pods as kube_pods
@@ -30,7 +30,6 @@ from pdwarden_operator.watchdog.executor import Executor, ModelRef
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.rule import Verdict, judge
 from pdwarden_operator.watchdog.scrape import Scraper, Target
-from pdwarden_operator.watchdog.settings import SettingsError, WatchdogSettings, settings_from_spec
 from pdwarden_operator.watchdog.state import (
     WatchdogState,
     round_due,
@@ -46,31 +45,18 @@ log = logging.getLogger("pdwarden.watchdog")
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 SCRAPE_CONCURRENCY = 100
 FIRST_ROUND_MIN_S, FIRST_ROUND_MAX_S = 1.0, 5.0
-# Testing only: exit the process right after a remediation's intent is persisted and before it
-# is performed, so an e2e test can prove a restarted operator neither repeats nor forgets it.
-CRASH_AFTER_INTENT_ENV = "PDWARDEN_TEST_CRASH_AFTER_INTENT"
+IDLE_INTERVAL_S = 10.0  # the wait between rounds of a model whose spec does not validate
 
 Key = tuple[str, str]
 
 
 def _parsed_spec(body: Mapping[str, Any]) -> DisaggregatedModelSpec | None:
+    """The model's spec, validated once per round; None when it does not validate (the
+    reconciler reports InvalidSpec; the watchdog stays idle)."""
     try:
         return parse_spec(dict(body.get("spec") or {}))
-    except Exception:  # the reconciler reports InvalidSpec; the watchdog leaves conditions alone
+    except ValidationError:
         return None
-
-
-def _conditions_and_phase(
-    body: Mapping[str, Any], spec: DisaggregatedModelSpec | None, watchdog: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Conditions and phase from the shared pure functions; {} when the spec does not validate."""
-    if spec is None:
-        return {}
-    status = body.get("status") or {}
-    generation = int(status.get("observedGeneration") or (body.get("metadata") or {}).get("generation") or 0)
-    observed = observed_from_status(status, generation)
-    conditions = compute_conditions(spec, observed, watchdog)
-    return {"conditions": conditions, "phase": compute_phase(conditions, observed)}
 
 
 class ModelWatchdog:
@@ -113,12 +99,11 @@ class ModelWatchdog:
     async def round(self, body: Mapping[str, Any]) -> float:
         """One scrape-judge-act round; returns the scrape interval to wait."""
         ns, name = self.model.namespace, self.model.name
-        spec = body.get("spec") or {}
-        try:
-            settings = settings_from_spec(spec.get("watchdog"))
-        except SettingsError as exc:
-            log.warning("%s/%s: watchdog idle: %s", ns, name, exc)
-            return 10.0
+        spec = _parsed_spec(body)  # the one read of the spec this round
+        if spec is None:
+            log.warning("%s/%s: watchdog idle: the spec does not validate", ns, name)
+            return IDLE_INTERVAL_S
+        settings = spec.watchdog
         if not round_due(body.get("status"), self._seen_any(), contract.RUNTIME_ROLES):
             return settings.scrape_interval_seconds  # no scraper, no pod list: nothing to look at yet
         if self.state is None:
@@ -158,7 +143,7 @@ class ModelWatchdog:
         self.verdicts = verdicts
 
         now = time.time()
-        desired = {role: int((spec.get(role) or {}).get("replicas", 1)) for role in contract.RUNTIME_ROLES}
+        desired = {role: spec.role(role).replicas for role in contract.RUNTIME_ROLES}
         plan = ladder.plan(
             verdicts=verdicts,
             pods=list(views.values()),
@@ -167,22 +152,16 @@ class ModelWatchdog:
             now=now,
             desired=desired,
         )
-        spec_model = _parsed_spec(body)  # the body is the same for the whole round
         wedged = [views[uid].name for uid, v in verdicts.items() if v.state == "wedged"]
         unobserved = [views[uid].name for uid, v in verdicts.items() if v.state == "unobserved"]
 
         if any(not a.resumed for a in plan.actions):
             # Intent first: the budget, cooldown and in-flight entry are durable before any pod is touched.
-            intent = self._status(body, spec_model, plan.state, settings, now, wedged, unobserved)
+            intent = self._status(body, spec, plan.state, now, wedged, unobserved)
             await self._write_status(intent, now)
-            if os.environ.get(CRASH_AFTER_INTENT_ENV) == "1":
-                log.critical(
-                    "%s is set: exiting after persisting the intent (testing only)", CRASH_AFTER_INTENT_ENV
-                )
-                os._exit(17)
         results_done = await self.executor.perform(plan)
-        self.state = ladder.apply_results(plan.state, results_done)
-        new_status = self._status(body, spec_model, self.state, settings, now, wedged, unobserved)
+        self.state = ladder.apply_results(plan.state, results_done, now)
+        new_status = self._status(body, spec, self.state, now, wedged, unobserved)
         if status_write_due(self._written, self._written_at, new_status, now):
             await self._write_status(new_status, now)
         self._update_gauges(views, verdicts, self.state)
@@ -202,9 +181,8 @@ class ModelWatchdog:
     def _status(
         self,
         body: Mapping[str, Any],
-        spec_model: DisaggregatedModelSpec | None,
+        spec: DisaggregatedModelSpec,
         state: WatchdogState,
-        settings: WatchdogSettings,
         now: float,
         wedged: list[str],
         unobserved: list[str],
@@ -214,10 +192,16 @@ class ModelWatchdog:
             last_scrape=now,
             wedged_pods=wedged,
             unobserved_pods=unobserved,
-            max_remediations=settings.max_remediations,
+            max_remediations=spec.watchdog.max_remediations,
         )
-        patch["watchdog"]["budgetExhausted"] = state.exhausted and settings.action != "alert"
-        patch.update(_conditions_and_phase(body, spec_model, patch["watchdog"]))
+        patch["watchdog"]["budgetExhausted"] = state.exhausted and spec.watchdog.action != "alert"
+        status = body.get("status") or {}
+        generation = int(
+            status.get("observedGeneration") or (body.get("metadata") or {}).get("generation") or 0
+        )
+        observed = observed_from_status(status, generation)
+        conditions = compute_conditions(spec, observed, patch["watchdog"])
+        patch.update(conditions=conditions, phase=compute_phase(conditions, observed))
         return patch
 
     def _log_changes(self, views: Mapping[str, ladder.PodView], verdicts: Mapping[str, Verdict]) -> None:
