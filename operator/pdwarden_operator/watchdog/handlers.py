@@ -21,10 +21,9 @@ from pydantic import ValidationError
 
 from pdwarden_operator.cache import slim
 from pdwarden_operator.kube import pods as kube_pods
-from pdwarden_operator.kube.status import patch_status
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
-from pdwarden_operator.status import compute_conditions, compute_phase, observed_from_status
+from pdwarden_operator.status_writer import WRITER
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.executor import Executor, ModelRef
 from pdwarden_operator.watchdog.history import Histories, Observation
@@ -157,19 +156,21 @@ class ModelWatchdog:
 
         if any(not a.resumed for a in plan.actions):
             # Intent first: the budget, cooldown and in-flight entry are durable before any pod is touched.
-            intent = self._status(body, spec, plan.state, now, wedged, unobserved)
-            await self._write_status(intent, now)
+            intent = self._findings(spec, plan.state, now, wedged, unobserved)
+            await self._write_status(body, spec, intent, now)
         results_done = await self.executor.perform(plan)
         self.state = ladder.apply_results(plan.state, results_done, now)
-        new_status = self._status(body, spec, self.state, now, wedged, unobserved)
-        if status_write_due(self._written, self._written_at, new_status, now):
-            await self._write_status(new_status, now)
+        findings = self._findings(spec, self.state, now, wedged, unobserved)
+        if status_write_due(self._written, self._written_at, findings, now):
+            await self._write_status(body, spec, findings, now)
         self._update_gauges(views, verdicts, self.state)
         return settings.scrape_interval_seconds
 
-    async def _write_status(self, patch: Mapping[str, Any], now: float) -> None:
-        await patch_status(self.model.namespace, self.model.name, dict(patch))
-        self._written, self._written_at = patch, now
+    async def _write_status(
+        self, body: Mapping[str, Any], spec: DisaggregatedModelSpec, findings: Mapping[str, Any], now: float
+    ) -> None:
+        await WRITER.findings(body, spec, findings)
+        self._written, self._written_at = findings, now
 
     def _seen_any(self) -> bool:
         return any(self._seen(uid) for uid in self.histories.pod_uids())
@@ -178,31 +179,24 @@ class ModelWatchdog:
         history = self.histories.get(uid)
         return history is not None and any(o.sample is not None for o in history.observations())
 
-    def _status(
+    def _findings(
         self,
-        body: Mapping[str, Any],
         spec: DisaggregatedModelSpec,
         state: WatchdogState,
         now: float,
         wedged: list[str],
         unobserved: list[str],
     ) -> dict[str, Any]:
-        patch = state_to_status(
+        """The watchdog's part of the status: `watchdog` and `remediations`."""
+        findings = state_to_status(
             state,
             last_scrape=now,
             wedged_pods=wedged,
             unobserved_pods=unobserved,
             max_remediations=spec.watchdog.max_remediations,
         )
-        patch["watchdog"]["budgetExhausted"] = state.exhausted and spec.watchdog.action != "alert"
-        status = body.get("status") or {}
-        generation = int(
-            status.get("observedGeneration") or (body.get("metadata") or {}).get("generation") or 0
-        )
-        observed = observed_from_status(status, generation)
-        conditions = compute_conditions(spec, observed, patch["watchdog"])
-        patch.update(conditions=conditions, phase=compute_phase(conditions, observed))
-        return patch
+        findings["watchdog"]["budgetExhausted"] = state.exhausted and spec.watchdog.action != "alert"
+        return findings
 
     def _log_changes(self, views: Mapping[str, ladder.PodView], verdicts: Mapping[str, Verdict]) -> None:
         for uid, verdict in verdicts.items():
@@ -241,6 +235,7 @@ _tasks: dict[Key, asyncio.Task[None]] = {}
 
 def _stop(key: Key) -> None:
     _bodies.pop(key, None)
+    WRITER.forget(*key)
     task = _tasks.pop(key, None)
     if task is not None:
         task.cancel()
