@@ -158,14 +158,12 @@ class Env:
         self._call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}", body)
 
     # --- the operator -----------------------------------------------------------------------
-    def start_operator(self, *, crash_after_intent: bool = False) -> tuple[subprocess.Popen[bytes], int]:
+    def start_operator(self) -> tuple[subprocess.Popen[bytes], int]:
         # a port that binds now, outside the ephemeral range (a fixed one there may be held by
         # any outgoing connection, and the operator would then exit at start)
         port = free_port()
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
         env.pop("POD_IP", None)
-        if crash_after_intent:
-            env["PDWARDEN_TEST_CRASH_AFTER_INTENT"] = "1"
         log = open(self.tmp / f"operator-{len(self.operators)}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(
             [

@@ -8,12 +8,14 @@ exceptions, so one bad call cannot stop the watchdog.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from pdwarden_operator.kube import events, pods
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.kube.status import DM_API_VERSION
+from pdwarden_operator.leader import still_leading
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
 from pdwarden_operator.watchdog.outcome import Outcome
@@ -29,13 +31,29 @@ class ModelRef:
     uid: str
 
 
+class NotLeading(Exception):
+    """This replica no longer holds the leader Lease: nothing more may be performed."""
+
+
 class Executor:
-    def __init__(self, model: ModelRef, metrics: OperatorMetrics) -> None:
+    def __init__(
+        self,
+        model: ModelRef,
+        metrics: OperatorMetrics,
+        may_act: Callable[[], Awaitable[bool]] = still_leading,
+    ) -> None:
         self.model = model
         self.metrics = metrics
+        self.may_act = may_act
 
     async def perform(self, plan: Plan) -> list[ActionResult]:
-        results = [await self._perform(action) for action in plan.actions]
+        results = []
+        for action in plan.actions:
+            # Proven just before each pod is touched: a replica paused or cut off since the
+            # round began must leave the action to the current leader (it resumes the intent).
+            if action.kind != "alert" and not await self.may_act():
+                raise NotLeading(f"not the leader any more: {action.kind} of {action.pod} left to the leader")
+            results.append(await self._perform(action))
         for notice in plan.notices:
             await self._announce_notice(notice)
         return results

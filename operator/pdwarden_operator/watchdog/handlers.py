@@ -21,11 +21,12 @@ from pydantic import ValidationError
 
 from pdwarden_operator.cache import slim
 from pdwarden_operator.kube import pods as kube_pods
+from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
 from pdwarden_operator.status_writer import WRITER
 from pdwarden_operator.watchdog import ladder
-from pdwarden_operator.watchdog.executor import Executor, ModelRef
+from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.rule import Verdict, judge
 from pdwarden_operator.watchdog.scrape import Scraper, Target
@@ -155,10 +156,25 @@ class ModelWatchdog:
         unobserved = [views[uid].name for uid, v in verdicts.items() if v.state == "unobserved"]
 
         if any(not a.resumed for a in plan.actions):
-            # Intent first: the budget, cooldown and in-flight entry are durable before any pod is touched.
+            # Intent first: the budget, cooldown and in-flight entry are durable before any pod
+            # is touched, written as a compare-and-swap on the resourceVersion this round read:
+            # a 409 means someone else wrote the model since (another replica that leads now).
             intent = self._findings(spec, plan.state, now, wedged, unobserved)
-            await self._write_status(body, spec, intent, now)
-        results_done = await self.executor.perform(plan)
+            rv = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
+            try:
+                await self._write_status(body, spec, intent, now, resource_version=rv)
+            except KubeApiError as exc:
+                if exc.status != 409:
+                    raise
+                log.warning("%s/%s: intent refused (model changed since read): not acting", ns, name)
+                self.state = None  # read it again from the status next round
+                return settings.scrape_interval_seconds
+        try:
+            results_done = await self.executor.perform(plan)
+        except NotLeading as exc:
+            log.warning("%s/%s: %s", ns, name, exc)
+            self.state = None
+            return settings.scrape_interval_seconds
         self.state = ladder.apply_results(plan.state, results_done, now)
         findings = self._findings(spec, self.state, now, wedged, unobserved)
         if status_write_due(self._written, self._written_at, findings, now):
@@ -167,9 +183,14 @@ class ModelWatchdog:
         return settings.scrape_interval_seconds
 
     async def _write_status(
-        self, body: Mapping[str, Any], spec: DisaggregatedModelSpec, findings: Mapping[str, Any], now: float
+        self,
+        body: Mapping[str, Any],
+        spec: DisaggregatedModelSpec,
+        findings: Mapping[str, Any],
+        now: float,
+        resource_version: str | None = None,
     ) -> None:
-        await WRITER.findings(body, spec, findings)
+        await WRITER.findings(body, spec, findings, resource_version=resource_version)
         self._written, self._written_at = findings, now
 
     def _seen_any(self) -> bool:
