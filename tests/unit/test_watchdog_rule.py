@@ -248,3 +248,10 @@ def test_readme_docs_and_rule_define_wedged_word_for_word() -> None:
     assert "Transferring" in definition
     for page in ("README.md", "docs/architecture.md"):
         assert definition in words((root / page).read_text()), page
+
+
+def test_the_judged_state_is_the_runtimes_transferring_label() -> None:
+    from pdwarden_operator.watchdog.parse import STUCK_STATE
+    from pdwarden_runtime.kvpoll import KVPoll
+
+    assert KVPoll.Transferring.label == STUCK_STATE

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdwarden_runtime.contract import (
+    KV_STATE_TRANSFERRING,
     LABEL_METRIC_STATE,
     METRIC_INFLIGHT_OLDEST_AGE,
     METRIC_INFLIGHT_REQUESTS,
@@ -20,11 +21,10 @@ from pdwarden_runtime.contract import (
     METRIC_KV_TRANSFERS_BASE,
     METRIC_KV_TRANSFERS_TOTAL,
 )
-from pdwarden_runtime.kvpoll import KVPoll
 
 # The one room state in which only a transfer fault holds a room (prefill sending; decode
 # waiting for a prefill that stopped sending): rooms in the other states are queueing.
-STUCK_STATE = KVPoll.Transferring.label
+STUCK_STATE = KV_STATE_TRANSFERRING
 
 # A runtime pod's body is a few KiB; anything far bigger is hostile or broken.
 DEFAULT_MAX_BYTES = 1 << 20
