@@ -425,13 +425,13 @@ class DisaggregatedModelSpec(_Base):
 # --- status ------------------------------------------------------------------------------
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
-ConditionType = Literal["Ready", "Progressing", "Degraded", "Wedged"]
+ConditionType = Literal["Ready", "Progressing", "Degraded", "Wedged", "FleetBrake"]
 
 
 class Condition(_Base):
     """A standard Kubernetes condition."""
 
-    type: ConditionType = Field(description="Ready, Progressing, Degraded or Wedged.")
+    type: ConditionType = Field(description="Ready, Progressing, Degraded, Wedged or FleetBrake.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One CamelCase word for machines.", max_length=128)
     message: str = Field(description="What a person needs to know.", max_length=32768)
@@ -456,7 +456,7 @@ class DisaggregatedModelStatus(_Base):
     phase: Phase | None = Field(None, description="Pending, Progressing, Ready or Degraded.")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Progressing, Degraded and Wedged.",
+        description="Ready, Progressing, Degraded, Wedged and FleetBrake.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     prefill: ReplicaStatus | None = Field(None, description="Prefill Deployment replicas.")

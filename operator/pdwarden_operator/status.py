@@ -16,7 +16,7 @@ from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.render import ROLES
 from pdwarden_runtime import contract
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged", "FleetBrake")
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,14 @@ def compute_conditions(
     else:
         wedge = ("Unknown", "NotScrapedYet", "The watchdog has not scraped the pods yet.")
 
-    rows = zip(CONDITION_TYPES, (ready, progressing, degraded, wedge), strict=True)
+    # FleetBrake: the operator-wide brake held this model's remediation (watchdog/brake.py)
+    brake = (watchdog or {}).get("fleetBrake") or {}
+    if brake.get("engaged"):
+        fleet = ("True", "FleetBrakeEngaged", f"No remediation on any model: {brake.get('reason', '')}.")
+    else:
+        fleet = ("False", "NotEngaged", "The operator-wide limits allow remediation.")
+
+    rows = zip(CONDITION_TYPES, (ready, progressing, degraded, wedge, fleet), strict=True)
     return _conditions([(ctype, *row) for ctype, row in rows], observed, now)
 
 

@@ -97,6 +97,7 @@ def test_a_stalled_rollout_and_a_wedge_never_make_conditions_flap() -> None:
         "Progressing": ("True", "RollingOut"),
         "Degraded": ("True", "RolloutStalled"),
         "Wedged": ("True", "InflightQueueStuck"),
+        "FleetBrake": ("False", "NotEngaged"),
     }
     assert api.status["phase"] == "Degraded"
 

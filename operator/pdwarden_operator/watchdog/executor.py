@@ -143,6 +143,9 @@ class Executor:
         )
         await self._post(notice.pod, "", notice.event_reason, notice.message, "Warning")
 
+    async def post_model_event(self, reason: str, message: str, kind: Literal["Normal", "Warning"]) -> None:
+        await self._post(None, "", reason, message, kind)
+
     async def _post(
         self, pod: str | None, pod_uid: str, reason: str, message: str, kind: Literal["Normal", "Warning"]
     ) -> None:

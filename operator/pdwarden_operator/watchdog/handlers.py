@@ -14,7 +14,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import kopf
 from pydantic import ValidationError
@@ -26,8 +26,10 @@ from pdwarden_operator.metrics import METRICS, OperatorMetrics
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
 from pdwarden_operator.status_writer import WRITER
 from pdwarden_operator.watchdog import ladder
+from pdwarden_operator.watchdog.brake import BRAKE, BrakeState
 from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
 from pdwarden_operator.watchdog.history import Histories, Observation
+from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.rule import Verdict, judge
 from pdwarden_operator.watchdog.scrape import Scraper, Target
 from pdwarden_operator.watchdog.state import (
@@ -66,6 +68,7 @@ class ModelWatchdog:
         self.model = ModelRef(namespace, name, uid)
         self.metrics = metrics
         self.executor = Executor(self.model, metrics)
+        self._brake = BrakeState(False, "")  # as this model last saw it (Events on changes)
         self.histories = Histories(keep_seconds=150.0)
         self.scraper: Scraper | None = None
         self.state: WatchdogState | None = None  # loaded from status on the first round
@@ -144,6 +147,9 @@ class ModelWatchdog:
 
         now = time.time()
         desired = {role: spec.role(role).replicas for role in contract.RUNTIME_ROLES}
+        BRAKE.report((ns, name), sum(1 for v in verdicts.values() if v.troubled))
+        brake = BRAKE.evaluate()
+        await self._announce_brake(brake)
         plan = ladder.plan(
             verdicts=verdicts,
             pods=list(views.values()),
@@ -151,6 +157,7 @@ class ModelWatchdog:
             settings=settings,
             now=now,
             desired=desired,
+            brake=brake.engaged,
         )
         wedged = [views[uid].name for uid, v in verdicts.items() if v.state == "wedged"]
         unobserved = [views[uid].name for uid, v in verdicts.items() if v.state == "unobserved"]
@@ -175,6 +182,9 @@ class ModelWatchdog:
             log.warning("%s/%s: %s", ns, name, exc)
             self.state = None
             return settings.scrape_interval_seconds
+        for result in results_done:
+            if result.outcome in (Outcome.DELETED, Outcome.EVICTED):
+                BRAKE.record_action()
         self.state = ladder.apply_results(plan.state, results_done, now)
         findings = self._findings(spec, self.state, now, wedged, unobserved)
         if status_write_due(self._written, self._written_at, findings, now):
@@ -217,7 +227,27 @@ class ModelWatchdog:
             max_remediations=spec.watchdog.max_remediations,
         )
         findings["watchdog"]["budgetExhausted"] = state.exhausted and spec.watchdog.action != "alert"
+        # the reason only while engaged: the counts behind it change with every model's round
+        findings["watchdog"]["fleetBrake"] = (
+            {"engaged": True, "reason": self._brake.reason} if self._brake.engaged else {"engaged": False}
+        )
         return findings
+
+    async def _announce_brake(self, brake: BrakeState) -> None:
+        """An Event on this model when the fleet brake engages or releases."""
+        if brake.engaged == self._brake.engaged:
+            self._brake = brake
+            return
+        self._brake = brake
+        reason = "FleetBrakeEngaged" if brake.engaged else "FleetBrakeReleased"
+        kind: Literal["Normal", "Warning"] = "Warning" if brake.engaged else "Normal"
+        message = (
+            f"fleet brake engaged, no remediation on any model: {brake.reason}"
+            if brake.engaged
+            else f"fleet brake released: {brake.reason}"
+        )
+        log.warning("%s/%s: %s: %s", self.model.namespace, self.model.name, reason, message)
+        await self.executor.post_model_event(reason, message, kind)
 
     def _log_changes(self, views: Mapping[str, ladder.PodView], verdicts: Mapping[str, Verdict]) -> None:
         for uid, verdict in verdicts.items():
@@ -257,6 +287,7 @@ _tasks: dict[Key, asyncio.Task[None]] = {}
 def _stop(key: Key) -> None:
     _bodies.pop(key, None)
     WRITER.forget(*key)
+    BRAKE.forget(key)
     task = _tasks.pop(key, None)
     if task is not None:
         task.cancel()

@@ -33,10 +33,17 @@ class Verdict:
     # True when the evidence shows health (idle, or a transfer finished while observed), which
     # ends an alert episode; False for "busy, not yet long enough" or too little history.
     cleared: bool = False
+    # Stalled for half of stuckAfterSeconds (no progress, or a room held in Transferring): on
+    # its way to wedged. The fleet brake counts these with the wedged ones (brake.py).
+    stalling: bool = False
 
     @property
     def wedged(self) -> bool:
         return self.state == "wedged"
+
+    @property
+    def troubled(self) -> bool:
+        return self.wedged or self.stalling
 
 
 def _trusted_run(observations: Sequence[Observation]) -> list[tuple[float, PodSample]]:
@@ -117,6 +124,13 @@ def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
             figures,
             cleared=True,
         )
+    half = stuck_after / 2
+    stalling = (scrapes >= 2 and stalled_for >= half) or (
+        latest.transferring_age is not None and latest.transferring_age >= half
+    )
     return Verdict(
-        "ok", f"busy, no progress seen for {stalled_for:.0f}s of {stuck_after:g}s allowed", figures
+        "ok",
+        f"busy, no progress seen for {stalled_for:.0f}s of {stuck_after:g}s allowed",
+        figures,
+        stalling=stalling,
     )
