@@ -158,6 +158,9 @@ def test_rbac_is_least_privilege_on_the_real_authorizer(kubeconfig: Path, namesp
         assert can("create", "pods", "--subresource=eviction", "-n", namespace)
         assert can("patch", "deployments.apps", "-n", namespace)
         assert can("create", "events", "-n", namespace)
+        # blockOwnerDeletion on children, under OwnerReferencesPermissionEnforcement
+        assert can("update", models, "--subresource=finalizers", "-n", namespace)
+        assert can("update", "leases.coordination.k8s.io", "-n", namespace)  # leader election
         assert not can("get", "secrets", "-n", namespace)
         assert not can("create", "pods", "-n", namespace)  # it never runs pods itself
         assert not can("delete", "nodes")
@@ -193,12 +196,21 @@ def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
     assert proc.returncode == 0, proc.stderr
     selector = f"app.kubernetes.io/instance={release}"
     try:
-        (pod,) = get_json(
+        pods = get_json(
             kubeconfig, "pods", "-n", namespace, "-l", f"{selector},app.kubernetes.io/component=operator"
         )["items"]
-        # The operator runs as a pod with the chart's ServiceAccount (its token is its identity).
-        assert pod["spec"]["serviceAccountName"] == f"{release}-pdwarden"
-        assert pod["spec"]["containers"][0]["command"] == ["pdwarden", "operator", "run"]
+        assert len(pods) == 2  # a leader and a standby
+        for pod in pods:
+            # The operator runs as a pod with the chart's ServiceAccount (its token is its identity).
+            assert pod["spec"]["serviceAccountName"] == f"{release}-pdwarden"
+            assert pod["spec"]["containers"][0]["command"] == ["pdwarden", "operator", "run"]
+
+        def holder() -> Any:
+            lease = get_json(kubeconfig, "leases.coordination.k8s.io", "pdwarden-operator", "-n", namespace)
+            return (lease.get("spec") or {}).get("holderIdentity")
+
+        wait_until("one operator replica to hold the Lease", holder, 120)
+        assert any(str(holder()).startswith(p["metadata"]["name"] + "_") for p in pods)
 
         model = yaml.safe_load(EXAMPLE.read_text())
         model["metadata"]["namespace"] = namespace

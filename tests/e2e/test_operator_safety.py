@@ -6,22 +6,30 @@ synthetic runtime pods; the harness (Env, load, wedge injection) is tests/e2e/te
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import random
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import aiohttp
 import pytest
 
+from pdwarden_cli import demo_traffic
 from pdwarden_runtime import contract
 from tests.e2e.test_watchdog import (
     INTERVAL,
     LEGACY_PREFILL,
+    SOAK_SECONDS,
     STUCK,
     WATCHDOG,
     Env,
     _operator_metric,
     _remediations,
     _wedge,
+    pod_metrics,
     wait_for,
 )
 from tests.e2e.test_watchdog import env as watchdog_env  # noqa: F401 - a fixture, used below
@@ -35,6 +43,7 @@ def env(watchdog_env: Env) -> Env:  # noqa: F811
 
 
 LEASE_DURATION_S, RETRY_S = 15, 2
+CLIENTS = 24  # through one router to one prefill and one decode pod on a shared 2-core machine
 
 
 def _leader_of(env: Env) -> str | None:
@@ -116,8 +125,9 @@ def test_many_models_wedged_at_once_engage_the_fleet_brake_then_it_releases(env:
     for name in names:
         _ready(env, name, 1)
     victims = {name: env.live_ready_pods(name, contract.ROLE_PREFILL)[0] for name in names}
-    for name, victim in victims.items():
-        _wedge(env, name, victim)
+    # the same fault on both at once (a shared cause), as close together as the race allows
+    with ThreadPoolExecutor(len(names)) as pool:
+        list(pool.map(lambda n: _wedge(env, n, victims[n]), names))
 
     def all_held() -> bool:
         return all(_conditions(env, n).get("FleetBrake", {}).get("status") == "True" for n in names)
@@ -151,3 +161,50 @@ def test_many_models_wedged_at_once_engage_the_fleet_brake_then_it_releases(env:
         timeout=4 * INTERVAL + 60,
     )
     assert any(e["reason"] == "FleetBrakeReleased" for e in env.events(names[1]))
+
+
+def test_many_clients_through_the_router_with_cancellations_take_no_action(env: Env) -> None:
+    """The load shape that once got a busy prefill pod restarted as wedged: many concurrent
+    clients through the real router, long prompts, a third giving up at random moments, a
+    60 s threshold, the runtime hardened. Rooms queue; none is stuck; nothing is done."""
+    name = "crowd"
+    _, port = env.start_operator()
+    env.create_dm(name, {**WATCHDOG, "stuckAfterSeconds": 60}, ["--compute-ms", "10"], replicas=1)
+    _ready(env, name, 1)
+    router = wait_for("a Ready router", lambda: env.live_ready_pods(name, "router"), timeout=120)[0]
+    log = demo_traffic.TrafficLog()
+    deepest = 0.0
+
+    async def crowd() -> None:
+        stop = asyncio.Event()
+        url = f"http://{router['status']['podIP']}:{contract.ROUTER_HTTP_PORT}{contract.GENERATE_PATH}"
+        body = demo_traffic.request_body(demo_traffic.LONG_PROMPT * 3, 8)
+        rng = random.Random(17)
+
+        async def client(session: aiohttp.ClientSession, impatient: bool) -> None:
+            while not stop.is_set():
+                give_up = rng.uniform(0.2, 6.0) if impatient else None
+                log.record(await demo_traffic.one_request(session, url, body, 60.0, give_up))
+
+        async def watch() -> None:
+            nonlocal deepest
+            end = asyncio.get_running_loop().time() + SOAK_SECONDS
+            while asyncio.get_running_loop().time() < end:
+                for pod in env.live_ready_pods(name, contract.ROLE_PREFILL):
+                    with contextlib.suppress(Exception):
+                        deepest = max(deepest, (await asyncio.to_thread(pod_metrics, pod))["inflight"])
+                await asyncio.sleep(1)
+            stop.set()
+
+        async with aiohttp.ClientSession() as session:
+            clients = [client(session, impatient=i % 3 == 0) for i in range(CLIENTS)]
+            await asyncio.gather(watch(), *clients)
+
+    asyncio.run(crowd())
+    counts = log.counts()
+    assert counts[demo_traffic.OK] > 0 and counts[demo_traffic.CANCELLED] > 0, counts
+    assert deepest >= 2, deepest  # the load really queued rooms
+    status = env.dm(name)["status"]
+    assert status.get("remediations") in (None, []), status.get("remediations")
+    assert status["watchdog"]["wedgedPods"] == []
+    assert _operator_metric(port, "pdwarden_operator_remediations_total{") == 0

@@ -88,3 +88,12 @@ def test_a_stalling_pod_counts_before_it_is_wedged() -> None:
     assert verdict.state == "ok" and verdict.stalling and verdict.troubled
     progressing = [Observation(T0 + 10 * i, PodSample(3, 5, 7 + i)) for i in range(5)]
     assert not judge_pod(progressing, 60).troubled
+
+
+def test_a_pod_stalled_after_earlier_progress_counts_too() -> None:
+    # one room finished long ago (counter 0 -> 1), then the queue stalled for half the threshold
+    obs = [Observation(T0, PodSample(1, 1, 0))] + [
+        Observation(T0 + 10 * i, PodSample(1, 10 * i, 1)) for i in range(1, 5)
+    ]
+    verdict = judge_pod(obs, 60)
+    assert verdict.state == "ok" and verdict.troubled

@@ -117,17 +117,18 @@ def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
 
     if latest.inflight == 0:
         return Verdict("ok", "idle", figures, cleared=True)
+    half = stuck_after / 2
+    stalling = (scrapes >= 2 and stalled_for >= half) or (
+        latest.transferring_age is not None and latest.transferring_age >= half
+    )
     if start > 0:  # an earlier sample in the trusted run had a lower counter: progress seen
         return Verdict(
             "ok",
             f"progressing: transfers_total {run[0][1].transfers:g} -> {latest.transfers:g}",
             figures,
             cleared=True,
+            stalling=stalling,
         )
-    half = stuck_after / 2
-    stalling = (scrapes >= 2 and stalled_for >= half) or (
-        latest.transferring_age is not None and latest.transferring_age >= half
-    )
     return Verdict(
         "ok",
         f"busy, no progress seen for {stalled_for:.0f}s of {stuck_after:g}s allowed",
