@@ -465,7 +465,8 @@ class DisaggregatedModelStatus(_Base):
     watchdog: dict[str, Any] | None = Field(
         None,
         description="Watchdog state: lastScrape, wedgedPods, unobservedPods, budget {windowStart, used}, "
-        "cooldownUntil, inFlight (each naming its remediationId), nextId, fleetBrake. Written when a finding changes; lastScrape alone is refreshed at most "
+        "cooldownUntil, inFlight (each naming its remediationId), nextId, fleetBrake. "
+        "Written when a finding changes; lastScrape alone is refreshed at most "
         "once a minute. Absent until a runtime pod is Ready.",
     )
     remediations: list[dict[str, Any]] | None = Field(
