@@ -162,6 +162,21 @@ class Env:
 
     # --- the operator -----------------------------------------------------------------------
     def start_operator(self, *extra_args: str) -> tuple[subprocess.Popen[bytes], int]:
+        """An operator process whose metrics endpoint answers. The port binds when chosen, but
+        on a shared machine another process may take it before the operator binds it: the
+        operator then exits at start, and a fresh port is tried."""
+        for _ in range(3):
+            proc, port = self._spawn_operator(extra_args)
+
+            def up_or_exited(p: subprocess.Popen[bytes] = proc, n: int = port) -> bool:
+                return p.poll() is not None or _metrics_answer(n)
+
+            wait_for("the operator's metrics endpoint (or its exit)", up_or_exited, timeout=60, every=0.2)
+            if proc.poll() is None:
+                return proc, port
+        raise AssertionError(f"the operator did not start:\n{self.operator_logs()}")
+
+    def _spawn_operator(self, extra_args: tuple[str, ...]) -> tuple[subprocess.Popen[bytes], int]:
         # a port that binds now, outside the ephemeral range (a fixed one there may be held by
         # any outgoing connection, and the operator would then exit at start)
         port = free_port()
@@ -430,6 +445,12 @@ def _assert_each_pod_acted_on_once(env: Env, name: str) -> list[dict[str, Any]]:
     assert len(pods) == len(set(pods)), charged
     assert status["watchdog"]["budget"]["used"] == len(charged), (status["watchdog"], charged)
     return charged
+
+
+def _metrics_answer(port: int) -> bool:
+    with contextlib.suppress(Exception):
+        return http_json(f"http://127.0.0.1:{port}/metrics", timeout=2)[0] == 200
+    return False
 
 
 def _epoch(stamp: str) -> float:
