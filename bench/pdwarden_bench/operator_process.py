@@ -22,6 +22,10 @@ from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import WaitTimeout, wait_for
 
 
+class OperatorExited(RuntimeError):
+    """The operator process ended while starting (a port taken, a bad flag: see its log)."""
+
+
 class OperatorProcess:
     def __init__(
         self,
@@ -32,6 +36,7 @@ class OperatorProcess:
         metrics_port: int = 0,
         log_path: Path | None = None,
         extra_env: dict[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.kubeconfig = str(kubeconfig)
         self.namespaces = namespaces
@@ -39,6 +44,7 @@ class OperatorProcess:
         self.metrics_port = metrics_port
         self.log_path = log_path
         self.extra_env = extra_env or {}
+        self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -48,7 +54,7 @@ class OperatorProcess:
         cmd += ["--health-port", str(self.health_port), "--metrics-port", str(self.metrics_port)]
         for ns in self.namespaces:
             cmd += ["--namespace", ns]
-        return cmd
+        return [*cmd, *self.extra_args]
 
     def start(self, timeout: float = 60.0) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, **self.extra_env}
@@ -59,7 +65,7 @@ class OperatorProcess:
         self.proc = subprocess.Popen(self.command(), env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_for(self._started, timeout, f"the operator's liveness endpoint{self._log_hint()}", 0.3)
-        except WaitTimeout:
+        except (WaitTimeout, OperatorExited):
             self.stop()
             raise
         return self
@@ -67,7 +73,7 @@ class OperatorProcess:
     def _started(self) -> bool:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise RuntimeError(f"operator exited with {self.proc.returncode} at start{self._log_hint()}")
+            raise OperatorExited(f"operator exited with {self.proc.returncode} at start{self._log_hint()}")
         return self.healthy()
 
     def healthy(self) -> bool:

@@ -28,14 +28,8 @@ from typing import Any, Final
 import click
 
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
-from pdwarden_bench.runtime_procs import (
-    Fleet,
-    Runtime,
-    exit_on_sigterm,
-    metric_sum,
-    parse_metrics,
-    wait_healthy,
-)
+from pdwarden_bench.promtext import metric_sum, samples
+from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, wait_healthy
 from pdwarden_runtime import contract as c
 
 ENV: Final = {"UCX_TLS": "tcp,self"}
@@ -78,7 +72,7 @@ async def run_pair(prefill: Runtime, decode: Runtime, *, freeze: float, concurre
     endpoint = Endpoint(prefill.url, decode.url, prefill.host, prefill.bootstrap_port)
     result = PairRun()
     rooms = itertools.count(room_base)
-    before = parse_metrics(prefill.metrics())
+    before = samples(prefill.metrics())
     stop_load = asyncio.Event()
     async with new_session() as session:
         async def client() -> None:
@@ -131,10 +125,10 @@ async def run_pair(prefill: Runtime, decode: Runtime, *, freeze: float, concurre
         await asyncio.sleep(0.2)
     result.leftover_rooms = dict(state.get("rooms", {}))
     result.quarantined_left = int(state.get("quarantined_handles", 0))
-    after = parse_metrics(prefill.metrics())
+    after = samples(prefill.metrics())
     result.deadline_failures = (metric_sum(after, c.METRIC_KV_TRANSFERS_TOTAL, outcome="deadline")
                                 - metric_sum(before, c.METRIC_KV_TRANSFERS_TOTAL, outcome="deadline"))
-    result.corrupted_pages = metric_sum(parse_metrics(decode.metrics()), c.METRIC_KV_VERIFY_FAILURES_TOTAL)
+    result.corrupted_pages = metric_sum(samples(decode.metrics()), c.METRIC_KV_VERIFY_FAILURES_TOTAL)
     return result
 
 

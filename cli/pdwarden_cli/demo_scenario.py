@@ -64,11 +64,12 @@ def demo_manifest(example: Obj, namespace: str = NAMESPACE) -> Obj:
     }
     spec["decode"] = {**spec.get("decode", {}), "replicas": 2}
     spec["router"] = {**spec.get("router", {}), "replicas": 1}
-    # The runtime's own deadline stays longer than the watchdog's, so the operator acts first.
+    # The prefill runs the emulated port (no self-heal), so the injected wedge stays for the
+    # operator to find; the deadlines stay below stuckAfterSeconds, as the ladder's order requires.
     spec["transfer"] = {
         **spec.get("transfer", {}),
-        "inflightDeadlineSeconds": 300,
-        "transferDeadlineSeconds": 60,
+        "inflightDeadlineSeconds": 15,
+        "transferDeadlineSeconds": 10,
     }
     spec["watchdog"] = {
         **spec.get("watchdog", {}),

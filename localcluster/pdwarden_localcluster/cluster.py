@@ -453,6 +453,9 @@ def _apiserver_args(bins: Path, lay: Layout, pki: Pki, p: Ports) -> list[str]:
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
         "--authorization-mode=RBAC",
+        # As on hardened clusters (OpenShift's default): setting blockOwnerDeletion on a child
+        # needs `update` on the owner's finalizers subresource, which the chart must grant.
+        "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
         "--allow-privileged=true",
         # Endpoints reject loopback addresses; the apiserver must not try to publish itself.
         "--endpoint-reconciler-type=none",

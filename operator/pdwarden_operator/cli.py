@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
+import os
 import sys
 from types import ModuleType
+from typing import Any
 
 import click
 
@@ -54,6 +57,41 @@ def _optional_module(name: str) -> ModuleType | None:
     show_default=True,
     help="Address the metrics and health endpoints listen on.",
 )
+@click.option(
+    "--leader-elect/--no-leader-elect",
+    default=True,
+    show_default=True,
+    help="Act only while holding the leader Lease (a second replica stands by).",
+)
+@click.option(
+    "--leader-election-namespace",
+    default=None,
+    help="Namespace of the Lease. Default: $POD_NAMESPACE, else the first --namespace, else default.",
+)
+@click.option(
+    "--leader-election-id", default="pdwarden-operator", show_default=True, help="Name of the Lease."
+)
+@click.option(
+    "--brake-max-remediations-per-hour",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="Fleet brake: remediations across all models per hour, then none.",
+)
+@click.option(
+    "--brake-max-wedged-models",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="Fleet brake: above this many models with wedged pods at once, remediate none.",
+)
+@click.option(
+    "--brake-max-wedged-pods",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Fleet brake: above this many wedged pods across models at once, remediate none.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 def run(
     namespaces: tuple[str, ...],
@@ -61,6 +99,12 @@ def run(
     metrics_port: int,
     health_port: int,
     bind_host: str,
+    leader_elect: bool,
+    leader_election_namespace: str | None,
+    leader_election_id: str,
+    brake_max_remediations_per_hour: int,
+    brake_max_wedged_models: int,
+    brake_max_wedged_pods: int,
     verbose: bool,
 ) -> None:
     """Run the operator until interrupted."""
@@ -79,6 +123,15 @@ def run(
     importlib.import_module("pdwarden_operator.handlers")  # registers the reconcile handlers
     if _optional_module("pdwarden_operator.watchdog.handlers") is None:
         log.warning("watchdog not built in: pods are not scraped for wedges")
+    from pdwarden_operator.watchdog import brake
+
+    brake.configure(
+        brake.BrakeLimits(
+            max_remediations_per_hour=brake_max_remediations_per_hour,
+            max_wedged_models=brake_max_wedged_models,
+            max_wedged_pods=brake_max_wedged_pods,
+        )
+    )
     metrics = _optional_module("pdwarden_operator.metrics")
     if metrics is not None and metrics_port:
         metrics.serve(metrics_port, bind_host)
@@ -93,13 +146,74 @@ def run(
         def _namespace_mode(settings: kopf.OperatorSettings, **_: object) -> None:
             settings.scanning.disabled = True
 
-    liveness = f"http://{bind_host}:{health_port}/healthz" if health_port else None
-    kopf.run(
-        standalone=True,
-        clusterwide=not namespaces,
-        namespaces=list(namespaces),
-        liveness_endpoint=liveness,
+    lease_ns = (
+        leader_election_namespace
+        or os.environ.get(contract.ENV_POD_NAMESPACE)
+        or (namespaces[0] if namespaces and not set(namespaces[0]) & set("*?[!") else "default")
     )
+    asyncio.run(
+        _main(
+            clusterwide=not namespaces,
+            namespaces=list(namespaces),
+            health=(bind_host, health_port) if health_port else None,
+            lease=(lease_ns, leader_election_id) if leader_elect else None,
+        )
+    )
+
+
+async def _serve_health(host: str, port: int) -> Any:
+    """/healthz for the whole life of the process, standby included (the loop is alive)."""
+    from aiohttp import web
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+async def _main(
+    *,
+    clusterwide: bool,
+    namespaces: list[str],
+    health: tuple[str, int] | None,
+    lease: tuple[str, str] | None,
+) -> None:
+    import kopf
+
+    from pdwarden_operator import leader
+
+    runner = await _serve_health(*health) if health else None
+    elector = None
+    if lease is not None:
+        elector = leader.Elector(*lease)
+        leader.set_elector(elector)
+        await elector.acquire()  # a standby does nothing until it holds the Lease
+    operator_task = asyncio.create_task(
+        kopf.operator(standalone=True, clusterwide=clusterwide, namespaces=namespaces)
+    )
+    waits: set[asyncio.Task[None]] = {operator_task}
+    lost = asyncio.create_task(elector.hold()) if elector else None
+    if lost is not None:
+        waits.add(lost)
+    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    if lost is not None and lost in done:
+        # Another replica may lead by now: stop at once, mid-anything (every remediation also
+        # re-checks the Lease and writes its intent with the resourceVersion it read).
+        log.critical("leadership lost: exiting so that only the current leader acts")
+        logging.shutdown()
+        os._exit(1)
+    if lost is not None:
+        lost.cancel()
+    if elector is not None:
+        await elector.release()
+    if runner is not None:
+        await runner.cleanup()
+    await operator_task
 
 
 @click.command()

@@ -13,7 +13,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from pdwarden_runtime.contract import (
     ENV_POD_IP,
+    METRIC_OPERATOR_BRAKE_ENGAGED,
     METRIC_OPERATOR_BUDGET_EXHAUSTED,
+    METRIC_OPERATOR_LEADER,
     METRIC_OPERATOR_REMEDIATIONS_TOTAL,
     METRIC_OPERATOR_SCRAPE_DURATION,
     METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL,
@@ -69,6 +71,16 @@ class OperatorMetrics:
             METRIC_OPERATOR_BUDGET_EXHAUSTED,
             "1 while a model's remediation budget is spent",
             list(_MODEL),
+            registry=r,
+        )
+        self.leader = Gauge(
+            METRIC_OPERATOR_LEADER,
+            "1 while this replica holds the leader Lease (only the leader acts)",
+            registry=r,
+        )
+        self.brake_engaged = Gauge(
+            METRIC_OPERATOR_BRAKE_ENGAGED,
+            "1 while the fleet brake holds every remediation (too many wedges or remediations at once)",
             registry=r,
         )
 

@@ -272,6 +272,12 @@ class RouterSpec(_Base):
     )
 
 
+# The runtime's self-heal comes first (default inflightDeadlineSeconds 300): the operator's
+# threshold sits a minute above it, so a wedge the operator sees is one the runtime could not heal.
+DEFAULT_STUCK_AFTER_S = 360
+MIN_COOLDOWN_S = 60
+
+
 class WatchdogSpec(_Base):
     """How the operator finds and remediates wedged pods (inflight queue with no progress)."""
 
@@ -291,8 +297,10 @@ class WatchdogSpec(_Base):
     )
 
     stuck_after_seconds: int = Field(
-        120,
-        description="A pod whose inflight requests make no progress for this long is wedged.",
+        DEFAULT_STUCK_AFTER_S,
+        description="A pod whose rooms in flight make no progress for this long, or whose oldest room "
+        "stays in Transferring this long, is wedged. Must exceed transfer.inflightDeadlineSeconds: "
+        "the runtime's own deadline fails a stuck room first; the operator acts only when it did not.",
         ge=2,
         le=86400,
     )
@@ -300,9 +308,10 @@ class WatchdogSpec(_Base):
         10, description="How often each pod's metrics are scraped.", ge=1, le=3600
     )
     action: Literal["alert", "restart", "evict"] = Field(
-        "restart",
+        "evict",
         description="What to do with a wedged pod: alert (Event and condition only), "
-        "restart (delete the pod) or evict (Eviction API, honours the PodDisruptionBudget).",
+        "evict (Eviction API, honours the PodDisruptionBudget; the default) or restart (delete the "
+        "pod, bypassing the PodDisruptionBudget).",
     )
     max_remediations: int = Field(
         3, description="At most this many remediations per budget window.", ge=0, le=1000
@@ -317,6 +326,19 @@ class WatchdogSpec(_Base):
         ge=1,
         le=512,
     )
+
+    @property
+    def cooldown_seconds(self) -> float:
+        """After an action, no further action on any of the model's pods for this long: the
+        replacement needs time to become Ready, and the pods of the OTHER role that were
+        exchanging KV with the removed pod need time to let go of those rooms (measured: ~35 s
+        for decode after its prefill vanished). Acting sooner would cascade."""
+        return float(max(self.stuck_after_seconds, MIN_COOLDOWN_S))
+
+    @property
+    def scrape_timeout_seconds(self) -> float:
+        """Per-request timeout: a slow pod must not delay the round past its interval."""
+        return max(0.5, min(5.0, self.scrape_interval_seconds / 2))
 
     @model_validator(mode="after")
     def _intervals(self) -> WatchdogSpec:
@@ -341,6 +363,13 @@ def _nested(model: type[_Base], description: str) -> Any:
     )
 
 
+# The remediation ladder's order, as the API server and the operator both word it.
+LADDER_MESSAGE = (
+    "watchdog.stuckAfterSeconds must exceed transfer.inflightDeadlineSeconds: the runtime's own "
+    "deadline fails a stuck room first, the operator acts only when that self-heal did not"
+)
+
+
 class DisaggregatedModelSpec(_Base):
     """Desired state: one model served by prefill and decode pods behind an sglang-router."""
 
@@ -350,7 +379,12 @@ class DisaggregatedModelSpec(_Base):
                 "self.prefill.replicas == 0 || self.decode.replicas == 0 || self.router.replicas > 0",
                 "router.replicas must be at least 1 when prefill and decode have replicas",
                 ".router.replicas",
-            )
+            ),
+            cel(
+                "self.watchdog.stuckAfterSeconds > self.transfer.inflightDeadlineSeconds",
+                LADDER_MESSAGE,
+                ".watchdog.stuckAfterSeconds",
+            ),
         )
     )
 
@@ -376,6 +410,8 @@ class DisaggregatedModelSpec(_Base):
     def _router_needed(self) -> DisaggregatedModelSpec:
         if self.prefill.replicas > 0 and self.decode.replicas > 0 and self.router.replicas == 0:
             raise ValueError("router.replicas must be at least 1 when prefill and decode have replicas")
+        if self.watchdog.stuck_after_seconds <= self.transfer.inflight_deadline_seconds:
+            raise ValueError(LADDER_MESSAGE)
         return self
 
     def role(self, role: str) -> RoleSpec:
@@ -389,13 +425,13 @@ class DisaggregatedModelSpec(_Base):
 # --- status ------------------------------------------------------------------------------
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
-ConditionType = Literal["Ready", "Progressing", "Degraded", "Wedged"]
+ConditionType = Literal["Ready", "Progressing", "Degraded", "Wedged", "FleetBrake"]
 
 
 class Condition(_Base):
     """A standard Kubernetes condition."""
 
-    type: ConditionType = Field(description="Ready, Progressing, Degraded or Wedged.")
+    type: ConditionType = Field(description="Ready, Progressing, Degraded, Wedged or FleetBrake.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="One CamelCase word for machines.", max_length=128)
     message: str = Field(description="What a person needs to know.", max_length=32768)
@@ -420,7 +456,7 @@ class DisaggregatedModelStatus(_Base):
     phase: Phase | None = Field(None, description="Pending, Progressing, Ready or Degraded.")
     conditions: list[Condition] = Field(
         default_factory=list,
-        description="Ready, Progressing, Degraded and Wedged.",
+        description="Ready, Progressing, Degraded, Wedged and FleetBrake.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     prefill: ReplicaStatus | None = Field(None, description="Prefill Deployment replicas.")
@@ -429,12 +465,13 @@ class DisaggregatedModelStatus(_Base):
     watchdog: dict[str, Any] | None = Field(
         None,
         description="Watchdog state: lastScrape, wedgedPods, unobservedPods, budget {windowStart, used}, "
-        "cooldownUntil, inFlight. Written when a finding changes; lastScrape alone is refreshed at most "
+        "cooldownUntil, inFlight (each naming its remediationId), nextId, fleetBrake. "
+        "Written when a finding changes; lastScrape alone is refreshed at most "
         "once a minute. Absent until a runtime pod is Ready.",
     )
     remediations: list[dict[str, Any]] | None = Field(
         None,
-        description="The last remediations: pod, role, reason, action, time, outcome.",
+        description="The last remediations: id (stable), pod, role, reason, action, time, outcome.",
         max_length=20,
     )
 

@@ -11,28 +11,22 @@ kopf is not imported here; handlers.py translates the exceptions below into kopf
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from pdwarden_operator import plan
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
-from pdwarden_operator.kube.status import patch_status
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
 from pdwarden_operator.render import Owner, child_key, child_name, render_children
-from pdwarden_operator.status import (
-    ROLES,
-    Observed,
-    compute_status,
-    invalid_spec_status,
-    observe_deployment,
-    status_changed,
-)
+from pdwarden_operator.status import ROLES, Observed, observe_deployment
+from pdwarden_operator.status_writer import WRITER
 
 Obj = dict[str, Any]
+T = TypeVar("T")
 log = logging.getLogger("pdwarden.reconcile")
 
 
@@ -74,41 +68,27 @@ def describe_validation_error(exc: ValidationError, prefix: str = "spec") -> str
     return "; ".join(parts)
 
 
-def _previous(body: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any] | None]:
-    status = body.get("status") or {}
-    return status, status.get("watchdog")
-
-
 def _generation(body: Mapping[str, Any]) -> int:
     return int(body["metadata"].get("generation") or 0)
 
 
-async def _write(body: Mapping[str, Any], new: Obj) -> bool:
-    current, _ = _previous(body)
-    if not status_changed(current, new):
-        return False
-    meta = body["metadata"]
+async def _guarded(write: Awaitable[T]) -> T | None:
+    """Run a status write; a deleted model needs none, other failures are retried."""
     try:
-        await patch_status(meta["namespace"], meta["name"], new)
+        return await write
     except KubeApiError as exc:
         if exc.not_found:  # deleted meanwhile: nothing to report on
-            return False
+            return None
         raise RetryLater(f"writing status failed: {exc}") from exc
-    return True
 
 
 async def _invalid(body: Mapping[str, Any], exc: ValidationError) -> InvalidSpec:
     message = describe_validation_error(exc)
-    current, _ = _previous(body)
-    observed = Observed(
-        generation=_generation(body), previous_conditions=tuple(current.get("conditions") or ())
-    )
-    await _write(body, invalid_spec_status(f"Invalid spec: {message}", observed))
+    await _guarded(WRITER.invalid(body, f"Invalid spec: {message}", _generation(body)))
     return InvalidSpec(message)
 
 
 def _observed(body: Mapping[str, Any], children: Mapping[tuple[str, str], Obj], **error: str) -> Observed:
-    current, _ = _previous(body)
     name = body["metadata"]["name"]
     workloads = {
         role: observe_deployment(children.get(("Deployment", child_name(name, role)))) for role in ROLES
@@ -116,7 +96,6 @@ def _observed(body: Mapping[str, Any], children: Mapping[tuple[str, str], Obj], 
     return Observed(
         generation=_generation(body),
         workloads=workloads,
-        previous_conditions=tuple(current.get("conditions") or ()),
         error_reason=error.get("reason"),
         error_message=error.get("message"),
     )
@@ -133,8 +112,7 @@ async def _apply(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: li
         observed = _observed(
             body, {}, reason="ApplyFailed", message=f"The API server rejected a child: {exc}"
         )
-        _, watchdog = _previous(body)
-        await _write(body, compute_status(spec, observed, watchdog))
+        await _guarded(WRITER.observed(body, spec, observed))
         raise InvalidSpec(f"the API server rejected a child: {exc}") from exc
 
 
@@ -151,11 +129,9 @@ async def _finish(
     children: Mapping[tuple[str, str], Obj],
     applied: list[Obj],
 ) -> Outcome:
-    """Compute status from the children, write it (when it changed)."""
-    _, watchdog = _previous(body)
-    new = compute_status(spec, _observed(body, children), watchdog)
-    await _write(body, new)
-    return Outcome(new, applied)
+    """Hand the observation to the status writer (it writes when the status changed)."""
+    done = await _guarded(WRITER.observed(body, spec, _observed(body, children)))
+    return Outcome(done[0] if done else {}, applied)
 
 
 async def reconcile(body: Mapping[str, Any]) -> Outcome:

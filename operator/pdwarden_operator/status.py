@@ -1,14 +1,14 @@
 """DisaggregatedModel status from what was observed: pure functions, no API calls.
 
-`compute_conditions` is the one place conditions are computed: the
-reconciler calls it with Deployments it observed, the watchdog calls it with its own
-findings, and both get the same Ready / Progressing / Degraded / Wedged semantics.
+`compose` is the one function that turns both inputs (the reconciler's observation of the
+Deployments, the watchdog's findings) into phase and conditions; `status_writer.StatusWriter`
+calls it for every write, whichever of the two triggered it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,9 +16,7 @@ from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.render import ROLES
 from pdwarden_runtime import contract
 
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged")
-# Degraded reasons caused by the spec or the API, not by pods: they survive a status rebuild.
-ERROR_REASONS = ("InvalidSpec", "ApplyFailed")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged", "FleetBrake")
 
 
 @dataclass(frozen=True)
@@ -67,42 +65,6 @@ def observe_deployment(obj: Mapping[str, Any] | None) -> Workload:
         updated=int(st.get("updatedReplicas") or 0),
         up_to_date=int(st.get("observedGeneration") or 0) >= int(meta.get("generation") or 0),
         stalled=stalled,
-    )
-
-
-def observed_from_status(status: Mapping[str, Any] | None, generation: int) -> Observed:
-    """Rebuild an Observed from a written status (for the watchdog, which reads no Deployments).
-
-    Roles are taken as settled when the last reconcile found them settled (Progressing False).
-    """
-    status = status or {}
-    conditions = tuple(status.get("conditions") or ())
-    progressing = _find(conditions, "Progressing")
-    settled = progressing is not None and progressing.get("status") == "False"
-    workloads = {}
-    for role in ROLES:
-        part = status.get(role)
-        if part is None:
-            continue
-        want = int(part.get("replicas") or 0)
-        workloads[role] = Workload(
-            present=True,
-            spec_replicas=want,
-            replicas=want,
-            ready=int(part.get("readyReplicas") or 0),
-            updated=want if settled else 0,
-            up_to_date=settled,
-        )
-    degraded = _find(conditions, "Degraded")
-    error_reason = error_message = None
-    if degraded and degraded.get("status") == "True" and degraded.get("reason") in ERROR_REASONS:
-        error_reason, error_message = degraded.get("reason"), degraded.get("message")
-    return Observed(
-        generation=generation,
-        workloads=workloads,
-        error_reason=error_reason,
-        error_message=error_message,
-        previous_conditions=conditions,
     )
 
 
@@ -220,7 +182,14 @@ def compute_conditions(
     else:
         wedge = ("Unknown", "NotScrapedYet", "The watchdog has not scraped the pods yet.")
 
-    rows = zip(CONDITION_TYPES, (ready, progressing, degraded, wedge), strict=True)
+    # FleetBrake: the operator-wide brake held this model's remediation (watchdog/brake.py)
+    brake = (watchdog or {}).get("fleetBrake") or {}
+    if brake.get("engaged"):
+        fleet = ("True", "FleetBrakeEngaged", f"No remediation on any model: {brake.get('reason', '')}.")
+    else:
+        fleet = ("False", "NotEngaged", "The operator-wide limits allow remediation.")
+
+    rows = zip(CONDITION_TYPES, (ready, progressing, degraded, wedge, fleet), strict=True)
     return _conditions([(ctype, *row) for ctype, row in rows], observed, now)
 
 
@@ -277,6 +246,27 @@ def compute_status(
         ready = observed.workload(role).ready
         status[role] = {"replicas": want, "readyReplicas": ready, "summary": f"{ready}/{want}"}
     return status
+
+
+def compose(
+    spec: DisaggregatedModelSpec,
+    observed: Observed | None,
+    findings: Mapping[str, Any] | None,
+    known: Mapping[str, Any],
+    *,
+    now: datetime | None = None,
+) -> dict[str, Any]:
+    """The status from both inputs: the watchdog's findings (its keys as given), and, once the
+    reconciler has observed the model, phase, conditions and replica counts computed from the
+    observation AND the findings (the stored ones from `known` until this process has its own).
+    lastTransitionTime is kept from `known` for conditions whose status did not change."""
+    out: dict[str, Any] = dict(findings or {})
+    if observed is None:
+        return out
+    watchdog = out.get("watchdog", known.get("watchdog"))
+    previous = replace(observed, previous_conditions=tuple(known.get("conditions") or ()))
+    out.update(compute_status(spec, previous, watchdog, now=now))
+    return out
 
 
 def invalid_spec_status(message: str, observed: Observed, *, now: datetime | None = None) -> dict[str, Any]:

@@ -83,6 +83,9 @@ METRIC_RUNTIME_INFO: Final = "pdwarden_runtime_info"
 # a room waiting for bootstrap or its forward pass is queueing; only time in Transferring
 # (or waiting for a prefill that stopped sending, on decode) means a transfer is stuck.
 METRIC_KV_OLDEST_IN_STATE: Final = "pdwarden_kv_oldest_in_state_seconds"
+# The `state` label value of the Transferring state (kvpoll.STATE_LABELS agrees): the one state
+# the watchdog's age clause judges.
+KV_STATE_TRANSFERRING: Final = "transferring"
 # Liveness of the runtime's threads (SGLang's NIXL bootstrap, transfer workers, heartbeat;
 # the synthetic engine's): alive count per thread kind, and the count that should be alive.
 METRIC_RUNTIME_THREADS: Final = "pdwarden_runtime_threads"

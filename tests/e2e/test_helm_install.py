@@ -147,6 +147,9 @@ def test_rbac_is_least_privilege_on_the_real_authorizer(kubeconfig: Path, namesp
         assert can("create", "pods", "--subresource=eviction", "-n", namespace)
         assert can("patch", "deployments.apps", "-n", namespace)
         assert can("create", "events", "-n", namespace)
+        # blockOwnerDeletion on children, under OwnerReferencesPermissionEnforcement
+        assert can("update", models, "--subresource=finalizers", "-n", namespace)
+        assert can("update", "leases.coordination.k8s.io", "-n", namespace)  # leader election
         assert not can("get", "secrets", "-n", namespace)
         assert not can("create", "pods", "-n", namespace)  # it never runs pods itself
         assert not can("delete", "nodes")
@@ -160,10 +163,14 @@ def test_rbac_is_least_privilege_on_the_real_authorizer(kubeconfig: Path, namesp
         kubectl(kubeconfig, "delete", "-f", "-", "--wait=false", stdin=manifest)
 
 
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])  # cluster: the chart's default
 def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
-    kubeconfig: Path, namespace: str
+    kubeconfig: Path, namespace: str, scope: str
 ) -> None:
-    release = "pdwe2e"
+    release = f"pdwe2e-{scope[:2]}-{namespace[-6:]}"  # cluster-scoped names must not collide
+    scope_values = ["--set", f"operator.scope={scope}"]
+    if scope == "namespace":
+        scope_values += ["--set", f"operator.watchNamespace={namespace}"]
     proc = helm(
         kubeconfig,
         "install",
@@ -174,20 +181,31 @@ def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
         "--wait",
         "--timeout",
         "180s",
-        "--set",
-        "operator.scope=namespace",
-        "--set",
-        f"operator.watchNamespace={namespace}",
+        *scope_values,
     )
     assert proc.returncode == 0, proc.stderr
     selector = f"app.kubernetes.io/instance={release}"
     try:
-        (pod,) = get_json(
+        pods = get_json(
             kubeconfig, "pods", "-n", namespace, "-l", f"{selector},app.kubernetes.io/component=operator"
         )["items"]
-        # The operator runs as a pod with the chart's ServiceAccount (its token is its identity).
-        assert pod["spec"]["serviceAccountName"] == f"{release}-pdwarden"
-        assert pod["spec"]["containers"][0]["command"] == ["pdwarden", "operator", "run"]
+        assert len(pods) == 2  # a leader and a standby
+        for pod in pods:
+            # The operator runs as a pod with the chart's ServiceAccount (its token is its identity).
+            assert pod["spec"]["serviceAccountName"] == f"{release}-pdwarden"
+            assert pod["spec"]["containers"][0]["command"] == ["pdwarden", "operator", "run"]
+
+        def holder() -> Any:
+            lease = get_json(kubeconfig, "leases.coordination.k8s.io", "pdwarden-operator", "-n", namespace)
+            return (lease.get("spec") or {}).get("holderIdentity")
+
+        names = [p["metadata"]["name"] for p in pods]
+        wait_for(
+            lambda: any(str(holder()).startswith(n + "_") for n in names),
+            120,
+            "one of the operator replicas to hold the Lease",
+            2.0,
+        )
 
         model = yaml.safe_load(EXAMPLE.read_text())
         model["metadata"]["namespace"] = namespace

@@ -28,6 +28,7 @@ ALERTS = (
     "PdwardenStatusWritesRefused",
     "PdwardenWedgeRemediated",
     "PdwardenRemediationBudgetExhausted",
+    "PdwardenFleetBrakeEngaged",
     "PdwardenPodsUnobserved",
     "PdwardenOperatorDown",
 )
@@ -37,6 +38,7 @@ SEVERITY = {
     "PdwardenStatusWritesRefused": "warning",
     "PdwardenWedgeRemediated": "warning",
     "PdwardenRemediationBudgetExhausted": "critical",
+    "PdwardenFleetBrakeEngaged": "critical",
     "PdwardenPodsUnobserved": "warning",
     "PdwardenOperatorDown": "critical",
 }
@@ -93,7 +95,7 @@ def test_promtool_accepts_the_rules_and_their_templates(groups: dict[str, Any], 
     rules = tmp_path / "rules.yaml"
     rules.write_text(chart.dump_yaml(groups))
     proc = run_promtool("check", "rules", str(rules))
-    assert "SUCCESS: 7 rules found" in proc.stdout
+    assert f"SUCCESS: {len(ALERTS)} rules found" in proc.stdout
 
 
 # --- promtool unit tests ----------------------------------------------------------------
@@ -338,8 +340,31 @@ def scenario_operator() -> dict[str, Any]:
     }
 
 
+def scenario_fleet_brake() -> dict[str, Any]:
+    """Two operator replicas: the leader engages the brake 10-20 min, the standby exports 0."""
+    leader = {"job": OPERATOR_JOB, "instance": OPERATOR_INSTANCE, "namespace": NAMESPACE}
+    standby = {**leader, "instance": "10.0.0.10:8080"}
+    return {
+        "interval": "1m",
+        "input_series": [
+            series("up", "1x30", **leader),
+            series("up", "1x30", **standby),
+            series(contract.METRIC_OPERATOR_BRAKE_ENGAGED, "0x10 1x10 0x10", **leader),
+            series(contract.METRIC_OPERATOR_BRAKE_ENGAGED, "0x30", **standby),
+        ],
+        "alert_rule_test": [
+            *expectations("5m", {}),
+            *expectations(
+                "12m", {"PdwardenFleetBrakeEngaged": [{"namespace": NAMESPACE, "job": OPERATOR_JOB}]}
+            ),
+            *expectations("25m", {}),  # released on its own
+        ],
+    }
+
+
 SCENARIOS = {
     "wedge": scenario_wedge,
+    "fleet_brake": scenario_fleet_brake,
     "busy_but_progressing": scenario_busy_but_progressing,
     "refused_writes": scenario_refused_writes,
     "operator": scenario_operator,

@@ -68,6 +68,8 @@ def test_default_render_is_operator_rbac_and_metrics_service_only() -> None:
             "ClusterRoleBinding",
             "ClusterRoleBinding",
             "Deployment",
+            "Role",
+            "RoleBinding",
             "Service",
             "ServiceAccount",
         ]
@@ -77,10 +79,16 @@ def test_default_render_is_operator_rbac_and_metrics_service_only() -> None:
             assert doc["metadata"]["namespace"] == NAMESPACE
 
 
-def test_operator_deployment_is_hardened_single_replica_with_probes() -> None:
+def test_operator_deployment_is_hardened_leader_and_standby_with_probes() -> None:
     deploy = chart.only_object(render(), "Deployment")
     spec = deploy["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    assert spec["replicas"] == 2 and spec["strategy"]["type"] == "RollingUpdate"
+    anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= (
+        spec["template"]["metadata"]["labels"].items()
+    )
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["serviceAccountName"] == "pdw-pdwarden"
@@ -95,6 +103,8 @@ def test_operator_deployment_is_hardened_single_replica_with_probes() -> None:
     assert "--all-namespaces" in container["args"]
     assert f"--metrics-port={contract.OPERATOR_METRICS_PORT}" in container["args"]
     assert f"--health-port={contract.OPERATOR_HEALTH_PORT}" in container["args"]
+    assert f"--leader-election-namespace={NAMESPACE}" in container["args"]
+    assert "--brake-max-wedged-models=3" in container["args"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": contract.OPERATOR_METRICS_PORT, "health": contract.OPERATOR_HEALTH_PORT}
     for probe in ("livenessProbe", "readinessProbe"):
@@ -136,15 +146,20 @@ def test_rbac_is_least_privilege_and_never_touches_secrets(values: Mapping[str, 
         ("", "events", "create"),
         ("rbac.authorization.k8s.io", "roles", "patch"),
         ("policy", "poddisruptionbudgets", "patch"),
+        # blockOwnerDeletion on children needs this where OwnerReferencesPermissionEnforcement is on
+        ("pdwarden.io", "disaggregatedmodels/finalizers", "update"),
+        ("coordination.k8s.io", "leases", "update"),
     ]:
         assert needed in granted, needed
+    lease_role = next(d for d in chart.find_objects(docs, "Role") if d["rules"][0]["resources"] == ["leases"])
+    assert lease_role["metadata"]["namespace"] == NAMESPACE  # only the release namespace's Lease
 
 
 def test_namespace_mode_grants_nothing_cluster_wide() -> None:
     docs = render(NON_DEFAULT)
     assert not chart.find_objects(docs, "ClusterRole") and not chart.find_objects(docs, "ClusterRoleBinding")
-    role = chart.only_object(docs, "Role")
-    binding = chart.only_object(docs, "RoleBinding")
+    role = next(d for d in chart.find_objects(docs, "Role") if d["metadata"]["namespace"] == "ml")
+    binding = next(d for d in chart.find_objects(docs, "RoleBinding") if d["metadata"]["namespace"] == "ml")
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "ml"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pdw-pdwarden", "namespace": NAMESPACE}]
     (container,) = chart.only_object(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
@@ -243,7 +258,10 @@ BAD_VALUES = [
     ),
     ({"securityContext.allowPrivilegeEscalation": "true"}, "/securityContext/allowPrivilegeEscalation"),
     ({"image.pullPolicy": "Sometimes"}, "/image/pullPolicy"),
-    ({"replicaCount": "2"}, "replicaCount"),  # single replica by design: no such value
+    ({"replicaCount": "2"}, "replicaCount"),  # the replicas are operator.replicas
+    ({"operator.replicas": "0"}, "/operator/replicas"),
+    ({"operator.fleetBrake.maxWedgedModels": "0"}, "/operator/fleetBrake/maxWedgedModels"),
+    ({"operator.fleetBrake.maxRemediationsPerHour": "many"}, "/operator/fleetBrake/maxRemediationsPerHour"),
     ({"operator.watchNamespace": "Not_A_Namespace"}, "/operator/watchNamespace"),
 ]
 

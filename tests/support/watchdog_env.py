@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdwarden_bench.operator_process import OperatorProcess
+from pdwarden_bench.operator_process import OperatorExited, OperatorProcess
 from pdwarden_bench.ports import free_port
 from pdwarden_bench.promtext import metric_sum, samples
 from pdwarden_localcluster.testing import serving, wait_for
@@ -108,7 +108,9 @@ class Env:
         items = self.call("GET", f"/api/v1/namespaces/{self.namespace}/events")["items"]
         return [e for e in items if e["involvedObject"]["name"] == name]
 
-    def create_dm(self, name: str, watchdog: dict[str, Any], prefill_args: list[str] | None = None) -> None:
+    def create_dm(
+        self, name: str, watchdog: dict[str, Any], prefill_args: list[str] | None = None, replicas: int = 2
+    ) -> None:
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": contract.KIND,
@@ -120,29 +122,40 @@ class Env:
             "spec": {
                 "model": {"path": "synthetic/tiny", "servedName": name},
                 "engine": "synthetic",
-                "prefill": {"replicas": 2, "args": prefill_args or []},
-                "decode": {"replicas": 2},
+                "prefill": {"replicas": replicas, "args": prefill_args or []},
+                "decode": {"replicas": replicas},
                 "router": {"replicas": 1, "policy": "round_robin"},
-                # the runtime's own deadline (ladder step 1) far away, so the operator's step is tested
-                "transfer": {"inflightDeadlineSeconds": 900, "transferDeadlineSeconds": 60},
+                # the ladder's order: the runtime's deadline (step 1) below stuckAfterSeconds; the
+                # race scenarios run the emulated port (no self-heal), so only the operator heals them
+                "transfer": {
+                    "inflightDeadlineSeconds": watchdog["stuckAfterSeconds"] - 5,
+                    "transferDeadlineSeconds": min(10, watchdog["stuckAfterSeconds"] - 5),
+                },
                 "watchdog": watchdog,
             },
         }
         self.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}", body)
 
     # --- the operator -----------------------------------------------------------------------
-    def start_operator(self, *, crash_after_intent: bool = False) -> OperatorProcess:
-        """An operator watching this namespace only, healthy when this returns."""
-        extra = {"PDWARDEN_TEST_CRASH_AFTER_INTENT": "1"} if crash_after_intent else {}
-        op = OperatorProcess(
-            self.kubeconfig,
-            namespaces=(self.namespace,),
-            metrics_port=free_port(),
-            log_path=self.tmp / f"operator-{len(self.operators)}.log",
-            extra_env=extra,
-        )
-        self.operators.append(op)
-        return op.start()
+    def start_operator(self, *extra_args: str) -> OperatorProcess:
+        """An operator watching this namespace only, healthy when this returns. Its metrics port
+        binds when chosen, but on a shared machine another process may take it first: the
+        operator then exits at start, and a fresh port is tried."""
+        for attempt in range(3):
+            op = OperatorProcess(
+                self.kubeconfig,
+                namespaces=(self.namespace,),
+                metrics_port=free_port(),
+                log_path=self.tmp / f"operator-{len(self.operators)}.log",
+                extra_args=extra_args,
+            )
+            self.operators.append(op)
+            try:
+                return op.start()
+            except OperatorExited:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def stop_operators(self) -> None:
         for op in self.operators:
@@ -260,10 +273,14 @@ class Load:
 
 
 def up(
-    env: Env, name: str, watchdog: dict[str, Any], prefill_args: list[str] | None = None, **kw: Any
+    env: Env,
+    name: str,
+    watchdog: dict[str, Any],
+    prefill_args: list[str] | None = None,
+    operator_args: tuple[str, ...] = (),
 ) -> OperatorProcess:
     """Operator running, the model's 2+2 runtime pods Ready and scraped once."""
-    op = env.start_operator(**kw)
+    op = env.start_operator(*operator_args)
     env.create_dm(name, watchdog, prefill_args)
     wait_for(
         lambda: all(len(env.live_ready_pods(name, r)) == 2 for r in contract.RUNTIME_ROLES),

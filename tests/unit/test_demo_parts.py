@@ -33,8 +33,8 @@ def test_demo_manifest_is_the_example_with_2_2_1_pods_and_fault_injection_allowe
     # the emulated NIXL port, so the race can wedge it
     assert spec.prefill.args == ["--hardening", "emulated-port", "--race-window", "5"]
     assert spec.decode.args == example["spec"].get("decode", {}).get("args", [])
-    # the operator acts before the runtime's own deadline would hide the wedge
-    assert spec.watchdog.stuck_after_seconds < spec.transfer.inflight_deadline_seconds
+    # the ladder's order: the runtime's deadline first (none in the emulated port), then the operator
+    assert spec.watchdog.stuck_after_seconds > spec.transfer.inflight_deadline_seconds
     assert "annotations" not in example.get("metadata", {}) or (
         contract.ANNOTATION_ALLOW_FAULT_INJECTION not in example["metadata"]["annotations"]
     )  # the example itself stays safe

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -307,3 +308,14 @@ def test_kubelet_fingerprint_follows_the_interpreter_so_another_checkout_restart
     assert kubelet_fingerprint(sys.executable) == here
     # a cluster started from another checkout's .venv would run that checkout's code in pods
     assert kubelet_fingerprint("/elsewhere/.venv/bin/python3") != here
+
+
+def test_the_api_server_enforces_owner_reference_permissions(tmp_path: Path) -> None:
+    from pdwarden_localcluster import cluster
+
+    pki = SimpleNamespace(serving_cert="c", serving_key="k", ca_cert="ca", sa_pub="p", sa_key="s")
+    lay = SimpleNamespace(root=tmp_path)
+    ports = cluster.Ports(cluster.DEFAULT_PORT_BASE)
+    args = cluster._apiserver_args(tmp_path, lay, pki, ports)  # type: ignore[arg-type]
+    plugins = next(a for a in args if a.startswith("--enable-admission-plugins="))
+    assert "OwnerReferencesPermissionEnforcement" in plugins.split("=", 1)[1].split(",")

@@ -53,8 +53,9 @@ def test_every_spec_field_is_described() -> None:
     undocumented = [p for p, n in _walk(spec, "spec") if not n.get("description") and not p.endswith("[]")]
     assert undocumented == []
     watchdog = spec["properties"]["watchdog"]
-    assert watchdog["default"]["stuckAfterSeconds"] == 120
-    assert watchdog["properties"]["stuckAfterSeconds"]["default"] == 120
+    assert watchdog["default"]["stuckAfterSeconds"] == 360
+    assert watchdog["properties"]["stuckAfterSeconds"]["default"] == 360
+    assert watchdog["properties"]["action"]["default"] == "evict"
     assert watchdog["properties"]["action"]["enum"] == ["alert", "restart", "evict"]
 
 
@@ -68,6 +69,7 @@ def test_cel_rules_cover_the_cross_field_invariants() -> None:
         "self in [1, 2, 4, 8, 16, 32, 64]",
         "self.stuckAfterSeconds >= 2 * self.scrapeIntervalSeconds",
         "self.transferDeadlineSeconds <= self.inflightDeadlineSeconds",
+        "self.watchdog.stuckAfterSeconds > self.transfer.inflightDeadlineSeconds",
         "size(self.metadata.name) <= 40",
     ):
         assert fragment in joined, fragment

@@ -10,11 +10,9 @@ import pytest
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.status import (
     Observed,
-    Workload,
     compute_conditions,
     compute_status,
     observe_deployment,
-    observed_from_status,
     status_changed,
 )
 
@@ -187,17 +185,3 @@ def test_zero_replicas_everywhere_is_ready() -> None:
     zero = {"metadata": {"generation": 1}, "spec": {"replicas": 0}, "status": {"observedGeneration": 1}}
     st = compute_status(spec, observed(zero, zero, zero), None, now=NOW)
     assert st["phase"] == "Ready"
-
-
-def test_observed_from_status_round_trips_for_the_watchdog() -> None:
-    obs = observed(deployment(2, 2), deployment(1, 1), deployment(1, 1))
-    st = compute_status(SPEC, obs, None, now=NOW)
-    rebuilt = observed_from_status(st, generation=3)
-    assert rebuilt.workload("prefill") == Workload(
-        present=True, spec_replicas=2, replicas=2, ready=2, updated=2, up_to_date=True
-    )
-    wd = {"lastScrape": "t", "wedgedPods": ["p1"], "budget": {"used": 0}}
-    again = conds(compute_conditions(SPEC, rebuilt, wd, now=LATER))
-    assert again["Ready"]["status"] == "True"
-    assert again["Ready"]["lastTransitionTime"] == "2026-11-29T12:00:00Z"
-    assert again["Wedged"]["status"] == "True"

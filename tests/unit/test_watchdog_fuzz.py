@@ -8,12 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.history import Observation, PodHistory
 from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
 from pdwarden_operator.watchdog.rule import judge
-from pdwarden_operator.watchdog.settings import WatchdogSettings
 from pdwarden_operator.watchdog.state import WatchdogState
 
 pytestmark = pytest.mark.unit
@@ -136,7 +136,7 @@ def test_parse_never_raises_anything_but_parse_error(body: str | bytes) -> None:
         assert math.isfinite(value) and value >= 0
 
 
-WATCHDOG = WatchdogSettings(
+WATCHDOG = WatchdogSpec(
     stuck_after_seconds=30,
     scrape_interval_seconds=10,
     action="restart",

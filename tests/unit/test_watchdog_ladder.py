@@ -6,10 +6,11 @@ from dataclasses import replace
 
 import pytest
 
+from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.ladder import ActionResult, PodView, plan
+from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.rule import Verdict
-from pdwarden_operator.watchdog.settings import SettingsError, WatchdogSettings, settings_from_spec
 from pdwarden_operator.watchdog.state import WatchdogState, state_from_status, state_to_status
 
 pytestmark = pytest.mark.unit
@@ -18,7 +19,7 @@ T0 = 1_800_000_000.0
 WEDGED = Verdict("wedged", "no progress for 130s: inflight=3", {"inflight": 3})
 OK = Verdict("ok", "progressing", cleared=True)
 BUSY = Verdict("ok", "busy, no progress seen for 20s", cleared=False)
-RESTART = WatchdogSettings(
+RESTART = WatchdogSpec(
     stuck_after_seconds=60,
     scrape_interval_seconds=10,
     action="restart",
@@ -45,12 +46,12 @@ def step(
     now: float,
     *,
     view: list[PodView] = FOUR,
-    settings: WatchdogSettings = RESTART,
-    outcome: str = ladder.DELETED,
+    settings: WatchdogSpec = RESTART,
+    outcome: Outcome = Outcome.DELETED,
 ) -> tuple[ladder.Plan, WatchdogState]:
     """One round: plan, then (as the executor would) perform every action with `outcome`."""
     p = plan(verdicts=verdicts, pods=view, state=state, settings=settings, now=now, desired=DESIRED)
-    results = [ActionResult(a, ladder.ALERTED if a.kind == "alert" else outcome) for a in p.actions]
+    results = [ActionResult(a, Outcome.ALERTED if a.kind == "alert" else outcome) for a in p.actions]
     return p, ladder.apply_results(p.state, results)
 
 
@@ -77,7 +78,7 @@ def test_wedged_pod_is_restarted_with_intent_recorded_before_acting() -> None:
         ("p1", "prefill", "restart", "pending")
     ]
     assert "inflight=3" in p.state.remediations[0].reason
-    done = ladder.apply_results(p.state, [ActionResult(p.actions[0], ladder.DELETED)])
+    done = ladder.apply_results(p.state, [ActionResult(p.actions[0], Outcome.DELETED)])
     assert done.remediations[0].outcome == "deleted"
     assert done.in_flight[0].attempts == 1
 
@@ -164,17 +165,15 @@ def test_max_unavailable_counts_not_ready_pods() -> None:
 
 
 def test_max_unavailable_counts_missing_replicas_and_two_wedged_in_one_round() -> None:
-    settings = replace(RESTART, cooldown_seconds=0.0)
-    p, _ = step(WatchdogState(), {"uid-p0": WEDGED, "uid-p1": WEDGED}, T0, settings=settings)
-    assert [a.pod for a in p.actions] == ["p0"]  # p1 would make two prefill pods down
-    assert p.state.remediations[-1].outcome == "skipped-max-unavailable"
+    p, _ = step(WatchdogState(), {"uid-p0": WEDGED, "uid-p1": WEDGED}, T0)
+    assert [a.pod for a in p.actions] == ["p0"]  # p1 waits (cooldown, then maxUnavailable)
     only_one = [p for p in FOUR if p.name != "p0"]
-    p, _ = step(WatchdogState(), {"uid-p1": WEDGED}, T0, view=only_one, settings=settings)
-    assert p.actions == ()
+    p, _ = step(WatchdogState(), {"uid-p1": WEDGED}, T0, view=only_one)
+    assert p.actions == () and p.state.remediations[-1].outcome == "skipped-max-unavailable"
 
 
 def test_budget_exhausts_then_stops_and_reports_once() -> None:
-    settings = replace(RESTART, max_remediations=2, cooldown_seconds=0.0)
+    settings = RESTART.model_copy(update=dict(max_remediations=2))
     state = WatchdogState()
     acted = []
     view = list(FOUR)
@@ -196,7 +195,7 @@ def test_budget_exhausts_then_stops_and_reports_once() -> None:
 
 
 def test_alert_only_reports_once_per_episode_and_spends_no_budget() -> None:
-    settings = replace(RESTART, action="alert")
+    settings = RESTART.model_copy(update=dict(action="alert"))
     p, state = step(WatchdogState(), {"uid-p1": WEDGED}, T0, settings=settings)
     assert [a.kind for a in p.actions] == ["alert"]
     assert state.used == 0 and state.cooldown_until == {}
@@ -211,8 +210,10 @@ def test_alert_only_reports_once_per_episode_and_spends_no_budget() -> None:
 
 
 def test_eviction_refused_by_pdb_is_retried_later_and_never_bypassed() -> None:
-    settings = replace(RESTART, action="evict")
-    p, state = step(WatchdogState(), {"uid-d1": WEDGED}, T0, settings=settings, outcome=ladder.REFUSED_BY_PDB)
+    settings = RESTART.model_copy(update=dict(action="evict"))
+    p, state = step(
+        WatchdogState(), {"uid-d1": WEDGED}, T0, settings=settings, outcome=Outcome.REFUSED_BY_PDB
+    )
     assert [a.kind for a in p.actions] == ["evict"]
     assert (
         state.remediations[-1].outcome == "refused-by-pdb"
@@ -220,22 +221,22 @@ def test_eviction_refused_by_pdb_is_retried_later_and_never_bypassed() -> None:
     )
     for i in range(1, 4):
         p, state = step(
-            state, {"uid-d1": WEDGED}, T0 + 10 * i, settings=settings, outcome=ladder.REFUSED_BY_PDB
+            state, {"uid-d1": WEDGED}, T0 + 10 * i, settings=settings, outcome=Outcome.REFUSED_BY_PDB
         )
         assert [(a.kind, a.resumed, a.previous_outcome) for a in p.actions] == [
             ("evict", True, "refused-by-pdb")
         ]
     assert state.used == 1  # retries are the same remediation
-    p, state = step(state, {"uid-d1": WEDGED}, T0 + 50, settings=settings, outcome=ladder.EVICTED)
+    p, state = step(state, {"uid-d1": WEDGED}, T0 + 50, settings=settings, outcome=Outcome.EVICTED)
     assert state.remediations[-1].outcome == "evicted"
 
 
 def test_api_errors_are_retried_then_given_up() -> None:
-    settings = replace(RESTART, cooldown_seconds=3600.0)
-    _, state = step(WatchdogState(), {"uid-p1": WEDGED}, T0, outcome=ladder.ERROR, settings=settings)
+    settings = RESTART.model_copy(update=dict(stuck_after_seconds=600))  # cooldown 600 s
+    _, state = step(WatchdogState(), {"uid-p1": WEDGED}, T0, outcome=Outcome.ERROR, settings=settings)
     notices = []
     for i in range(1, 10):
-        p, state = step(state, {"uid-p1": WEDGED}, T0 + 10 * i, outcome=ladder.ERROR, settings=settings)
+        p, state = step(state, {"uid-p1": WEDGED}, T0 + 10 * i, outcome=Outcome.ERROR, settings=settings)
         notices += [n.event_reason for n in p.notices]
     assert state.in_flight == () and state.remediations[0].outcome == "failed"
     assert notices[0] == "RemediationFailed"
@@ -266,15 +267,64 @@ def test_status_round_trip_and_tolerant_reading() -> None:
     assert state_from_status(None) == WatchdogState()
 
 
-def test_settings_from_spec() -> None:
-    s = settings_from_spec({"stuckAfterSeconds": 30, "action": "evict", "maxUnavailable": 2, "extra": 1})
-    assert (s.stuck_after_seconds, s.action, s.max_unavailable, s.cooldown) == (30.0, "evict", 2, 60.0)
-    assert settings_from_spec({"stuckAfterSeconds": 300}).cooldown == 300.0
-    assert settings_from_spec({"cooldownSeconds": 5}).cooldown == 5.0
-    assert settings_from_spec(None) == WatchdogSettings()
-    with pytest.raises(SettingsError, match=r"spec\.watchdog\.action"):
-        settings_from_spec({"action": "explode"})
-    with pytest.raises(SettingsError, match="stuckAfterSeconds"):
-        settings_from_spec({"stuckAfterSeconds": -1})
-    with pytest.raises(SettingsError, match="expected a number"):
-        settings_from_spec({"maxRemediations": "3"})
+def test_the_watchdog_reads_the_spec_model_with_its_derived_figures() -> None:
+    s = WatchdogSpec.model_validate({"stuckAfterSeconds": 30, "action": "evict", "maxUnavailable": 2})
+    assert (s.stuck_after_seconds, s.action, s.max_unavailable, s.cooldown_seconds) == (30, "evict", 2, 60.0)
+    assert WatchdogSpec.model_validate({"stuckAfterSeconds": 400}).cooldown_seconds == 400.0
+    assert WatchdogSpec.model_validate({}).action == "evict"  # the default honours PodDisruptionBudgets
+    with pytest.raises(ValueError, match="cooldownSeconds"):
+        WatchdogSpec.model_validate({"cooldownSeconds": 5})  # not a field of the CRD
+
+
+def test_throttled_eviction_waits_for_retry_after_and_spends_no_attempt() -> None:
+    settings = RESTART.model_copy(update=dict(action="evict"))
+    p = plan(
+        verdicts={"uid-d1": WEDGED},
+        pods=FOUR,
+        state=WatchdogState(),
+        settings=settings,
+        now=T0,
+        desired=DESIRED,
+    )
+    state = ladder.apply_results(
+        p.state, [ActionResult(p.actions[0], Outcome.THROTTLED, retry_after=25.0)], T0
+    )
+    assert state.in_flight[0].not_before == T0 + 25 and state.in_flight[0].attempts == 0
+    assert state.remediations[-1].outcome == "throttled"
+    early = plan(
+        verdicts={"uid-d1": WEDGED}, pods=FOUR, state=state, settings=settings, now=T0 + 10, desired=DESIRED
+    )
+    assert early.actions == ()
+    later = plan(
+        verdicts={"uid-d1": WEDGED}, pods=FOUR, state=state, settings=settings, now=T0 + 30, desired=DESIRED
+    )
+    assert [(a.kind, a.resumed, a.previous_outcome) for a in later.actions] == [("evict", True, "throttled")]
+
+
+def test_outcomes_move_only_along_the_table() -> None:
+    from pdwarden_operator.watchdog.outcome import OutcomeTransitionError, advance
+
+    assert advance(Outcome.PENDING, Outcome.DELETED) == Outcome.DELETED
+    assert advance(Outcome.ERROR, Outcome.FAILED) == Outcome.FAILED
+    with pytest.raises(OutcomeTransitionError, match="'deleted' cannot move to 'pending'"):
+        advance(Outcome.DELETED, Outcome.PENDING)
+    with pytest.raises(OutcomeTransitionError):
+        advance(Outcome.PENDING, Outcome.FAILED)  # giving up needs errors first
+
+
+def test_an_open_remediation_is_found_by_id_after_the_history_rolls_over() -> None:
+    _, state = step(WatchdogState(), {"uid-p1": WEDGED}, T0, outcome=Outcome.ERROR)
+    rid = state.in_flight[0].remediation_id
+    # 30 skip reports from other pods push the history past its 20 entries
+    view = list(FOUR)
+    for i in range(30):
+        extra = PodView(f"x{i}", f"uid-x{i}", "decode", ready=True, terminating=False)
+        view = [*FOUR, extra]
+        _, state = step(state, {extra.uid: WEDGED}, T0 + 1 + i, view=view, outcome=Outcome.THROTTLED)
+    assert len(state.remediations) == 20
+    assert state.entry(rid) is not None and state.entry(rid).pod == "p1"  # type: ignore[union-attr]
+    ids = [r.id for r in state.remediations]
+    assert len(ids) == len(set(ids))
+    # the open remediation settles on its own entry
+    _, state = step(state, {}, T0 + 100, view=[x for x in FOUR if x.name != "p1"])
+    assert state.entry(rid).outcome == "pod-gone"  # type: ignore[union-attr]

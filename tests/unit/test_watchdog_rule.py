@@ -16,9 +16,28 @@ STUCK = 60.0
 INTERVAL = 10.0
 
 
-def body(inflight: float, age: float, success: float, failed: float = 0, role: str = "prefill") -> str:
-    """A runtime pod's /metrics body, with the noise a real one carries."""
-    return f"""# HELP pdwarden_inflight_requests Requests holding KV in flight
+def body(
+    inflight: float,
+    age: float,
+    success: float,
+    failed: float = 0,
+    role: str = "prefill",
+    transferring: float | None = None,
+    bootstrapping: float = 0.0,
+) -> str:
+    """A runtime pod's /metrics body, with the noise a real one carries. `transferring` is the
+    age in state of its oldest Transferring room (None: the pod does not export per-state ages)."""
+    in_state = ""
+    if transferring is not None:
+        in_state = f"""# HELP pdwarden_kv_oldest_in_state_seconds Oldest room per state, since it entered it
+# TYPE pdwarden_kv_oldest_in_state_seconds gauge
+pdwarden_kv_oldest_in_state_seconds{{role="{role}",state="bootstrapping"}} {bootstrapping}
+pdwarden_kv_oldest_in_state_seconds{{role="{role}",state="waiting_for_input"}} 0.0
+pdwarden_kv_oldest_in_state_seconds{{role="{role}",state="transferring"}} {transferring}
+"""
+    return (
+        in_state
+        + f"""# HELP pdwarden_inflight_requests Requests holding KV in flight
 # TYPE pdwarden_inflight_requests gauge
 pdwarden_inflight_requests{{role="{role}"}} {inflight}
 # HELP pdwarden_inflight_oldest_age_seconds Age of the oldest non-terminal room
@@ -43,6 +62,7 @@ pdwarden_kv_transfer_seconds_sum{{role="{role}"}} 0.3
 # TYPE pdwarden_runtime_info gauge
 pdwarden_runtime_info{{engine="synthetic",transfer_backend="nixl",version="0.1.0"}} 1.0
 """
+    )
 
 
 def replay(bodies: Sequence[str | None], start: float = 1000.0, interval: float = INTERVAL) -> list[Verdict]:
@@ -95,26 +115,47 @@ def test_just_under_stuck_after_is_not_wedged() -> None:
     assert not verdicts[-1].cleared and "busy, no progress" in verdicts[-1].reason
 
 
-def test_wedged_by_age_although_other_rooms_progress() -> None:
-    # one room stuck since t=0 while others keep finishing: the counter moves, the age grows
-    bodies = [body(4, 10 * i + 1, 100 + 5 * i) for i in range(12)]
+def test_wedged_by_age_in_transferring_although_other_rooms_progress() -> None:
+    # one room stuck in Transferring since t=0 while others keep finishing: the counter moves,
+    # its age in that state grows
+    bodies = [body(4, 10 * i + 1, 100 + 5 * i, transferring=10 * i + 1) for i in range(12)]
     verdicts = replay(bodies)
     states = [v.state for v in verdicts]
     # age > 60 first at i=6 (61 s); confirmed on the next scrape, i=7
     assert states.index("wedged") == 7
-    assert "oldest inflight request 71s old (previous scrape 61s)" in verdicts[7].reason
+    assert "oldest room in state transferring for 71s (previous scrape 61s)" in verdicts[7].reason
+    assert verdicts[7].figures["transferringSeconds"] == 71
 
 
-def test_slow_requests_that_finish_are_not_wedged_by_age() -> None:
-    # overloaded but working: each oldest request is over the threshold, yet a different one
-    # every scrape (ages do not grow with time) while transfers complete
-    bodies = [body(2, 65 + (i % 3), 100 + 3 * i) for i in range(12)]
+def test_busy_pod_with_old_queueing_rooms_is_not_wedged() -> None:
+    # 54 rooms in flight, the oldest opened 65 s+ ago and still growing, but every room waits
+    # for bootstrap or its forward pass (Transferring ages stay short) and transfers finish
+    bodies = [
+        body(54, 65 + 10 * i, 100 + 9 * i, transferring=2.0, bootstrapping=65 + 10 * i) for i in range(12)
+    ]
     assert all(v.state == "ok" for v in replay(bodies))
 
 
-def test_age_over_threshold_once_then_a_younger_oldest_is_not_wedged() -> None:
-    # a slow room finished; the new oldest is young: not the same stuck request
-    bodies = [body(4, 70, 100), body(4, 20, 105), body(4, 75, 110), body(4, 30, 115)]
+def test_old_room_without_per_state_ages_is_judged_by_progress_alone() -> None:
+    # a pod that does not export pdwarden_kv_oldest_in_state_seconds: an old, ageing oldest room
+    # does not wedge it while transfers complete...
+    assert all(v.state == "ok" for v in replay([body(4, 10 * i + 1, 100 + 5 * i) for i in range(12)]))
+    # ...and the progress clause still wedges it once nothing finishes
+    verdicts = replay([body(4, 10 * i + 1, 100) for i in range(8)])
+    assert verdicts[-1].state == "wedged" and "no progress" in verdicts[-1].reason
+
+
+def test_slow_transfers_that_finish_are_not_wedged_by_age() -> None:
+    # overloaded but working: each oldest Transferring room is over the threshold, yet a
+    # different one every scrape (ages do not grow with time) while transfers complete
+    bodies = [body(2, 65 + (i % 3), 100 + 3 * i, transferring=65 + (i % 3)) for i in range(12)]
+    assert all(v.state == "ok" for v in replay(bodies))
+
+
+def test_transferring_age_over_threshold_once_then_a_younger_oldest_is_not_wedged() -> None:
+    # a slow room finished; the new oldest is young: not the same stuck room
+    ages = (70, 20, 75, 30)
+    bodies = [body(4, a, 100 + 5 * i, transferring=a) for i, a in enumerate(ages)]
     assert all(v.state == "ok" for v in replay(bodies))
 
 
@@ -160,8 +201,19 @@ def test_gap_in_scrapes_restarts_the_consecutive_count() -> None:
         ),
         body(3, 1, 9) + 'pdwarden_inflight_requests{role="prefill"} 5\n',
         body(3, 1, 9)[:120],
+        body(3, 1, 9, transferring=-5),
     ],
-    ids=["empty", "binary", "nan", "negative-counter", "inf-age", "wrong-type", "duplicate", "truncated"],
+    ids=[
+        "empty",
+        "binary",
+        "nan",
+        "negative-counter",
+        "inf-age",
+        "wrong-type",
+        "duplicate",
+        "truncated",
+        "negative-age-in-state",
+    ],
 )
 def test_garbage_input_is_unobserved(text: str) -> None:
     # a pod judged wedged whose next bodies are garbage is unobserved, not (still) wedged
@@ -179,3 +231,27 @@ def test_history_keeps_only_what_the_rule_needs() -> None:
     for i in range(1000):
         history.add(Observation(float(i * 10), None, "x"))
     assert 3 <= len(history) <= 11
+
+
+def test_readme_docs_and_rule_define_wedged_word_for_word() -> None:
+    from pathlib import Path
+
+    from pdwarden_operator.watchdog import rule
+
+    root = Path(__file__).resolve().parents[2]
+
+    def words(text: str) -> str:
+        return " ".join(text.replace("**", "").split())
+
+    doc = words(rule.__doc__ or "")
+    definition = doc[doc.index("A pod is wedged") : doc.index("judged by the progress clause alone.")]
+    assert "Transferring" in definition
+    for page in ("README.md", "docs/architecture.md"):
+        assert definition in words((root / page).read_text()), page
+
+
+def test_the_judged_state_is_the_runtimes_transferring_label() -> None:
+    from pdwarden_operator.watchdog.parse import STUCK_STATE
+    from pdwarden_runtime.kvpoll import KVPoll
+
+    assert KVPoll.Transferring.label == STUCK_STATE

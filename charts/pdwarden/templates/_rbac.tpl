@@ -7,6 +7,11 @@ nothing else. No access to Secrets (the operator never reads or writes one).
 - apiGroups: ["pdwarden.io"]
   resources: ["disaggregatedmodels"]
   verbs: ["get", "list", "watch", "patch", "update"]
+# Children carry blockOwnerDeletion: with OwnerReferencesPermissionEnforcement the API server
+# requires update on the owner's finalizers subresource to set it.
+- apiGroups: ["pdwarden.io"]
+  resources: ["disaggregatedmodels/finalizers"]
+  verbs: ["update"]
 # Status is written in one place by the operator.
 - apiGroups: ["pdwarden.io"]
   resources: ["disaggregatedmodels/status"]

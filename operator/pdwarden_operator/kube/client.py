@@ -30,12 +30,24 @@ RETRIABLE = frozenset({0, 409, 429, 500, 502, 503, 504})
 class KubeApiError(Exception):
     """An API request failed; `status` is the HTTP status (0: no response)."""
 
-    def __init__(self, status: int, reason: str, message: str, *, method: str = "", path: str = "") -> None:
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str,
+        *,
+        method: str = "",
+        path: str = "",
+        causes: tuple[str, ...] = (),
+        retry_after: float | None = None,
+    ) -> None:
         self.status = status
         self.reason = reason
         self.message = message
         self.method = method
         self.path = path
+        self.causes = causes  # the Status body's details.causes[].type (or .reason)
+        self.retry_after = retry_after  # seconds: Retry-After, else details.retryAfterSeconds
         super().__init__(f"{method} {path}: {status} {reason}: {message}")
 
     @property
@@ -67,6 +79,7 @@ RESOURCE_TYPES: dict[tuple[str, str], ResourceType] = {
     ("rbac.authorization.k8s.io/v1", "Role"): ResourceType("roles"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ResourceType("rolebindings"),
     ("policy/v1", "PodDisruptionBudget"): ResourceType("poddisruptionbudgets"),
+    ("coordination.k8s.io/v1", "Lease"): ResourceType("leases"),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ResourceType(
         "customresourcedefinitions", namespaced=False
     ),
@@ -142,15 +155,43 @@ class KubeClient:
         self._api.close()
 
 
+def _retry_after(headers: Any, details: Any) -> float | None:
+    raw = None
+    if headers is not None:
+        raw = headers.get("Retry-After")
+    if raw is None and isinstance(details, dict):
+        raw = details.get("retryAfterSeconds")
+    try:
+        value = float(raw) if raw is not None else None
+    except (TypeError, ValueError):
+        return None
+    return value if value is not None and 0 <= value <= 3600 else None
+
+
 def _api_error(exc: ApiException, method: str, path: str) -> KubeApiError:
     reason, message = str(exc.reason or ""), str(exc.body or "")
+    details: Any = None
     try:
         status_obj = json.loads(exc.body or "{}")
         reason = status_obj.get("reason") or reason
         message = status_obj.get("message") or message
-    except (TypeError, ValueError):
+        details = status_obj.get("details")
+    except (TypeError, ValueError, AttributeError):
         pass
-    return KubeApiError(int(exc.status or 0), reason, message, method=method, path=path)
+    causes: tuple[str, ...] = ()
+    if isinstance(details, dict) and isinstance(details.get("causes"), list):
+        causes = tuple(
+            str(c.get("type") or c.get("reason") or "") for c in details["causes"] if isinstance(c, dict)
+        )
+    return KubeApiError(
+        int(exc.status or 0),
+        reason,
+        message,
+        method=method,
+        path=path,
+        causes=causes,
+        retry_after=_retry_after(exc.headers, details),
+    )
 
 
 def connect(kubeconfig: str | None = None, workers: int = DEFAULT_WORKERS) -> KubeClient:

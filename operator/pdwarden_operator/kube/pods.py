@@ -9,7 +9,19 @@ from pdwarden_runtime import contract
 
 Obj = dict[str, Any]
 # What a delete or eviction came to.
-PodActionOutcome = Literal["done", "gone", "refused-by-pdb"]
+PodActionOutcome = Literal["done", "gone", "refused-by-pdb", "throttled"]
+# The cause type the Eviction API puts in its 429 when a PodDisruptionBudget refuses
+# (policy/v1 DisruptionBudgetCause); any other 429 is the API server's rate limiting.
+DISRUPTION_BUDGET_CAUSE = "DisruptionBudget"
+
+
+def eviction_refusal(exc: KubeApiError) -> PodActionOutcome | None:
+    """A 429 from the Eviction API told apart: a disruption budget, or throttling."""
+    if exc.status != 429:
+        return None
+    if DISRUPTION_BUDGET_CAUSE in exc.causes or "disruption budget" in exc.message:
+        return "refused-by-pdb"
+    return "throttled"
 
 
 def runtime_selector(model: str) -> str:
@@ -40,8 +52,18 @@ async def delete_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
     return "done"
 
 
+class EvictionRefused(Exception):
+    """The Eviction API answered 429: `outcome` says why; `retry_after` when it said when."""
+
+    def __init__(self, outcome: PodActionOutcome, retry_after: float | None) -> None:
+        super().__init__(f"eviction {outcome}" + (f", retry after {retry_after:g}s" if retry_after else ""))
+        self.outcome = outcome
+        self.retry_after = retry_after
+
+
 async def evict_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
-    """Ask the Eviction API to evict the pod; a PodDisruptionBudget refusal is reported, not bypassed."""
+    """Ask the Eviction API to evict the pod. A 429 (a PodDisruptionBudget's refusal, or
+    throttling) raises EvictionRefused: it is retried later, never bypassed."""
     eviction = {
         "apiVersion": "policy/v1",
         "kind": "Eviction",
@@ -53,8 +75,9 @@ async def evict_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
             "POST", resource_path("v1", "Pod", namespace, name) + "/eviction", body=eviction
         )
     except KubeApiError as exc:
-        if exc.status == 429:  # the disruption budget does not allow it now
-            return "refused-by-pdb"
+        refusal = eviction_refusal(exc)
+        if refusal is not None:
+            raise EvictionRefused(refusal, exc.retry_after) from exc
         if exc.not_found or (exc.status == 409 and uid):
             return "gone"
         raise

@@ -1,4 +1,4 @@
-"""The single writer of DisaggregatedModel status (the reconciler and the watchdog both go through it)."""
+"""The API call behind DisaggregatedModel status writes (status_writer.py decides their content)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ from pdwarden_runtime import contract
 DM_API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
 
 
-async def patch_status(namespace: str, name: str, patch: dict[str, Any]) -> None:
+async def patch_status(
+    namespace: str, name: str, patch: dict[str, Any], *, resource_version: str | None = None
+) -> None:
     """JSON merge patch of .status: keys in `patch` are replaced, other keys are kept.
 
-    Lists (conditions, remediations) are replaced whole, so pass complete lists.
+    Lists (conditions, remediations) are replaced whole, so pass complete lists. With
+    `resource_version`, the API server applies the patch only to that version of the object
+    (compare-and-swap): a write by anyone else since it was read fails with 409.
     """
     path = resource_path(DM_API_VERSION, contract.KIND, namespace, name) + "/status"
-    await get_client().request(
-        "PATCH", path, body={"status": patch}, content_type="application/merge-patch+json"
-    )
+    body: dict[str, Any] = {"status": patch}
+    if resource_version is not None:
+        body["metadata"] = {"resourceVersion": resource_version}
+    await get_client().request("PATCH", path, body=body, content_type="application/merge-patch+json")

@@ -8,15 +8,17 @@ exceptions, so one bad call cannot stop the watchdog.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from pdwarden_operator.kube import events, pods
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.kube.status import DM_API_VERSION
+from pdwarden_operator.leader import still_leading
 from pdwarden_operator.metrics import OperatorMetrics
-from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
+from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.watchdog")
@@ -29,13 +31,29 @@ class ModelRef:
     uid: str
 
 
+class NotLeading(Exception):
+    """This replica no longer holds the leader Lease: nothing more may be performed."""
+
+
 class Executor:
-    def __init__(self, model: ModelRef, metrics: OperatorMetrics) -> None:
+    def __init__(
+        self,
+        model: ModelRef,
+        metrics: OperatorMetrics,
+        may_act: Callable[[], Awaitable[bool]] = still_leading,
+    ) -> None:
         self.model = model
         self.metrics = metrics
+        self.may_act = may_act
 
     async def perform(self, plan: Plan) -> list[ActionResult]:
-        results = [await self._perform(action) for action in plan.actions]
+        results = []
+        for action in plan.actions:
+            # Proven just before each pod is touched: a replica paused or cut off since the
+            # round began must leave the action to the current leader (it resumes the intent).
+            if action.kind != "alert" and not await self.may_act():
+                raise NotLeading(f"not the leader any more: {action.kind} of {action.pod} left to the leader")
+            results.append(await self._perform(action))
         for notice in plan.notices:
             await self._announce_notice(notice)
         return results
@@ -44,26 +62,22 @@ class Executor:
         ns = self.model.namespace
         try:
             if action.kind == "alert":
-                result = ActionResult(action, ladder.ALERTED)
+                result = ActionResult(action, Outcome.ALERTED)
             elif action.kind == "restart":
                 done = await pods.delete_pod(ns, action.pod, action.uid)
-                result = ActionResult(action, ladder.DELETED if done == "done" else ladder.POD_GONE)
+                result = ActionResult(action, Outcome.DELETED if done == "done" else Outcome.POD_GONE)
             else:
                 outcome = await pods.evict_pod(ns, action.pod, action.uid)
-                result = ActionResult(
-                    action,
-                    {
-                        "done": ladder.EVICTED,
-                        "gone": ladder.POD_GONE,
-                        "refused-by-pdb": ladder.REFUSED_BY_PDB,
-                    }[outcome],
-                )
+                result = ActionResult(action, Outcome.EVICTED if outcome == "done" else Outcome.POD_GONE)
+        except pods.EvictionRefused as refused:
+            kind = Outcome.REFUSED_BY_PDB if refused.outcome == "refused-by-pdb" else Outcome.THROTTLED
+            result = ActionResult(action, kind, str(refused), retry_after=refused.retry_after)
         except KubeApiError as exc:
-            result = ActionResult(action, ladder.ERROR, f"{exc.status} {exc.reason}: {exc.message[:300]}")
+            result = ActionResult(action, Outcome.ERROR, f"{exc.status} {exc.reason}: {exc.message[:300]}")
         except Exception as exc:  # never let an unexpected failure end the watchdog
             log.exception("%s/%s: %s of %s failed", ns, self.model.name, action.kind, action.pod)
-            result = ActionResult(action, ladder.ERROR, f"{type(exc).__name__}: {exc}")
-        self.metrics.remediations.labels(ns, self.model.name, action.kind, result.outcome).inc()
+            result = ActionResult(action, Outcome.ERROR, f"{type(exc).__name__}: {exc}")
+        self.metrics.remediations.labels(ns, self.model.name, action.kind, result.outcome.value).inc()
         await self._announce_result(result)
         return result
 
@@ -73,37 +87,43 @@ class Executor:
             return  # the same refusal or error again: already announced
         resumed = (
             " (resuming a remediation decided earlier)"
-            if a.resumed and a.previous_outcome == "pending"
+            if a.resumed and a.previous_outcome == Outcome.PENDING
             else ""
         )
-        what: dict[str, tuple[str, str, Literal["Normal", "Warning"]]] = {
-            ladder.ALERTED: (
+        what: dict[Outcome, tuple[str, str, Literal["Normal", "Warning"]]] = {
+            Outcome.ALERTED: (
                 "PodWedged",
                 f"{a.role} pod {a.pod} is wedged: {a.reason}. watchdog.action is alert: reporting only",
                 "Warning",
             ),
-            ladder.DELETED: (
+            Outcome.DELETED: (
                 "WedgedPodRestarted",
                 f"deleted wedged {a.role} pod {a.pod} so its Deployment replaces it{resumed}: {a.reason}",
                 "Warning",
             ),
-            ladder.EVICTED: (
+            Outcome.EVICTED: (
                 "WedgedPodEvicted",
                 f"evicted wedged {a.role} pod {a.pod}{resumed}: {a.reason}",
                 "Warning",
             ),
-            ladder.REFUSED_BY_PDB: (
+            Outcome.REFUSED_BY_PDB: (
                 "EvictionRefused",
                 f"eviction of wedged {a.role} pod {a.pod} refused by its "
                 "PodDisruptionBudget; retrying each round, not bypassing it",
                 "Warning",
             ),
-            ladder.POD_GONE: (
+            Outcome.THROTTLED: (
+                "EvictionThrottled",
+                f"eviction of wedged {a.role} pod {a.pod} throttled by the API server "
+                f"({result.message}); retrying when it allows",
+                "Normal",
+            ),
+            Outcome.POD_GONE: (
                 "WedgedPodGone",
                 f"wedged {a.role} pod {a.pod} was already gone{resumed}",
                 "Normal",
             ),
-            ladder.ERROR: (
+            Outcome.ERROR: (
                 "RemediationError",
                 f"{a.kind} of wedged {a.role} pod {a.pod} failed: {result.message}; retrying",
                 "Warning",
@@ -114,14 +134,17 @@ class Executor:
         await self._post(a.pod, a.uid, reason, message, kind)
 
     async def _announce_notice(self, notice: Notice) -> None:
-        if notice.outcome:
+        if notice.outcome is not None:
             self.metrics.remediations.labels(
-                self.model.namespace, self.model.name, notice.action, notice.outcome
+                self.model.namespace, self.model.name, notice.action, notice.outcome.value
             ).inc()
         log.warning(
             "%s/%s: %s: %s", self.model.namespace, self.model.name, notice.event_reason, notice.message
         )
         await self._post(notice.pod, "", notice.event_reason, notice.message, "Warning")
+
+    async def post_model_event(self, reason: str, message: str, kind: Literal["Normal", "Warning"]) -> None:
+        await self._post(None, "", reason, message, kind)
 
     async def _post(
         self, pod: str | None, pod_uid: str, reason: str, message: str, kind: Literal["Normal", "Warning"]

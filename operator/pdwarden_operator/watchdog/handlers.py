@@ -3,7 +3,7 @@
 A round: list the model's runtime pods -> scrape them -> wedge rule per pod -> ladder plan ->
 persist the intent (status) -> perform -> persist outcomes and conditions -> metrics.
 Models are tracked through a watch-event handler rather than a kopf daemon, which would put a
-finalizer on every DisaggregatedModel (E's handlers avoid them for the same reason).
+finalizer on every DisaggregatedModel (handlers.py avoids them for the same reason).
 """
 
 from __future__ import annotations
@@ -11,26 +11,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import kopf
+from pydantic import ValidationError
 
 from pdwarden_operator.cache import slim
 from pdwarden_operator.kube import pods as kube_pods
-from pdwarden_operator.kube.status import patch_status
+from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
-from pdwarden_operator.status import compute_conditions, compute_phase, observed_from_status
+from pdwarden_operator.status_writer import WRITER
 from pdwarden_operator.watchdog import ladder
-from pdwarden_operator.watchdog.executor import Executor, ModelRef
+from pdwarden_operator.watchdog.brake import BRAKE, BrakeState
+from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
 from pdwarden_operator.watchdog.history import Histories, Observation
+from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.rule import Verdict, judge
 from pdwarden_operator.watchdog.scrape import Scraper, Target
-from pdwarden_operator.watchdog.settings import SettingsError, WatchdogSettings, settings_from_spec
 from pdwarden_operator.watchdog.state import (
     WatchdogState,
     round_due,
@@ -46,31 +47,18 @@ log = logging.getLogger("pdwarden.watchdog")
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 SCRAPE_CONCURRENCY = 100
 FIRST_ROUND_MIN_S, FIRST_ROUND_MAX_S = 1.0, 5.0
-# Testing only: exit the process right after a remediation's intent is persisted and before it
-# is performed, so an e2e test can prove a restarted operator neither repeats nor forgets it.
-CRASH_AFTER_INTENT_ENV = "PDWARDEN_TEST_CRASH_AFTER_INTENT"
+IDLE_INTERVAL_S = 10.0  # the wait between rounds of a model whose spec does not validate
 
 Key = tuple[str, str]
 
 
 def _parsed_spec(body: Mapping[str, Any]) -> DisaggregatedModelSpec | None:
+    """The model's spec, validated once per round; None when it does not validate (the
+    reconciler reports InvalidSpec; the watchdog stays idle)."""
     try:
         return parse_spec(dict(body.get("spec") or {}))
-    except Exception:  # the reconciler reports InvalidSpec; the watchdog leaves conditions alone
+    except ValidationError:
         return None
-
-
-def _conditions_and_phase(
-    body: Mapping[str, Any], spec: DisaggregatedModelSpec | None, watchdog: Mapping[str, Any]
-) -> dict[str, Any]:
-    """Conditions and phase from the shared pure functions; {} when the spec does not validate."""
-    if spec is None:
-        return {}
-    status = body.get("status") or {}
-    generation = int(status.get("observedGeneration") or (body.get("metadata") or {}).get("generation") or 0)
-    observed = observed_from_status(status, generation)
-    conditions = compute_conditions(spec, observed, watchdog)
-    return {"conditions": conditions, "phase": compute_phase(conditions, observed)}
 
 
 class ModelWatchdog:
@@ -80,6 +68,7 @@ class ModelWatchdog:
         self.model = ModelRef(namespace, name, uid)
         self.metrics = metrics
         self.executor = Executor(self.model, metrics)
+        self._brake = BrakeState(False, "")  # as this model last saw it (Events on changes)
         self.histories = Histories(keep_seconds=150.0)
         self.scraper: Scraper | None = None
         self.state: WatchdogState | None = None  # loaded from status on the first round
@@ -113,12 +102,11 @@ class ModelWatchdog:
     async def round(self, body: Mapping[str, Any]) -> float:
         """One scrape-judge-act round; returns the scrape interval to wait."""
         ns, name = self.model.namespace, self.model.name
-        spec = body.get("spec") or {}
-        try:
-            settings = settings_from_spec(spec.get("watchdog"))
-        except SettingsError as exc:
-            log.warning("%s/%s: watchdog idle: %s", ns, name, exc)
-            return 10.0
+        spec = _parsed_spec(body)  # the one read of the spec this round
+        if spec is None:
+            log.warning("%s/%s: watchdog idle: the spec does not validate", ns, name)
+            return IDLE_INTERVAL_S
+        settings = spec.watchdog
         if not round_due(body.get("status"), self._seen_any(), contract.RUNTIME_ROLES):
             return settings.scrape_interval_seconds  # no scraper, no pod list: nothing to look at yet
         if self.state is None:
@@ -158,7 +146,10 @@ class ModelWatchdog:
         self.verdicts = verdicts
 
         now = time.time()
-        desired = {role: int((spec.get(role) or {}).get("replicas", 1)) for role in contract.RUNTIME_ROLES}
+        desired = {role: spec.role(role).replicas for role in contract.RUNTIME_ROLES}
+        BRAKE.report((ns, name), sum(1 for v in verdicts.values() if v.troubled))
+        brake = BRAKE.evaluate()
+        await self._announce_brake(brake)
         plan = ladder.plan(
             verdicts=verdicts,
             pods=list(views.values()),
@@ -166,31 +157,51 @@ class ModelWatchdog:
             settings=settings,
             now=now,
             desired=desired,
+            brake=brake.engaged,
         )
-        spec_model = _parsed_spec(body)  # the body is the same for the whole round
         wedged = [views[uid].name for uid, v in verdicts.items() if v.state == "wedged"]
         unobserved = [views[uid].name for uid, v in verdicts.items() if v.state == "unobserved"]
 
         if any(not a.resumed for a in plan.actions):
-            # Intent first: the budget, cooldown and in-flight entry are durable before any pod is touched.
-            intent = self._status(body, spec_model, plan.state, settings, now, wedged, unobserved)
-            await self._write_status(intent, now)
-            if os.environ.get(CRASH_AFTER_INTENT_ENV) == "1":
-                log.critical(
-                    "%s is set: exiting after persisting the intent (testing only)", CRASH_AFTER_INTENT_ENV
-                )
-                os._exit(17)
-        results_done = await self.executor.perform(plan)
-        self.state = ladder.apply_results(plan.state, results_done)
-        new_status = self._status(body, spec_model, self.state, settings, now, wedged, unobserved)
-        if status_write_due(self._written, self._written_at, new_status, now):
-            await self._write_status(new_status, now)
+            # Intent first: the budget, cooldown and in-flight entry are durable before any pod
+            # is touched, written as a compare-and-swap on the resourceVersion this round read:
+            # a 409 means someone else wrote the model since (another replica that leads now).
+            intent = self._findings(spec, plan.state, now, wedged, unobserved)
+            rv = str((body.get("metadata") or {}).get("resourceVersion") or "") or None
+            try:
+                await self._write_status(body, spec, intent, now, resource_version=rv)
+            except KubeApiError as exc:
+                if exc.status != 409:
+                    raise
+                log.warning("%s/%s: intent refused (model changed since read): not acting", ns, name)
+                self.state = None  # read it again from the status next round
+                return settings.scrape_interval_seconds
+        try:
+            results_done = await self.executor.perform(plan)
+        except NotLeading as exc:
+            log.warning("%s/%s: %s", ns, name, exc)
+            self.state = None
+            return settings.scrape_interval_seconds
+        for result in results_done:
+            if result.outcome in (Outcome.DELETED, Outcome.EVICTED):
+                BRAKE.record_action()
+        self.state = ladder.apply_results(plan.state, results_done, now)
+        findings = self._findings(spec, self.state, now, wedged, unobserved)
+        if status_write_due(self._written, self._written_at, findings, now):
+            await self._write_status(body, spec, findings, now)
         self._update_gauges(views, verdicts, self.state)
         return settings.scrape_interval_seconds
 
-    async def _write_status(self, patch: Mapping[str, Any], now: float) -> None:
-        await patch_status(self.model.namespace, self.model.name, dict(patch))
-        self._written, self._written_at = patch, now
+    async def _write_status(
+        self,
+        body: Mapping[str, Any],
+        spec: DisaggregatedModelSpec,
+        findings: Mapping[str, Any],
+        now: float,
+        resource_version: str | None = None,
+    ) -> None:
+        await WRITER.findings(body, spec, findings, resource_version=resource_version)
+        self._written, self._written_at = findings, now
 
     def _seen_any(self) -> bool:
         return any(self._seen(uid) for uid in self.histories.pod_uids())
@@ -199,26 +210,44 @@ class ModelWatchdog:
         history = self.histories.get(uid)
         return history is not None and any(o.sample is not None for o in history.observations())
 
-    def _status(
+    def _findings(
         self,
-        body: Mapping[str, Any],
-        spec_model: DisaggregatedModelSpec | None,
+        spec: DisaggregatedModelSpec,
         state: WatchdogState,
-        settings: WatchdogSettings,
         now: float,
         wedged: list[str],
         unobserved: list[str],
     ) -> dict[str, Any]:
-        patch = state_to_status(
+        """The watchdog's part of the status: `watchdog` and `remediations`."""
+        findings = state_to_status(
             state,
             last_scrape=now,
             wedged_pods=wedged,
             unobserved_pods=unobserved,
-            max_remediations=settings.max_remediations,
+            max_remediations=spec.watchdog.max_remediations,
         )
-        patch["watchdog"]["budgetExhausted"] = state.exhausted and settings.action != "alert"
-        patch.update(_conditions_and_phase(body, spec_model, patch["watchdog"]))
-        return patch
+        findings["watchdog"]["budgetExhausted"] = state.exhausted and spec.watchdog.action != "alert"
+        # the reason only while engaged: the counts behind it change with every model's round
+        findings["watchdog"]["fleetBrake"] = (
+            {"engaged": True, "reason": self._brake.reason} if self._brake.engaged else {"engaged": False}
+        )
+        return findings
+
+    async def _announce_brake(self, brake: BrakeState) -> None:
+        """An Event on this model when the fleet brake engages or releases."""
+        if brake.engaged == self._brake.engaged:
+            self._brake = brake
+            return
+        self._brake = brake
+        reason = "FleetBrakeEngaged" if brake.engaged else "FleetBrakeReleased"
+        kind: Literal["Normal", "Warning"] = "Warning" if brake.engaged else "Normal"
+        message = (
+            f"fleet brake engaged, no remediation on any model: {brake.reason}"
+            if brake.engaged
+            else f"fleet brake released: {brake.reason}"
+        )
+        log.warning("%s/%s: %s: %s", self.model.namespace, self.model.name, reason, message)
+        await self.executor.post_model_event(reason, message, kind)
 
     def _log_changes(self, views: Mapping[str, ladder.PodView], verdicts: Mapping[str, Verdict]) -> None:
         for uid, verdict in verdicts.items():
@@ -257,6 +286,8 @@ _tasks: dict[Key, asyncio.Task[None]] = {}
 
 def _stop(key: Key) -> None:
     _bodies.pop(key, None)
+    WRITER.forget(*key)
+    BRAKE.forget(key)
     task = _tasks.pop(key, None)
     if task is not None:
         task.cancel()

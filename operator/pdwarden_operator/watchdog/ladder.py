@@ -1,16 +1,18 @@
-"""The remediation ladder, as pure functions: verdicts + persisted state + settings + time -> plan.
+"""The remediation ladder, as pure functions: verdicts + persisted state + spec + time -> plan.
 
 `plan` decides; it performs nothing. Its new state already records every action it plans
 (budget charged, cooldown set, an in-flight entry, a remediation entry with outcome
 "pending"): the caller persists that state BEFORE performing the actions (intent first), so
 a crash between the two leaves an in-flight entry that the next run resumes, not repeats.
-`apply_results` then folds the performed actions' outcomes back in.
+`apply_results` then folds the performed actions' outcomes back in. Outcomes move only
+along `outcome.TRANSITIONS`; an in-flight entry finds its remediation entry by its stable id.
 
-Guards, in order: one remediation per pod at a time (in-flight entries); the budget
-(`maxRemediations` per `budgetWindowSeconds`); the cooldown after an action (model-wide: a
-removed pod's peers of the other role need time to let go of its rooms); never
-more than `maxUnavailable` pods of one role down (not Ready, terminating, missing, or under
-remediation). `alert` only reports: no budget, no cooldown, one alert per wedge episode.
+Guards, in order: the fleet brake (operator-wide: nothing is performed while it holds);
+one remediation per pod at a time (in-flight entries); the budget (`maxRemediations` per
+`budgetWindowSeconds`); the cooldown after an action (model-wide: a removed pod's peers of
+the other role need time to let go of its rooms); never more than `maxUnavailable` pods of
+one role down (not Ready, terminating, missing, or under remediation). `alert` only
+reports: no budget, no cooldown, one alert per wedge episode.
 """
 
 from __future__ import annotations
@@ -19,27 +21,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from pdwarden_operator.models import WatchdogSpec
+from pdwarden_operator.watchdog.outcome import RETRYING, Outcome, advance
 from pdwarden_operator.watchdog.rule import Verdict
-from pdwarden_operator.watchdog.settings import WatchdogSettings
-from pdwarden_operator.watchdog.state import InFlight, Remediation, WatchdogState
+from pdwarden_operator.watchdog.state import MAX_REMEDIATIONS_KEPT, InFlight, Remediation, WatchdogState
 from pdwarden_runtime.contract import RUNTIME_ROLES
 
-# An action the API refused for a reason other than a PodDisruptionBudget is retried this
-# many times (once per round), then given up and reported.
+# An action the API refused with an error (not a disruption budget, not throttling) is
+# retried this many times (once per round), then given up and reported.
 MAX_ATTEMPTS = 5
-
-# Outcomes (also the `outcome` label of pdwarden_operator_remediations_total).
-PENDING = "pending"
-ALERTED = "alerted"
-DELETED = "deleted"
-EVICTED = "evicted"
-REFUSED_BY_PDB = "refused-by-pdb"
-ERROR = "error"
-FAILED = "failed"
-POD_GONE = "pod-gone"
-SKIPPED_BUDGET = "skipped-budget"
-SKIPPED_COOLDOWN = "skipped-cooldown"
-SKIPPED_MAX_UNAVAILABLE = "skipped-max-unavailable"
 
 
 @dataclass(frozen=True)
@@ -61,8 +51,9 @@ class Action:
     role: str
     reason: str
     started_at: float
+    remediation_id: int = 0
     resumed: bool = False  # continuing an in-flight remediation (after a crash, a refusal, an error)
-    previous_outcome: str = ""  # the last attempt's outcome, so a repeated refusal is not re-announced
+    previous_outcome: Outcome | None = None  # the last attempt's, so a repeated refusal is not re-announced
 
 
 @dataclass(frozen=True)
@@ -73,7 +64,7 @@ class Notice:
     event_reason: str
     message: str
     action: str
-    outcome: str  # "" for model-level notices that are not a remediation outcome
+    outcome: Outcome | None  # None for model-level notices that are not a remediation outcome
 
 
 @dataclass(frozen=True)
@@ -86,8 +77,9 @@ class Plan:
 @dataclass(frozen=True)
 class ActionResult:
     action: Action
-    outcome: str  # DELETED, EVICTED, REFUSED_BY_PDB, ERROR, POD_GONE, ALERTED
+    outcome: Outcome  # DELETED, EVICTED, REFUSED_BY_PDB, THROTTLED, ERROR, POD_GONE, ALERTED
     message: str = ""
+    retry_after: float | None = None  # seconds, from a 429's Retry-After
 
 
 def _last_remediation(state: WatchdogState, pod: str) -> Remediation | None:
@@ -97,15 +89,24 @@ def _last_remediation(state: WatchdogState, pod: str) -> Remediation | None:
     return None
 
 
-def _set_outcome(state: WatchdogState, flight: InFlight, outcome: str) -> WatchdogState:
-    """Update the remediation entry that `flight` created (same pod, action and start time)."""
-    entries = list(state.remediations)
-    for i in range(len(entries) - 1, -1, -1):
-        e = entries[i]
-        if e.pod == flight.pod and e.action == flight.action and e.time == flight.started_at:
-            entries[i] = replace(e, outcome=outcome)
-            return replace(state, remediations=tuple(entries))
-    return state
+def _set_outcome(state: WatchdogState, flight: InFlight, outcome: Outcome) -> WatchdogState:
+    """Move the remediation entry `flight` created (found by its id) to `outcome`. An entry no
+    longer in the history (status edited by hand) is written again rather than lost."""
+    entry = state.entry(flight.remediation_id)
+    if entry is None:
+        restored = Remediation(
+            flight.remediation_id,
+            flight.pod,
+            flight.role,
+            flight.reason,
+            flight.action,
+            flight.started_at,
+            outcome,
+        )
+        kept = tuple(e for e in state.remediations if e.id != flight.remediation_id)
+        return replace(state, remediations=(*kept, restored)[-MAX_REMEDIATIONS_KEPT:])
+    moved = replace(entry, outcome=advance(entry.outcome, outcome))
+    return replace(state, remediations=tuple(moved if e.id == entry.id else e for e in state.remediations))
 
 
 def plan(
@@ -113,11 +114,13 @@ def plan(
     verdicts: Mapping[str, Verdict],
     pods: Sequence[PodView],
     state: WatchdogState,
-    settings: WatchdogSettings,
+    settings: WatchdogSpec,
     now: float,
     desired: Mapping[str, int],
+    brake: bool = False,
 ) -> Plan:
-    """Decide this round's actions. `verdicts` is keyed by pod UID; `desired` is replicas per role."""
+    """Decide this round's actions. `verdicts` is keyed by pod UID; `desired` is replicas per role;
+    `brake`: the fleet brake is engaged, so nothing is performed (open remediations wait)."""
     now = float(int(now))  # whole seconds: the status stores RFC 3339 to the second
     by_uid = {p.uid: p for p in pods}
     actions: list[Action] = []
@@ -135,11 +138,11 @@ def plan(
             kept.append(flight)
             continue
         if gone:
-            if flight.last_outcome in (PENDING, ERROR, REFUSED_BY_PDB):
-                state = _set_outcome(state, flight, POD_GONE)
+            if flight.last_outcome in RETRYING:
+                state = _set_outcome(state, flight, Outcome.POD_GONE)
             continue
-        if flight.last_outcome == ERROR and flight.attempts >= MAX_ATTEMPTS:
-            state = _set_outcome(state, flight, FAILED)
+        if flight.last_outcome == Outcome.ERROR and flight.attempts >= MAX_ATTEMPTS:
+            state = _set_outcome(state, flight, Outcome.FAILED)
             notices.append(
                 Notice(
                     flight.pod,
@@ -147,28 +150,22 @@ def plan(
                     f"gave up {flight.action} of {flight.role} pod {flight.pod} "
                     f"after {flight.attempts} attempts",
                     flight.action,
-                    FAILED,
+                    Outcome.FAILED,
                 )
             )
             continue
         kept.append(flight)
-        if flight.last_outcome in (PENDING, ERROR, REFUSED_BY_PDB):
-            reason = next(
-                (
-                    r.reason
-                    for r in reversed(state.remediations)
-                    if r.pod == flight.pod and r.time == flight.started_at
-                ),
-                "",
-            )
+        waiting = flight.not_before is not None and now < flight.not_before
+        if flight.last_outcome in RETRYING and not brake and not waiting:
             actions.append(
                 Action(
                     "evict" if flight.action == "evict" else "restart",
                     flight.pod,
                     flight.uid,
                     flight.role,
-                    reason,
+                    flight.reason,
                     flight.started_at,
+                    remediation_id=flight.remediation_id,
                     resumed=True,
                     previous_outcome=flight.last_outcome,
                 )
@@ -187,17 +184,34 @@ def plan(
         if any(f.uid == pod.uid for f in state.in_flight):
             continue
         if settings.action == "alert":
-            flight = InFlight(pod.name, pod.uid, pod.role, "alert", now, attempts=1, last_outcome=ALERTED)
+            flight = InFlight(
+                pod.name,
+                pod.uid,
+                pod.role,
+                "alert",
+                now,
+                state.next_id,
+                verdict.reason,
+                attempts=1,
+                last_outcome=Outcome.ALERTED,
+            )
             state = replace(state, in_flight=(*state.in_flight, flight)).with_remediation(
-                Remediation(pod.name, pod.role, verdict.reason, "alert", now, ALERTED)
+                Remediation(0, pod.name, pod.role, verdict.reason, "alert", now, Outcome.ALERTED)
             )
             actions.append(Action("alert", pod.name, pod.uid, pod.role, verdict.reason, now))
             continue
 
-        skip: tuple[str, str, str] | None = None
-        if state.used >= settings.max_remediations:
+        skip: tuple[Outcome, str, str] | None = None
+        if brake:
             skip = (
-                SKIPPED_BUDGET,
+                Outcome.SKIPPED_BRAKE,
+                "FleetBrakeEngaged",
+                f"the fleet brake is engaged (too many wedges or remediations across models); "
+                f"not acting on wedged {pod.role} pod {pod.name}",
+            )
+        elif state.used >= settings.max_remediations:
+            skip = (
+                Outcome.SKIPPED_BUDGET,
                 "RemediationBudgetExhausted",
                 f"budget spent: {state.used}/{settings.max_remediations} remediations in "
                 f"{settings.budget_window_seconds:g}s; not acting on wedged {pod.role} pod {pod.name}",
@@ -207,7 +221,7 @@ def plan(
         elif now < state.cooldown_until.get(pod.role, 0.0):
             wait = state.cooldown_until[pod.role] - now
             skip = (
-                SKIPPED_COOLDOWN,
+                Outcome.SKIPPED_COOLDOWN,
                 "RemediationDeferred",
                 f"cooldown after the last remediation for {wait:.0f}s more; wedged {pod.role} pod "
                 f"{pod.name} waits",
@@ -217,7 +231,7 @@ def plan(
             after = len(down) + (0 if pod.uid in down else 1)
             if after > settings.max_unavailable:
                 skip = (
-                    SKIPPED_MAX_UNAVAILABLE,
+                    Outcome.SKIPPED_MAX_UNAVAILABLE,
                     "RemediationDeferred",
                     f"{len(down)} {pod.role} pod(s) already unavailable (maxUnavailable="
                     f"{settings.max_unavailable}); wedged pod {pod.name} waits",
@@ -227,7 +241,7 @@ def plan(
             last = _last_remediation(state, pod.name)
             if last is None or last.outcome != outcome:  # report each kind of refusal once per pod
                 state = state.with_remediation(
-                    Remediation(pod.name, pod.role, verdict.reason, settings.action, now, outcome)
+                    Remediation(0, pod.name, pod.role, verdict.reason, settings.action, now, outcome)
                 )
                 notices.append(
                     Notice(pod.name, event_reason, f"{message} ({verdict.reason})", settings.action, outcome)
@@ -241,10 +255,25 @@ def plan(
             window_start=window_start,
             used=used,
             exhausted=used >= settings.max_remediations,
-            cooldown_until={role: now + settings.cooldown for role in RUNTIME_ROLES},
-            in_flight=(*state.in_flight, InFlight(pod.name, pod.uid, pod.role, settings.action, now)),
-        ).with_remediation(Remediation(pod.name, pod.role, verdict.reason, settings.action, now, PENDING))
-        actions.append(Action(settings.action, pod.name, pod.uid, pod.role, verdict.reason, now))
+            cooldown_until={role: now + settings.cooldown_seconds for role in RUNTIME_ROLES},
+            in_flight=(
+                *state.in_flight,
+                InFlight(pod.name, pod.uid, pod.role, settings.action, now, state.next_id, verdict.reason),
+            ),
+        ).with_remediation(
+            Remediation(0, pod.name, pod.role, verdict.reason, settings.action, now, Outcome.PENDING)
+        )
+        actions.append(
+            Action(
+                settings.action,
+                pod.name,
+                pod.uid,
+                pod.role,
+                verdict.reason,
+                now,
+                remediation_id=state.next_id - 1,
+            )
+        )
         if state.exhausted:
             notices.append(
                 Notice(
@@ -253,7 +282,7 @@ def plan(
                     f"remediation budget spent: {used}/{settings.max_remediations} in "
                     f"{settings.budget_window_seconds:g}s; further wedges are only reported",
                     settings.action,
-                    "",
+                    None,
                 )
             )
     return Plan(state=state, actions=tuple(actions), notices=tuple(notices))
@@ -272,7 +301,9 @@ def _unavailable(
     return down
 
 
-def apply_results(state: WatchdogState, results: Sequence[ActionResult]) -> WatchdogState:
+def apply_results(
+    state: WatchdogState, results: Sequence[ActionResult], now: float | None = None
+) -> WatchdogState:
     """Fold performed actions' outcomes into the state (in-flight entries and remediation entries)."""
     for result in results:
         action = result.action
@@ -280,12 +311,20 @@ def apply_results(state: WatchdogState, results: Sequence[ActionResult]) -> Watc
             continue
         flights = list(state.in_flight)
         for i, flight in enumerate(flights):
-            if flight.uid != action.uid or flight.action != action.kind:
+            if flight.remediation_id != action.remediation_id:
                 continue
-            if result.outcome == POD_GONE:
+            if result.outcome == Outcome.POD_GONE:
                 del flights[i]
             else:
-                flights[i] = replace(flight, attempts=flight.attempts + 1, last_outcome=result.outcome)
+                # deleted or evicted: kept (and counted unavailable) until the pod is gone
+                not_before = None
+                if result.retry_after is not None and now is not None:
+                    not_before = float(int(now + result.retry_after))
+                # throttling is the API server's pacing, not a failed attempt
+                attempts = flight.attempts + (0 if result.outcome == Outcome.THROTTLED else 1)
+                flights[i] = replace(
+                    flight, attempts=attempts, last_outcome=result.outcome, not_before=not_before
+                )
             state = _set_outcome(replace(state, in_flight=tuple(flights)), flight, result.outcome)
             break
     return state

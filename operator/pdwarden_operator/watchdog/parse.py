@@ -1,4 +1,4 @@
-"""Runtime `/metrics` text -> the three figures the wedge rule needs, or a ParseError.
+"""Runtime `/metrics` text -> the figures the wedge rule needs, or a ParseError.
 
 Tolerant by construction: whatever the body (truncated, huge, wrong types, NaN, duplicate
 series, binary junk), `parse_metrics` returns a `PodSample` or raises `ParseError`; nothing
@@ -13,14 +13,21 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdwarden_runtime.contract import (
+    KV_STATE_TRANSFERRING,
+    LABEL_METRIC_STATE,
     LABEL_METRIC_THREAD,
     METRIC_INFLIGHT_OLDEST_AGE,
     METRIC_INFLIGHT_REQUESTS,
+    METRIC_KV_OLDEST_IN_STATE,
     METRIC_KV_TRANSFERS_BASE,
     METRIC_KV_TRANSFERS_TOTAL,
     METRIC_RUNTIME_THREADS,
     METRIC_RUNTIME_THREADS_EXPECTED,
 )
+
+# The one room state in which only a transfer fault holds a room (prefill sending; decode
+# waiting for a prefill that stopped sending): rooms in the other states are queueing.
+STUCK_STATE = KV_STATE_TRANSFERRING
 
 # A runtime pod's body is a few KiB; anything far bigger is hostile or broken.
 DEFAULT_MAX_BYTES = 1 << 20
@@ -38,7 +45,12 @@ _COUNTER_FAMILIES: dict[str, tuple[str, ...]] = {
     METRIC_KV_TRANSFERS_TOTAL: ("unknown",),
 }
 # Only lines about these names reach the (pure-Python, comparatively slow) parser.
-_PREFIXES = (METRIC_INFLIGHT_REQUESTS, METRIC_INFLIGHT_OLDEST_AGE, METRIC_KV_TRANSFERS_TOTAL)
+_PREFIXES = (
+    METRIC_INFLIGHT_REQUESTS,
+    METRIC_INFLIGHT_OLDEST_AGE,
+    METRIC_KV_TRANSFERS_TOTAL,
+    METRIC_KV_OLDEST_IN_STATE,
+)
 
 
 class ParseError(ValueError):
@@ -47,11 +59,14 @@ class ParseError(ValueError):
 
 @dataclass(frozen=True)
 class PodSample:
-    """What one scrape says about a pod: queue depth, oldest room's age, finished rooms (all outcomes)."""
+    """What one scrape says about a pod: queue depth, oldest room's age, finished rooms (all
+    outcomes), and how long its oldest Transferring room has been in that state (None: the pod
+    does not export the per-state age, so only the progress clause can judge it)."""
 
     inflight: float
     oldest_age: float
     transfers: float
+    transferring_age: float | None = None
     # Thread kinds with fewer alive than expected: (kind, alive, expected). Empty when the
     # runtime exports no thread gauges (older runtimes) or every thread is alive.
     dead_threads: tuple[tuple[str, float, float], ...] = ()
@@ -108,7 +123,23 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
     transfers: list[float] = []
     transfers_declared = False  # a labelled counter with no child yet exposes only its TYPE line
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    in_state: list[float] | None = None
     for family in text_string_to_metric_families(_relevant_lines(text)):
+        if family.name == METRIC_KV_OLDEST_IN_STATE:
+            if family.type not in ("gauge", "unknown"):
+                raise ParseError(f"{family.name}: type {family.type!r}, expected a gauge")
+            in_state = in_state or []
+            for sample in family.samples:
+                key = (sample.name, tuple(sorted(sample.labels.items())))
+                if sample.name != family.name:
+                    continue
+                if key in seen:
+                    raise ParseError(f"{sample.name}: duplicate series {dict(key[1])}")
+                seen.add(key)
+                value = _checked(sample.name, sample.value)
+                if sample.labels.get(LABEL_METRIC_STATE) == STUCK_STATE:
+                    in_state.append(value)
+            continue
         if family.name in _GAUGES:
             sample_name, types = _GAUGES[family.name]
             target = gauges[family.name]
@@ -138,8 +169,16 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
     # The age only means something while a request is in flight (the two gauges are read
     # at slightly different instants, so a just-emptied queue may still show an age).
     oldest_age = max(gauges[METRIC_INFLIGHT_OLDEST_AGE]) if inflight > 0 else 0.0
-    return PodSample(inflight=inflight, oldest_age=oldest_age, transfers=sum(transfers),
-                     dead_threads=_dead_threads(text))
+    transferring_age: float | None = None
+    if in_state is not None:  # exported: no Transferring series (or an idle pod) means age 0
+        transferring_age = max(in_state, default=0.0) if inflight > 0 else 0.0
+    return PodSample(
+        inflight=inflight,
+        oldest_age=oldest_age,
+        transfers=sum(transfers),
+        transferring_age=transferring_age,
+        dead_threads=_dead_threads(text),
+    )
 
 
 def _dead_threads(text: str) -> tuple[tuple[str, float, float], ...]:

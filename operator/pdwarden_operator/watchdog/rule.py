@@ -1,11 +1,13 @@
-"""The wedge rule (docs: ARCHITECTURE "Wedge: definition and remediation"), as a pure function.
+"""The wedge rule (docs: architecture.md "Wedge: definition and remediation"), as a pure function.
 
-A pod is wedged when, for at least `stuck_after` seconds and at least two consecutive scrapes,
-it had requests in flight and its finished-transfer counter did not increase; or when its
-oldest in-flight request was older than `stuck_after` on two consecutive scrapes (and kept
-ageing between them: the same request, not a succession of slow ones). A failed latest
-scrape makes it *unobserved*, never wedged. A counter that went down means the process
-restarted: evidence before that point is discarded.
+A pod is wedged when, for at least `stuckAfterSeconds` and two consecutive scrapes, it has
+rooms in flight and its finished-transfer counter did not move; or when its oldest room in
+the Transferring state has been in that state longer than `stuckAfterSeconds` on two
+consecutive scrapes (the same room, still ageing). Rooms waiting for bootstrap or for their
+forward pass are queueing, not stuck: a busy pod that keeps finishing transfers is never
+wedged. A pod that does not export the per-state age is judged by the progress clause alone.
+A failed latest scrape makes it *unobserved*, never wedged. A counter that went down means
+the process restarted: evidence before that point is discarded.
 
 Separately, a pod is wedged when an essential thread of its runtime (SGLang's NIXL
 bootstrap thread, transfer workers, decode listener, heartbeat; pdwarden's own) is dead on
@@ -19,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pdwarden_operator.watchdog.history import Observation
-from pdwarden_operator.watchdog.parse import PodSample
+from pdwarden_operator.watchdog.parse import STUCK_STATE, PodSample
 
 State = Literal["ok", "wedged", "unobserved"]
-# The oldest request's age must grow by at least this fraction of the time between two
+# The oldest Transferring room's age must grow by at least this fraction of the time between two
 # scrapes for the two readings to count as the same stuck request.
 AGEING_FRACTION = 0.5
 
@@ -35,10 +37,17 @@ class Verdict:
     # True when the evidence shows health (idle, or a transfer finished while observed), which
     # ends an alert episode; False for "busy, not yet long enough" or too little history.
     cleared: bool = False
+    # Stalled for half of stuckAfterSeconds (no progress, or a room held in Transferring): on
+    # its way to wedged. The fleet brake counts these with the wedged ones (brake.py).
+    stalling: bool = False
 
     @property
     def wedged(self) -> bool:
         return self.state == "wedged"
+
+    @property
+    def troubled(self) -> bool:
+        return self.wedged or self.stalling
 
 
 def _trusted_run(observations: Sequence[Observation]) -> list[tuple[float, PodSample]]:
@@ -105,37 +114,47 @@ def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
             figures,
         )
 
-    # (2) an old request that keeps ageing on two consecutive scrapes: the same request, so its
-    # age grew with the time between the scrapes (half of it, for scrape-timing jitter). A busy
-    # pod whose successive oldest requests are each slow but finish is not wedged.
+    # (2) a room held in Transferring (where only a transfer fault holds it) that keeps ageing
+    # on two consecutive scrapes: the same room, so its age grew with the time between the
+    # scrapes (half of it, for scrape-timing jitter). Time spent queueing before Transferring
+    # does not count, so a busy pod with a deep queue is not wedged by this clause.
     if len(run) >= 2:
         prev_at, prev = run[-2]
+        age, prev_age = latest.transferring_age, prev.transferring_age
         if (
-            latest.inflight > 0
-            and prev.inflight > 0
-            and prev.oldest_age > stuck_after
-            and latest.oldest_age > stuck_after
-            and latest.oldest_age - prev.oldest_age >= AGEING_FRACTION * (now - prev_at)
+            age is not None
+            and prev_age is not None
+            and latest.inflight > 0
+            and prev_age > stuck_after
+            and age > stuck_after
+            and age - prev_age >= AGEING_FRACTION * (now - prev_at)
         ):
-            figures |= {"scrapes": 2.0}
+            figures |= {"scrapes": 2.0, "transferringSeconds": age}
             return Verdict(
                 "wedged",
-                f"oldest inflight request {latest.oldest_age:.0f}s old "
-                f"(previous scrape {prev.oldest_age:.0f}s) "
-                f"> stuckAfterSeconds={stuck_after:g}: inflight={latest.inflight:g}, "
-                f"transfers_total={latest.transfers:g}",
+                f"oldest room in state {STUCK_STATE} for {age:.0f}s "
+                f"(previous scrape {prev_age:.0f}s) > stuckAfterSeconds={stuck_after:g}: "
+                f"inflight={latest.inflight:g}, transfers_total={latest.transfers:g}",
                 figures,
             )
 
     if latest.inflight == 0:
         return Verdict("ok", "idle", figures, cleared=True)
+    half = stuck_after / 2
+    stalling = (scrapes >= 2 and stalled_for >= half) or (
+        latest.transferring_age is not None and latest.transferring_age >= half
+    )
     if start > 0:  # an earlier sample in the trusted run had a lower counter: progress seen
         return Verdict(
             "ok",
             f"progressing: transfers_total {run[0][1].transfers:g} -> {latest.transfers:g}",
             figures,
             cleared=True,
+            stalling=stalling,
         )
     return Verdict(
-        "ok", f"busy, no progress seen for {stalled_for:.0f}s of {stuck_after:g}s allowed", figures
+        "ok",
+        f"busy, no progress seen for {stalled_for:.0f}s of {stuck_after:g}s allowed",
+        figures,
+        stalling=stalling,
     )

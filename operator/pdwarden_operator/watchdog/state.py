@@ -12,8 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pdwarden_operator.watchdog.settings import ACTIONS
+from pdwarden_operator.watchdog.outcome import Outcome, parse
 
+ACTIONS = ("alert", "restart", "evict")  # spec.watchdog.action's values (models.WatchdogSpec)
 MAX_REMEDIATIONS_KEPT = 20
 
 
@@ -42,20 +43,24 @@ class InFlight:
     role: str
     action: str
     started_at: float
+    remediation_id: int  # the `status.remediations` entry this remediation updates
+    reason: str = ""
     attempts: int = 0  # calls made so far (0: intent written, action not yet performed)
-    last_outcome: str = "pending"
+    last_outcome: Outcome = Outcome.PENDING
+    not_before: float | None = None  # a 429's Retry-After: not retried before this time
 
 
 @dataclass(frozen=True)
 class Remediation:
-    """One decision, as `status.remediations` shows it."""
+    """One decision, as `status.remediations` shows it; `id` is stable for its lifetime."""
 
+    id: int
     pod: str
     role: str
     reason: str
     action: str
     time: float
-    outcome: str
+    outcome: Outcome
 
 
 @dataclass(frozen=True)
@@ -66,10 +71,22 @@ class WatchdogState:
     cooldown_until: Mapping[str, float] = field(default_factory=dict)
     in_flight: tuple[InFlight, ...] = ()
     remediations: tuple[Remediation, ...] = ()
+    next_id: int = 1
 
     def with_remediation(self, entry: Remediation) -> WatchdogState:
-        kept = (*self.remediations, entry)[-MAX_REMEDIATIONS_KEPT:]
-        return replace(self, remediations=kept)
+        """Add an entry (its id taken from `next_id`), keeping at most MAX_REMEDIATIONS_KEPT: the
+        oldest entries no in-flight remediation refers to go first, so an open remediation's
+        entry never rolls out of the history."""
+        entry = replace(entry, id=self.next_id)
+        entries = [*self.remediations, entry]
+        open_ids = {f.remediation_id for f in self.in_flight}
+        while len(entries) > MAX_REMEDIATIONS_KEPT:
+            drop = next((i for i, e in enumerate(entries) if e.id not in open_ids), 0)
+            del entries[drop]
+        return replace(self, remediations=tuple(entries), next_id=self.next_id + 1)
+
+    def entry(self, remediation_id: int) -> Remediation | None:
+        return next((e for e in self.remediations if e.id == remediation_id), None)
 
 
 def _entries(value: Any) -> Sequence[Mapping[str, Any]]:
@@ -96,9 +113,10 @@ def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
     in_flight: list[InFlight] = []
     for item in _entries(wd.get("inFlight")):
         started = from_rfc3339(item.get("startedAt"))
+        rid = item.get("remediationId")
         if started is None or not all(isinstance(item.get(k), str) for k in ("pod", "role", "action")):
             continue
-        if item["action"] not in ACTIONS:
+        if item["action"] not in ACTIONS or not isinstance(rid, int):
             continue
         attempts = item.get("attempts")
         in_flight.append(
@@ -108,25 +126,32 @@ def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
                 role=item["role"],
                 action=item["action"],
                 started_at=started,
+                remediation_id=rid,
+                reason=str(item.get("reason") or ""),
                 attempts=attempts if isinstance(attempts, int) and attempts >= 0 else 0,
-                last_outcome=str(item.get("lastOutcome") or "pending"),
+                last_outcome=parse(item.get("lastOutcome")),
+                not_before=from_rfc3339(item.get("notBefore")),
             )
         )
     remediations: list[Remediation] = []
     for item in _entries(status.get("remediations")):
         when = from_rfc3339(item.get("time"))
-        if when is None:
+        rid = item.get("id")
+        if when is None or not isinstance(rid, int):
             continue
         remediations.append(
             Remediation(
+                id=rid,
                 pod=str(item.get("pod", "")),
                 role=str(item.get("role", "")),
                 reason=str(item.get("reason", "")),
                 action=str(item.get("action", "")),
                 time=when,
-                outcome=str(item.get("outcome", "")),
+                outcome=parse(item.get("outcome"), Outcome.ERROR),
             )
         )
+    next_id = wd.get("nextId")
+    known = max([r.id for r in remediations] + [f.remediation_id for f in in_flight] + [0])
     return WatchdogState(
         window_start=from_rfc3339(budget.get("windowStart")),
         used=used if isinstance(used, int) and used >= 0 else 0,
@@ -134,6 +159,7 @@ def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
         cooldown_until=cooldowns,
         in_flight=tuple(in_flight),
         remediations=tuple(remediations[-MAX_REMEDIATIONS_KEPT:]),
+        next_id=max(next_id if isinstance(next_id, int) else 1, known + 1),
     )
 
 
@@ -158,6 +184,7 @@ def state_to_status(
                 "exhausted": state.exhausted,
             },
             "cooldownUntil": {role: to_rfc3339(t) for role, t in sorted(state.cooldown_until.items())},
+            "nextId": state.next_id,
             "inFlight": [
                 {
                     "pod": f.pod,
@@ -165,20 +192,24 @@ def state_to_status(
                     "role": f.role,
                     "action": f.action,
                     "startedAt": to_rfc3339(f.started_at),
+                    "remediationId": f.remediation_id,
+                    "reason": f.reason,
                     "attempts": f.attempts,
-                    "lastOutcome": f.last_outcome,
+                    "lastOutcome": f.last_outcome.value,
+                    "notBefore": to_rfc3339(f.not_before) if f.not_before is not None else None,
                 }
                 for f in state.in_flight
             ],
         },
         "remediations": [
             {
+                "id": r.id,
                 "pod": r.pod,
                 "role": r.role,
                 "reason": r.reason,
                 "action": r.action,
                 "time": to_rfc3339(r.time),
-                "outcome": r.outcome,
+                "outcome": r.outcome.value,
             }
             for r in state.remediations
         ],

@@ -1,0 +1,131 @@
+"""Leader election's protocol over an in-memory Lease with compare-and-swap (pure logic)."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from pdwarden_operator import leader
+from pdwarden_operator.kube import lease as kube_lease
+from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.metrics import OperatorMetrics
+
+pytestmark = pytest.mark.unit
+
+
+class Store:
+    """One Lease object, versioned like the API server's (409 on a stale resourceVersion)."""
+
+    def __init__(self) -> None:
+        self.obj: dict[str, Any] | None = None
+        self.version = 0
+
+    async def get(self, ns: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.obj)
+
+    async def create(self, ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        if self.obj is not None:
+            raise KubeApiError(409, "AlreadyExists", "exists")
+        return self._put(spec)
+
+    async def replace(self, ns: str, name: str, rv: str, spec: dict[str, Any]) -> dict[str, Any]:
+        if self.obj is None or self.obj["metadata"]["resourceVersion"] != rv:
+            raise KubeApiError(409, "Conflict", "the object has been modified")
+        return self._put(spec)
+
+    def _put(self, spec: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        self.obj = {"metadata": {"resourceVersion": str(self.version)}, "spec": dict(spec)}
+        return copy.deepcopy(self.obj)
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> Store:
+    s = Store()
+    monkeypatch.setattr(kube_lease, "get_lease", s.get)
+    monkeypatch.setattr(kube_lease, "create_lease", s.create)
+    monkeypatch.setattr(kube_lease, "replace_lease", s.replace)
+    return s
+
+
+def elector(identity: str, clock: list[float]) -> tuple[leader.Elector, OperatorMetrics]:
+    metrics = OperatorMetrics(CollectorRegistry())
+    return leader.Elector("ns", "lease", identity, clock=lambda: clock[0], metrics=metrics), metrics
+
+
+def gauge(metrics: OperatorMetrics) -> float | None:
+    return metrics.registry.get_sample_value("pdwarden_operator_leader")
+
+
+def test_may_take() -> None:
+    assert leader.may_take(None, "a", 0, 15, 1)
+    assert leader.may_take("a", "a", 0, 15, 1)
+    assert not leader.may_take("b", "a", 0, 15, 14.9)
+    assert leader.may_take("b", "a", 0, 15, 15)
+
+
+def test_one_leader_a_paused_one_loses_and_the_standby_takes_over(store: Store) -> None:
+    clock = [100.0]
+    a, a_metrics = elector("a", clock)
+    b, b_metrics = elector("b", clock)
+
+    async def scenario() -> None:
+        assert await a.try_acquire_or_renew()
+        assert not await b.try_acquire_or_renew()  # a's lease is fresh
+        assert a.is_leader() and not b.is_leader()
+        assert gauge(a_metrics) == 1 and gauge(b_metrics) == 0
+        # a renews every retry period for a while; b keeps seeing a changing record
+        for _ in range(5):
+            clock[0] += 2
+            assert await a.try_acquire_or_renew()
+            assert not await b.try_acquire_or_renew()
+        # a is paused (SIGSTOP): nothing renews; b waits a full lease duration from its last look
+        clock[0] += 14
+        assert not await b.try_acquire_or_renew()
+        assert not a.is_leader()  # a's own clock already says its term lapsed
+        clock[0] += 2
+        assert await b.try_acquire_or_renew() and b.is_leader()
+        # a resumes: it may neither act nor win the lease back
+        assert not await a.prove()
+        assert not await a.try_acquire_or_renew()
+        assert await b.prove()
+
+    asyncio.run(scenario())
+    assert store.obj is not None and store.obj["spec"]["holderIdentity"] == "b"
+    assert store.obj["spec"]["leaseTransitions"] == 1
+    assert store.obj["spec"]["leaseDurationSeconds"] == 15
+
+
+def test_two_standbys_racing_for_a_free_lease_get_one_winner(store: Store) -> None:
+    clock = [0.0]
+    a, _ = elector("a", clock)
+    b, _ = elector("b", clock)
+
+    async def scenario() -> list[bool]:
+        return list(await asyncio.gather(a.try_acquire_or_renew(), b.try_acquire_or_renew()))
+
+    assert sorted(asyncio.run(scenario())) == [False, True]
+
+
+def test_a_released_lease_is_taken_at_once(store: Store) -> None:
+    clock = [0.0]
+    a, a_metrics = elector("a", clock)
+    b, _ = elector("b", clock)
+
+    async def scenario() -> None:
+        assert await a.try_acquire_or_renew()
+        assert not await b.try_acquire_or_renew()
+        await a.release()
+        assert gauge(a_metrics) == 0 and not a.is_leader()
+        assert await b.try_acquire_or_renew()
+
+    asyncio.run(scenario())
+
+
+def test_without_an_elector_remediation_is_allowed() -> None:
+    leader.set_elector(None)
+    assert asyncio.run(leader.still_leading())
