@@ -10,6 +10,7 @@ kopf is not imported here; handlers.py translates the exceptions below into kopf
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,7 +23,14 @@ from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.kube.status import patch_status
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
-from pdwarden_operator.render import Owner, child_key, child_name, render_children
+from pdwarden_operator.render import (
+    USER_SHAPED_KINDS,
+    Owner,
+    child_key,
+    child_name,
+    render_children,
+    spec_field,
+)
 from pdwarden_operator.status import (
     ROLES,
     Observed,
@@ -122,7 +130,40 @@ def _observed(body: Mapping[str, Any], children: Mapping[tuple[str, str], Obj], 
     )
 
 
+async def _reject(
+    body: Mapping[str, Any], spec: DisaggregatedModelSpec, reason: str, message: str
+) -> InvalidSpec:
+    """Status for children the API server refused: retrying will not help until the spec changes."""
+    _, watchdog = _previous(body)
+    await _write(body, compute_status(spec, _observed(body, {}, reason=reason, message=message), watchdog))
+    return InvalidSpec(message)
+
+
+async def _dry_run(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: list[Obj]) -> None:
+    """Let the API server validate and admit the children the spec shapes freely (pod templates,
+    NetworkPolicy peers) before anything is applied, so that a refused one leaves nothing
+    half-applied. The refusal names the child, the spec field it came from and the API server's
+    field path."""
+    checked = [o for o in objs if o["kind"] in USER_SHAPED_KINDS]
+    results = await asyncio.gather(
+        *(kube_apply.apply(o, dry_run=True) for o in checked), return_exceptions=True
+    )
+    for obj, result in zip(checked, results, strict=True):
+        if not isinstance(result, BaseException):
+            continue
+        if not isinstance(result, KubeApiError):
+            raise result
+        if result.retriable:
+            raise RetryLater(f"dry-run of the children failed: {result}") from result
+        message = (
+            f"{obj['kind']} {obj['metadata']['name']} (from {spec_field(obj)}) was refused by the "
+            f"API server's dry-run; nothing was applied: {result.message}"
+        )
+        raise await _reject(body, spec, "ChildRejected", message) from result
+
+
 async def _apply(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: list[Obj]) -> list[Obj]:
+    await _dry_run(body, spec, objs)
     try:
         return await kube_apply.apply_all(objs)
     except KubeApiError as exc:
@@ -130,12 +171,7 @@ async def _apply(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: li
             raise RetryLater(f"applying children failed: {exc}") from exc
         # The API server rejected what we rendered from this spec (e.g. a bad quantity):
         # retrying will not help until the spec changes. Say so in status.
-        observed = _observed(
-            body, {}, reason="ApplyFailed", message=f"The API server rejected a child: {exc}"
-        )
-        _, watchdog = _previous(body)
-        await _write(body, compute_status(spec, observed, watchdog))
-        raise InvalidSpec(f"the API server rejected a child: {exc}") from exc
+        raise await _reject(body, spec, "ApplyFailed", f"The API server rejected a child: {exc}") from exc
 
 
 async def _spec(body: Mapping[str, Any]) -> DisaggregatedModelSpec:
@@ -169,11 +205,22 @@ async def resync(body: Mapping[str, Any], observed_children: Mapping[tuple[str, 
     """Restore missing or edited children, refresh status (written only when it changed)."""
     spec = await _spec(body)
     owner = Owner.from_body(body)
-    stale = plan.to_apply(render_children(owner, spec), observed_children)
+    desired = render_children(owner, spec)
+    stale = plan.to_apply(desired, observed_children)
     children = dict(observed_children)
     applied: list[Obj] = []
     if stale:
         log.info("%s/%s: restoring %s", owner.namespace, owner.name, ", ".join(_names(stale)))
         applied = await _apply(body, spec, stale)
         children.update((child_key(o), o) for o in applied)
+    for obj in plan.to_delete(desired, observed_children):
+        log.info(
+            "%s/%s: deleting %s %s (no longer in the spec)", owner.namespace, owner.name, *child_key(obj)
+        )
+        meta = obj["metadata"]
+        try:
+            await kube_apply.delete(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        except KubeApiError as exc:
+            raise RetryLater(f"deleting {child_key(obj)} failed: {exc}") from exc
+        children.pop(child_key(obj), None)
     return await _finish(body, spec, children, applied)

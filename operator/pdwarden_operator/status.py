@@ -18,7 +18,7 @@ from pdwarden_runtime import contract
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged")
 # Degraded reasons caused by the spec or the API, not by pods: they survive a status rebuild.
-ERROR_REASONS = ("InvalidSpec", "ApplyFailed")
+ERROR_REASONS = ("InvalidSpec", "ApplyFailed", "ChildRejected")
 
 
 @dataclass(frozen=True)
