@@ -78,6 +78,9 @@ Quantity = Annotated[
     ),
 ]
 
+# For a lone Quantity field (the schema's int-or-string accepts any string).
+_QUANTITY_RULE = _rules(cel("isQuantity(string(self))", "must be a Kubernetes quantity (e.g. 16Gi)"))
+
 ResourceMap = Annotated[
     dict[str, Quantity],
     Field(
@@ -202,7 +205,9 @@ class ModelCache(_Base):
         pattern=r"^/.*",
         max_length=4096,
     )
-    size_limit: Quantity | None = Field(None, description="Size limit of the emptyDir cache.")
+    size_limit: Quantity | None = Field(
+        None, description="Size limit of the emptyDir cache.", json_schema_extra=_QUANTITY_RULE
+    )
 
     @model_validator(mode="after")
     def _one(self) -> ModelCache:
@@ -440,6 +445,7 @@ class RoleSpec(_Base):
         description=f"Size of the in-memory emptyDir at /dev/shm (NCCL, tensor parallelism). "
         f"Unset: {DEFAULT_SHM_SIZE} when gpus > 0, none without GPUs; 0: none. It counts against "
         "the pod's memory limit.",
+        json_schema_extra=_QUANTITY_RULE,
     )
     pod_template: RuntimePodTemplate | None = Field(None)
 
