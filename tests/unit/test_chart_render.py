@@ -136,6 +136,8 @@ def test_rbac_is_least_privilege_and_never_touches_secrets(values: Mapping[str, 
         ("", "events", "create"),
         ("rbac.authorization.k8s.io", "roles", "patch"),
         ("policy", "poddisruptionbudgets", "patch"),
+        ("networking.k8s.io", "networkpolicies", "watch"),
+        ("networking.k8s.io", "networkpolicies", "delete"),
     ]:
         assert needed in granted, needed
 
