@@ -311,7 +311,7 @@ def schema(main: str) -> Obj:
             "pdwarden owns (the main container's command, args, image, ports, probes and "
             "resources, the selector labels, hostNetwork and pdwarden's volumes) are refused. "
             "A fragment the API server would reject is reported in status (Degraded, "
-            "ChildRejected) and nothing is applied."
+            "ApplyFailed) and nothing is applied."
         ),
         "properties": {
             "metadata": {

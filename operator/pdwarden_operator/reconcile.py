@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
-from pdwarden_operator import plan
+from pdwarden_operator import plan, scheduling
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.kube.status import patch_status
@@ -39,6 +40,7 @@ from pdwarden_operator.status import (
     observe_deployment,
     status_changed,
 )
+from pdwarden_runtime.contract import LABEL_MODEL
 
 Obj = dict[str, Any]
 log = logging.getLogger("pdwarden.reconcile")
@@ -159,7 +161,7 @@ async def _dry_run(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: 
             f"{obj['kind']} {obj['metadata']['name']} (from {spec_field(obj)}) was refused by the "
             f"API server's dry-run; nothing was applied: {result.message}"
         )
-        raise await _reject(body, spec, "ChildRejected", message) from result
+        raise await _reject(body, spec, "ApplyFailed", message) from result
 
 
 async def _apply(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: list[Obj]) -> list[Obj]:
@@ -189,9 +191,37 @@ async def _finish(
 ) -> Outcome:
     """Compute status from the children, write it (when it changed)."""
     _, watchdog = _previous(body)
-    new = compute_status(spec, _observed(body, children), watchdog)
+    observed = _observed(body, children)
+    new = compute_status(spec, observed, watchdog)
+    if _waiting_long(body, new):
+        pods = await _pods(body)
+        if pods is not None:
+            observed = replace(observed, unschedulable=scheduling.unschedulable(pods))
+            new = compute_status(spec, observed, watchdog)
     await _write(body, new)
     return Outcome(new, applied)
+
+
+def _waiting_long(body: Mapping[str, Any], new: Obj) -> bool:
+    """Whether pods have been not ready for a while (then it is worth asking why)."""
+    ready = next((c for c in new["conditions"] if c["type"] == "Ready"), None)
+    if ready is None or ready["reason"] not in ("ReplicasNotReady", "Unschedulable"):
+        return False
+    since = ready.get("lastTransitionTime")
+    try:
+        start = datetime.strptime(str(since), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return False
+    return (datetime.now(UTC) - start).total_seconds() >= scheduling.LOOK_AFTER_S
+
+
+async def _pods(body: Mapping[str, Any]) -> list[Obj] | None:
+    meta = body["metadata"]
+    try:
+        return await kube_apply.list_objects("v1", "Pod", meta["namespace"], f"{LABEL_MODEL}={meta['name']}")
+    except KubeApiError as exc:
+        log.warning("%s/%s: listing pods failed: %s", meta["namespace"], meta["name"], exc)
+        return None  # status without the scheduler's reason this time
 
 
 async def reconcile(body: Mapping[str, Any]) -> Outcome:

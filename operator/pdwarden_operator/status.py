@@ -18,7 +18,7 @@ from pdwarden_runtime import contract
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged")
 # Degraded reasons caused by the spec or the API, not by pods: they survive a status rebuild.
-ERROR_REASONS = ("InvalidSpec", "ApplyFailed", "ChildRejected")
+ERROR_REASONS = ("InvalidSpec", "ApplyFailed")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Observed:
     error_reason: str | None = None  # e.g. InvalidSpec, ApplyFailed
     error_message: str | None = None
     previous_conditions: tuple[Mapping[str, Any], ...] = ()
+    unschedulable: Mapping[str, str] = field(default_factory=dict)  # role -> the scheduler's message
 
     def workload(self, role: str) -> Workload:
         return self.workloads.get(role, Workload())
@@ -165,6 +166,9 @@ def compute_conditions(
     # Ready
     if error:
         ready = ("False", error, observed.error_message or error)
+    elif unsettled and observed.unschedulable:
+        why = "; ".join(f"{role}: {msg}" for role, msg in sorted(observed.unschedulable.items()))
+        ready = ("False", "Unschedulable", f"Waiting: {summary}. The scheduler cannot place {why}")
     elif unsettled:
         reason = "ChildrenMissing" if missing else "ReplicasNotReady"
         ready = ("False", reason, f"Waiting: {summary}.")

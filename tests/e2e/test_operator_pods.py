@@ -161,9 +161,9 @@ def test_a_refused_fragment_is_reported_and_nothing_is_applied(
 
     def rejected() -> dict[str, Any] | None:
         c = condition(kubectl.get("disaggregatedmodel", "frag", namespace), "Degraded")
-        return c if c.get("reason") == "ChildRejected" else None
+        return c if c.get("reason") == "ApplyFailed" else None
 
-    degraded = wait_for(rejected, 120, "Degraded/ChildRejected", interval=1)
+    degraded = wait_for(rejected, 120, "Degraded/ApplyFailed", interval=1)
     assert degraded["status"] == "True"
     assert "frag-decode" in degraded["message"] and "spec.decode" in degraded["message"]
     assert field in degraded["message"], degraded["message"]
@@ -176,7 +176,7 @@ def test_a_refused_fragment_is_reported_and_nothing_is_applied(
         lambda: len(_children(kubectl, "frag", namespace)) == 11 or None, 120, "the children after the fix"
     )
     degraded = condition(kubectl.get("disaggregatedmodel", "frag", namespace), "Degraded")
-    assert degraded.get("reason") != "ChildRejected", degraded
+    assert degraded.get("reason") != "ApplyFailed", degraded
 
 
 def test_network_policy_follows_the_spec(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
