@@ -6,11 +6,14 @@
 - a podTemplate the CRD accepts but the API server would refuse (a bad toleration, an
   unknown field) is reported in status naming the field, and nothing is applied; fixing
   it creates the children;
+- on nodes tainted like GPU nodes, a model without a toleration stays Pending with the
+  scheduler's reason in its Ready condition; with podTemplate tolerations and nodeSelector,
+  shm and a PersistentVolumeClaim of weights it becomes Ready;
 - the optional NetworkPolicy appears and disappears with `networkPolicy.enabled`;
 - every example is accepted by the API server (server-side dry-run).
 
-What needs a kubelet that honours volumes, taints and securityContext (/dev/shm and the
-model directory inside the pod, cache reuse across pod restarts) is not tested here.
+What needs a kubelet that honours volumes and securityContext (/dev/shm and the model
+directory seen inside the pod, cache reuse across pod restarts) is not tested here.
 """
 
 from __future__ import annotations
@@ -193,6 +196,94 @@ def test_network_policy_follows_the_spec(kubectl: Kubectl, operator: OperatorPro
     )  # fmt: skip
     wait_for(lambda: kubectl.get("networkpolicy", "np-runtime", namespace) is None, 120, "the policy deleted")
     assert kubectl.get("deployment", "np-prefill", namespace) is not None, "only the policy goes"
+
+
+TAINT = "nvidia.com/gpu=present:NoSchedule"
+
+
+@pytest.fixture
+def tainted_nodes(kubectl: Kubectl) -> Iterator[None]:
+    """Every node tainted the way GPU nodes usually are (removed afterwards, whatever happens)."""
+    kubectl.run("taint", "nodes", "--all", TAINT, "--overwrite")
+    try:
+        yield
+    finally:
+        kubectl.run("taint", "nodes", "--all", "nvidia.com/gpu:NoSchedule-", check=False)
+
+
+@pytest.fixture
+def weights_claim(kubectl: Kubectl, namespace: str, tmp_path: Path) -> Iterator[str]:
+    """A PersistentVolumeClaim bound (by the real PV controller) to a static PersistentVolume."""
+    pv = f"{namespace}-weights"
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "hostPath": {"path": str(tmp_path)},
+            },
+        }
+    )
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "weights"},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": pv,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    kubectl.apply(claim, namespace)
+    try:
+        yield "weights"
+    finally:
+        kubectl.run("delete", "pvc", "weights", "-n", namespace, "--wait=false", check=False)
+        kubectl.run("delete", "pv", pv, "--wait=false", check=False)
+
+
+def test_gpu_taint_keeps_pods_pending_until_the_template_tolerates_it(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str, tainted_nodes: None, weights_claim: str
+) -> None:
+    model = _model("gpu", prefill={"replicas": 1})
+    kubectl.apply(model, namespace)
+
+    def unschedulable() -> dict[str, Any] | None:
+        ready = condition(kubectl.get("disaggregatedmodel", "gpu", namespace), "Ready")
+        return ready if ready.get("reason") == "Unschedulable" else None
+
+    ready = wait_for(unschedulable, 180, "Ready/Unschedulable with the scheduler's reason", interval=2)
+    assert ready["status"] == "False"
+    assert "untolerated taint" in ready["message"], ready["message"]
+    assert "prefill" in ready["message"]
+
+    template = {
+        "spec": {
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        }
+    }
+    fixed = _model(
+        "gpu",
+        model={"path": "tiny", "persistentVolumeClaim": {"claimName": weights_claim}},
+        prefill={"replicas": 1, "sharedMemory": "1Gi", "podTemplate": template},
+    )
+    kubectl.apply(fixed, namespace)
+
+    def ready_now() -> dict[str, Any] | None:
+        c = condition(kubectl.get("disaggregatedmodel", "gpu", namespace), "Ready")
+        return c if c.get("status") == "True" else None
+
+    wait_for(ready_now, 420, "the tolerating model Ready", interval=2)
+    [pod] = kubectl.items("pods", namespace, "pdwarden.io/model=gpu,pdwarden.io/role=prefill")
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
 
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
