@@ -229,6 +229,8 @@ def pod_security_context() -> Obj:
         "runAsUser": NON_ROOT_UID,
         "runAsGroup": NON_ROOT_UID,
         "fsGroup": NON_ROOT_UID,
+        # A volume of weights is large: change its ownership only when its root does not match.
+        "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": {"type": "RuntimeDefault"},
     }
 

@@ -290,3 +290,9 @@ def test_gpu_taint_keeps_pods_pending_until_the_template_tolerates_it(
 def test_examples_pass_a_server_side_dry_run(kubectl: Kubectl, namespace: str, example: Path) -> None:
     proc = kubectl.run("apply", "-n", namespace, "--dry-run=server", "-f", str(example))
     assert "(server dry run)" in proc.stdout
+
+
+def test_kubectl_explain_describes_the_merge(kubectl: Kubectl) -> None:
+    text = kubectl.run("explain", "dm.spec.prefill.podTemplate").stdout
+    for words in ("strategic-merge", "merge by name", "appended", "refused"):
+        assert words in " ".join(text.split()), f"{words!r} not in: {text}"
