@@ -193,7 +193,7 @@ async def _finish(
     _, watchdog = _previous(body)
     observed = _observed(body, children)
     new = compute_status(spec, observed, watchdog)
-    if _waiting_long(body, new):
+    if _waiting_long(new):
         pods = await _pods(body)
         if pods is not None:
             observed = replace(observed, unschedulable=scheduling.unschedulable(pods))
@@ -202,7 +202,7 @@ async def _finish(
     return Outcome(new, applied)
 
 
-def _waiting_long(body: Mapping[str, Any], new: Obj) -> bool:
+def _waiting_long(new: Obj) -> bool:
     """Whether pods have been not ready for a while (then it is worth asking why)."""
     ready = next((c for c in new["conditions"] if c["type"] == "Ready"), None)
     if ready is None or ready["reason"] not in ("ReplicasNotReady", "Unschedulable"):
