@@ -191,12 +191,14 @@ async def _finish(
 ) -> Outcome:
     """Compute status from the children, write it (when it changed)."""
     _, watchdog = _previous(body)
-    observed = _observed(body, children)
+    deployments = [o for (kind, _), o in children.items() if kind == "Deployment"]
+    observed = replace(_observed(body, children), blocked=scheduling.refused(deployments))
     new = compute_status(spec, observed, watchdog)
     if _waiting_long(new):
         pods = await _pods(body)
         if pods is not None:
-            observed = replace(observed, unschedulable=scheduling.unschedulable(pods))
+            blocked = {**scheduling.unschedulable(pods), **observed.blocked}
+            observed = replace(observed, blocked=blocked)
             new = compute_status(spec, observed, watchdog)
     await _write(body, new)
     return Outcome(new, applied)
@@ -205,7 +207,7 @@ async def _finish(
 def _waiting_long(new: Obj) -> bool:
     """Whether pods have been not ready for a while (then it is worth asking why)."""
     ready = next((c for c in new["conditions"] if c["type"] == "Ready"), None)
-    if ready is None or ready["reason"] not in ("ReplicasNotReady", "Unschedulable"):
+    if ready is None or ready["reason"] not in ("ReplicasNotReady", "PodsBlocked"):
         return False
     since = ready.get("lastTransitionTime")
     try:

@@ -43,7 +43,7 @@ class Observed:
     error_reason: str | None = None  # e.g. InvalidSpec, ApplyFailed
     error_message: str | None = None
     previous_conditions: tuple[Mapping[str, Any], ...] = ()
-    unschedulable: Mapping[str, str] = field(default_factory=dict)  # role -> the scheduler's message
+    blocked: Mapping[str, str] = field(default_factory=dict)  # role -> why its pods cannot run
 
     def workload(self, role: str) -> Workload:
         return self.workloads.get(role, Workload())
@@ -166,9 +166,9 @@ def compute_conditions(
     # Ready
     if error:
         ready = ("False", error, observed.error_message or error)
-    elif unsettled and observed.unschedulable:
-        why = "; ".join(f"{role}: {msg}" for role, msg in sorted(observed.unschedulable.items()))
-        ready = ("False", "Unschedulable", f"Waiting: {summary}. The scheduler cannot place {why}")
+    elif unsettled and observed.blocked:
+        why = "; ".join(f"{role}: {msg}" for role, msg in sorted(observed.blocked.items()))
+        ready = ("False", "PodsBlocked", f"Waiting: {summary}. {why}")
     elif unsettled:
         reason = "ChildrenMissing" if missing else "ReplicasNotReady"
         ready = ("False", reason, f"Waiting: {summary}.")

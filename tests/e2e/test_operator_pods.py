@@ -143,6 +143,13 @@ def test_rdma_pods_are_refused_by_baseline(
     assert "violates PodSecurity" in message and "IPC_LOCK" in message, message
     assert _pods_by_role(kubectl, "rdma", namespace)["prefill"] == 0
 
+    def reported() -> dict[str, Any] | None:
+        ready = condition(kubectl.get("disaggregatedmodel", "rdma", namespace), "Ready")
+        return ready if ready.get("reason") == "PodsBlocked" else None
+
+    ready = wait_for(reported, 120, "the refusal in the model's status", interval=2)
+    assert "prefill: pods are refused" in ready["message"] and "PodSecurity" in ready["message"]
+
 
 BAD_TOLERATION = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Sometimes", "effect": "NoSchedule"}]}
 UNKNOWN_FIELD = {"containers": [{"name": "runtime", "envFrm": [{"configMapRef": {"name": "x"}}]}]}
@@ -253,11 +260,11 @@ def test_gpu_taint_keeps_pods_pending_until_the_template_tolerates_it(
     model = _model("gpu", prefill={"replicas": 1})
     kubectl.apply(model, namespace)
 
-    def unschedulable() -> dict[str, Any] | None:
+    def blocked() -> dict[str, Any] | None:
         ready = condition(kubectl.get("disaggregatedmodel", "gpu", namespace), "Ready")
-        return ready if ready.get("reason") == "Unschedulable" else None
+        return ready if ready.get("reason") == "PodsBlocked" else None
 
-    ready = wait_for(unschedulable, 180, "Ready/Unschedulable with the scheduler's reason", interval=2)
+    ready = wait_for(blocked, 180, "Ready/PodsBlocked with the scheduler's reason", interval=2)
     assert ready["status"] == "False"
     assert "untolerated taint" in ready["message"], ready["message"]
     assert "prefill" in ready["message"]
