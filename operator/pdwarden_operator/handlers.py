@@ -47,6 +47,7 @@ CHILD_KINDS = (
     ("rbac.authorization.k8s.io", "v1", "roles", "rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings", "rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("policy", "v1", "poddisruptionbudgets", "policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io", "v1", "networkpolicies", "networking.k8s.io/v1", "NetworkPolicy"),
 )
 
 cache = Cache()

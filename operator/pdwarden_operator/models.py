@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
+from pdwarden_operator import podtemplate
 from pdwarden_runtime import contract
 
 # Power-of-two tensor-parallel sizes that SGLang accepts on one node.
@@ -22,13 +23,17 @@ TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_IMAGE = "ghcr.io/pdwarden/pdwarden-runtime:0.1.0"
 GPU_RESOURCE = "nvidia.com/gpu"
 # Env vars the operator sets itself on runtime pods; a user may not override them.
-RESERVED_ENV = (
-    contract.ENV_POD_IP,
-    contract.ENV_POD_NAME,
-    contract.ENV_POD_NAMESPACE,
-    contract.ENV_ROLE,
-    contract.ENV_MODEL,
-)
+RESERVED_ENV = podtemplate.RESERVED_ENV
+# /dev/shm of a GPU pod when the role does not size it: NCCL and SGLang's tensor parallelism
+# need far more than a container's 64 MiB.
+DEFAULT_SHM_SIZE = "16Gi"
+# The router's requests and limits unless router.resources says otherwise (key by key).
+ROUTER_DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "500m", "memory": "512Mi"},
+    "limits": {"cpu": "2", "memory": "2Gi"},
+}
+# Extended resource names (a domain prefix is required for device-plugin resources).
+EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 # Children are named `<name>-prefill` etc. and the name is a label value and a Service
 # name, so it must be a DNS-1035 label short enough for the suffixes.
 MAX_NAME_LENGTH = 40
@@ -72,6 +77,9 @@ Quantity = Annotated[
         }
     ),
 ]
+
+# For a lone Quantity field (the schema's int-or-string accepts any string).
+_QUANTITY_RULE = _rules(cel("isQuantity(string(self))", "must be a Kubernetes quantity (e.g. 16Gi)"))
 
 ResourceMap = Annotated[
     dict[str, Quantity],
@@ -143,15 +151,137 @@ class EnvVar(_Base):
         return self
 
 
+def _no_owned_fields(main: str) -> Any:
+    def check(value: dict[str, Any]) -> dict[str, Any]:
+        problems = podtemplate.owned_violations(value, main)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
+
+    return AfterValidator(check)
+
+
+# A PodTemplateSpec fragment (see podtemplate.py: the merge and the fields pdwarden owns).
+RuntimePodTemplate = Annotated[
+    dict[str, Any],
+    _no_owned_fields(podtemplate.RUNTIME_CONTAINER),
+    WithJsonSchema(podtemplate.schema(podtemplate.RUNTIME_CONTAINER)),
+]
+RouterPodTemplate = Annotated[
+    dict[str, Any],
+    _no_owned_fields(podtemplate.ROUTER_CONTAINER),
+    WithJsonSchema(podtemplate.schema(podtemplate.ROUTER_CONTAINER)),
+]
+
+
+class SecretKeyRef(_Base):
+    """A key of a Secret in the model's namespace (read by the kubelet, never by the operator)."""
+
+    name: str = Field(description="Secret name.", min_length=1, max_length=253)
+    key: str = Field("token", description="Key in the Secret.", min_length=1, max_length=253)
+
+
+class ModelCache(_Base):
+    """Where downloaded weights are kept. Neither claimName nor hostPath: an emptyDir, which
+    survives container restarts but not a new pod."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel("!(has(self.claimName) && has(self.hostPath))", "set at most one of claimName and hostPath")
+        )
+    )
+
+    claim_name: str | None = Field(
+        None,
+        description="A PersistentVolumeClaim that keeps the cache across pods (ReadWriteMany when "
+        "pods of several nodes share it): a new pod finds the weights already there.",
+        min_length=1,
+        max_length=253,
+    )
+    host_path: str | None = Field(
+        None,
+        description="A directory on the node that keeps the cache for every pod of that node. "
+        "hostPath volumes are refused by the baseline and restricted Pod Security levels.",
+        pattern=r"^/.*",
+        max_length=4096,
+    )
+    size_limit: Quantity | None = Field(
+        None, description="Size limit of the emptyDir cache.", json_schema_extra=_QUANTITY_RULE
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> ModelCache:
+        if self.claim_name is not None and self.host_path is not None:
+            raise ValueError("set at most one of claimName and hostPath")
+        return self
+
+
+class HuggingFaceSource(_Base):
+    """Download `path` (a Hugging Face id) into a cache volume at start; later starts reuse it."""
+
+    token_secret_ref: SecretKeyRef | None = Field(
+        None, description="The Hugging Face token (HF_TOKEN), for gated or private models."
+    )
+    cache: ModelCache = Field(
+        default_factory=lambda: ModelCache.model_validate({}),
+        description="The cache volume, mounted at /cache (HF_HOME=/cache/huggingface).",
+    )
+
+
+class PersistentVolumeClaimSource(_Base):
+    """Weights on a PersistentVolumeClaim, mounted read-only at /models."""
+
+    claim_name: str = Field(description="PersistentVolumeClaim name.", min_length=1, max_length=253)
+    sub_path: str | None = Field(
+        None,
+        description="Mount only this directory of the volume.",
+        max_length=4096,
+        pattern=r"^[^/].*",
+    )
+
+
+class HostPathSource(_Base):
+    """Weights in a directory of the node, mounted read-only at /models. hostPath volumes are
+    refused by the baseline and restricted Pod Security levels."""
+
+    path: str = Field(description="Absolute directory on the node.", pattern=r"^/.*", max_length=4096)
+
+
 class ModelRef(_Base):
-    """Which model to serve."""
+    """Which model to serve, and where its weights come from (at most one of huggingFace,
+    persistentVolumeClaim and hostPath; none: `path` is given to SGLang as it is)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "[has(self.huggingFace), has(self.persistentVolumeClaim), has(self.hostPath)]"
+                ".filter(x, x).size() <= 1",
+                "set at most one of huggingFace, persistentVolumeClaim and hostPath",
+            ),
+            cel(
+                "!(has(self.persistentVolumeClaim) || has(self.hostPath)) || "
+                "(!self.path.startsWith('/') && !self.path.matches('(^|/)[.][.](/|$)'))",
+                "with persistentVolumeClaim or hostPath, path is relative to the volume "
+                "(mounted at /models), without '..'",
+                ".path",
+            ),
+        )
+    )
 
     path: str = Field(
-        description="Model path or Hugging Face id passed to SGLang as --model-path "
-        "(ignored by the synthetic engine except as a name).",
+        description="The model: a Hugging Face id (no storage, or huggingFace), or the model's "
+        "directory relative to the volume (persistentVolumeClaim, hostPath; '.' for its root). "
+        "SGLang gets it as --model-path (the synthetic engine ignores it).",
         min_length=1,
         max_length=512,
     )
+    hugging_face: HuggingFaceSource | None = Field(
+        None, description="Download from the Hugging Face Hub into a cache volume."
+    )
+    persistent_volume_claim: PersistentVolumeClaimSource | None = Field(
+        None, description="Weights on a PersistentVolumeClaim (read-only)."
+    )
+    host_path: HostPathSource | None = Field(None, description="Weights on the node (read-only).")
     served_name: str | None = Field(
         None,
         description="Name clients use in requests (--served-model-name). Defaults to the resource name.",
@@ -159,6 +289,49 @@ class ModelRef(_Base):
         max_length=128,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
     )
+
+    @model_validator(mode="after")
+    def _storage(self) -> ModelRef:
+        sources = [self.hugging_face, self.persistent_volume_claim, self.host_path]
+        if sum(x is not None for x in sources) > 1:
+            raise ValueError("set at most one of huggingFace, persistentVolumeClaim and hostPath")
+        if (self.persistent_volume_claim or self.host_path) and (
+            self.path.startswith("/") or ".." in self.path.split("/")
+        ):
+            raise ValueError(
+                "path: with persistentVolumeClaim or hostPath, path is relative to the volume, without '..'"
+            )
+        return self
+
+    @property
+    def volume(self) -> bool:
+        """Whether the weights are on a volume mounted at /models."""
+        return self.persistent_volume_claim is not None or self.host_path is not None
+
+
+class RdmaSpec(_Base):
+    """KV transfers over RDMA: the device-plugin resource each runtime pod gets, and the IB
+    devices SGLang's NIXL backend uses. Adds the IPC_LOCK capability (memory registration),
+    which the baseline and restricted Pod Security levels refuse."""
+
+    resource_name: str = Field(
+        description="The RDMA device plugin's resource, e.g. rdma/ib or rdma/rdma_shared_device_a.",
+        max_length=253,
+        pattern=EXTENDED_RESOURCE_PATTERN,
+        json_schema_extra=_rules(cel(f"self != '{GPU_RESOURCE}'", "GPUs are set with the role's gpus")),
+    )
+    count: int = Field(1, description="Devices of that resource per pod.", ge=1, le=64)
+    ib_devices: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=64)]] = Field(
+        default_factory=list,
+        description="IB devices for SGLang's --disaggregation-ib-device, e.g. [mlx5_0, mlx5_1].",
+        max_length=16,
+    )
+
+    @model_validator(mode="after")
+    def _not_gpus(self) -> RdmaSpec:
+        if self.resource_name == GPU_RESOURCE:
+            raise ValueError("transfer.rdma.resourceName: GPUs are set with the role's gpus")
+        return self
 
 
 class TransferSpec(_Base):
@@ -170,7 +343,12 @@ class TransferSpec(_Base):
                 "self.transferDeadlineSeconds <= self.inflightDeadlineSeconds",
                 "transferDeadlineSeconds must not exceed inflightDeadlineSeconds",
                 ".transferDeadlineSeconds",
-            )
+            ),
+            cel(
+                "self.hostNetwork || self.hostPortOffset == 0",
+                "hostPortOffset needs hostNetwork",
+                ".hostPortOffset",
+            ),
         )
     )
 
@@ -193,12 +371,34 @@ class TransferSpec(_Base):
         ge=1,
         le=86400,
     )
+    rdma: RdmaSpec | None = Field(None, description="RDMA devices for KV transfers.")
+    host_network: bool = Field(
+        False,
+        description="Run prefill and decode pods on the node's network (RDMA over RoCE without "
+        "SR-IOV). Their ports become host ports, so the scheduler never puts two pods whose ports "
+        "clash on one node: one pod of this model per node (prefill and decode share the "
+        "ports the router discovers); models that share nodes need different hostPortOffsets. "
+        "Refused by the baseline and restricted Pod Security levels.",
+    )
+    host_port_offset: int = Field(
+        0,
+        description="Added to every runtime port (HTTP 30000, bootstrap 8998, metrics 9400) "
+        "with hostNetwork; keep offsets of models sharing nodes at least 1000 apart.",
+        ge=0,
+        le=30000,
+    )
 
     @model_validator(mode="after")
     def _deadlines(self) -> TransferSpec:
         if self.transfer_deadline_seconds > self.inflight_deadline_seconds:
             raise ValueError("transfer.transferDeadlineSeconds must not exceed inflightDeadlineSeconds")
+        if self.host_port_offset and not self.host_network:
+            raise ValueError("transfer.hostPortOffset needs hostNetwork")
         return self
+
+    def port(self, base: int) -> int:
+        """A runtime port as the pods use it (shifted with hostNetwork)."""
+        return base + self.host_port_offset
 
 
 class RoleSpec(_Base):
@@ -240,6 +440,22 @@ class RoleSpec(_Base):
         max_length=64,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    shared_memory: Quantity | None = Field(
+        None,
+        description=f"Size of the in-memory emptyDir at /dev/shm (NCCL, tensor parallelism). "
+        f"Unset: {DEFAULT_SHM_SIZE} when gpus > 0, none without GPUs; 0: none. It counts against "
+        "the pod's memory limit.",
+        json_schema_extra=_QUANTITY_RULE,
+    )
+    pod_template: RuntimePodTemplate | None = Field(None)
+
+    @property
+    def shm_size(self) -> str | None:
+        """The /dev/shm size to mount, or None for none."""
+        if self.shared_memory is None:
+            return DEFAULT_SHM_SIZE if self.gpus > 0 else None
+        size = str(self.shared_memory)
+        return None if re.fullmatch(r"\+?0*(\.0*)?[A-Za-z]*", size) else size
 
     @model_validator(mode="after")
     def _tensor_parallel(self) -> RoleSpec:
@@ -266,10 +482,16 @@ class RouterSpec(_Base):
         min_length=1,
         max_length=512,
     )
-    resources: ResourceRequirements | None = Field(None, description="CPU and memory per router pod.")
+    resources: ResourceRequirements | None = Field(
+        None,
+        description="CPU and memory per router pod, merged key by key over the defaults: "
+        + ", ".join(f"{part} {vals}" for part, vals in ROUTER_DEFAULT_RESOURCES.items())
+        + ".",
+    )
     args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list, description="Extra sglang-router arguments.", max_length=64
     )
+    pod_template: RouterPodTemplate | None = Field(None)
 
 
 # The runtime's self-heal comes first (default inflightDeadlineSeconds 300): the operator's
@@ -349,6 +571,23 @@ class WatchdogSpec(_Base):
         return self
 
 
+class NetworkPolicySpec(_Base):
+    """A NetworkPolicy for the model's prefill and decode pods (enforced by the cluster's network
+    plugin): the model's router may reach their HTTP port, the model's own prefill and decode pods
+    reach each other on any port (bootstrap, and the NIXL/UCX and side-channel ports, which are
+    ephemeral), and `metricsFrom` reaches the metrics port. Nothing else gets in."""
+
+    enabled: bool = Field(False, description="Create the NetworkPolicy <name>-runtime.")
+    metrics_from: list[dict[str, Any]] | None = Field(
+        None,
+        description="NetworkPolicyPeers (podSelector, namespaceSelector, ipBlock) allowed to scrape "
+        "metrics. Unset: pods labelled app.kubernetes.io/component=operator, "
+        "app.kubernetes.io/name=pdwarden (the operator) or app.kubernetes.io/name=prometheus, "
+        "in any namespace.",
+        max_length=16,
+    )
+
+
 def _nested(model: type[_Base], description: str) -> Any:
     """A nested object field that defaults to the object with every field at its default.
 
@@ -405,6 +644,7 @@ class DisaggregatedModelSpec(_Base):
     decode: RoleSpec = _nested(RoleSpec, "Decode pods.")
     router: RouterSpec = _nested(RouterSpec, "The router in front.")
     watchdog: WatchdogSpec = _nested(WatchdogSpec, "Wedge detection and remediation.")
+    network_policy: NetworkPolicySpec = _nested(NetworkPolicySpec, "An optional NetworkPolicy.")
 
     @model_validator(mode="after")
     def _router_needed(self) -> DisaggregatedModelSpec:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pdwarden_operator.render import child_key
+from pdwarden_operator.render import OPTIONAL_KINDS, child_key
 
 Obj = dict[str, Any]
 
@@ -41,3 +41,9 @@ def to_apply(desired: Iterable[Obj], observed: Mapping[tuple[str, str], Obj]) ->
         if current is None or not covers(current, obj):
             out.append(obj)
     return out
+
+
+def to_delete(desired: Iterable[Obj], observed: Mapping[tuple[str, str], Obj]) -> list[Obj]:
+    """Observed children of an optional kind (e.g. a NetworkPolicy) the spec no longer asks for."""
+    wanted = {child_key(o) for o in desired}
+    return [obj for key, obj in sorted(observed.items()) if key[0] in OPTIONAL_KINDS and key not in wanted]

@@ -10,20 +10,30 @@ kopf is not imported here; handlers.py translates the exceptions below into kopf
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from pdwarden_operator import plan
+from pdwarden_operator import plan, scheduling
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
-from pdwarden_operator.render import Owner, child_key, child_name, render_children
+from pdwarden_operator.render import (
+    USER_SHAPED_KINDS,
+    Owner,
+    child_key,
+    child_name,
+    render_children,
+    spec_field,
+)
 from pdwarden_operator.status import ROLES, Observed, observe_deployment
 from pdwarden_operator.status_writer import WRITER
+from pdwarden_runtime.contract import LABEL_MODEL
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -101,7 +111,39 @@ def _observed(body: Mapping[str, Any], children: Mapping[tuple[str, str], Obj], 
     )
 
 
+async def _reject(
+    body: Mapping[str, Any], spec: DisaggregatedModelSpec, reason: str, message: str
+) -> InvalidSpec:
+    """Status for children the API server refused: retrying will not help until the spec changes."""
+    await _guarded(WRITER.observed(body, spec, _observed(body, {}, reason=reason, message=message)))
+    return InvalidSpec(message)
+
+
+async def _dry_run(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: list[Obj]) -> None:
+    """Let the API server validate and admit the children the spec shapes freely (pod templates,
+    NetworkPolicy peers) before anything is applied, so that a refused one leaves nothing
+    half-applied. The refusal names the child, the spec field it came from and the API server's
+    field path."""
+    checked = [o for o in objs if o["kind"] in USER_SHAPED_KINDS]
+    results = await asyncio.gather(
+        *(kube_apply.apply(o, dry_run=True) for o in checked), return_exceptions=True
+    )
+    for obj, result in zip(checked, results, strict=True):
+        if not isinstance(result, BaseException):
+            continue
+        if not isinstance(result, KubeApiError):
+            raise result
+        if result.retriable:
+            raise RetryLater(f"dry-run of the children failed: {result}") from result
+        message = (
+            f"{obj['kind']} {obj['metadata']['name']} (from {spec_field(obj)}) was refused by the "
+            f"API server's dry-run; nothing was applied: {result.message}"
+        )
+        raise await _reject(body, spec, "ApplyFailed", message) from result
+
+
 async def _apply(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: list[Obj]) -> list[Obj]:
+    await _dry_run(body, spec, objs)
     try:
         return await kube_apply.apply_all(objs)
     except KubeApiError as exc:
@@ -109,11 +151,7 @@ async def _apply(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: li
             raise RetryLater(f"applying children failed: {exc}") from exc
         # The API server rejected what we rendered from this spec (e.g. a bad quantity):
         # retrying will not help until the spec changes. Say so in status.
-        observed = _observed(
-            body, {}, reason="ApplyFailed", message=f"The API server rejected a child: {exc}"
-        )
-        await _guarded(WRITER.observed(body, spec, observed))
-        raise InvalidSpec(f"the API server rejected a child: {exc}") from exc
+        raise await _reject(body, spec, "ApplyFailed", f"The API server rejected a child: {exc}") from exc
 
 
 async def _spec(body: Mapping[str, Any]) -> DisaggregatedModelSpec:
@@ -129,9 +167,38 @@ async def _finish(
     children: Mapping[tuple[str, str], Obj],
     applied: list[Obj],
 ) -> Outcome:
-    """Hand the observation to the status writer (it writes when the status changed)."""
-    done = await _guarded(WRITER.observed(body, spec, _observed(body, children)))
+    """Hand the observation to the status writer (it writes when the status changed). When
+    pods have waited long to run, ask the scheduler's view why first (one pod list)."""
+    deployments = [o for (kind, _), o in children.items() if kind == "Deployment"]
+    observed = replace(_observed(body, children), blocked=scheduling.refused(deployments))
+    if _waiting_long(WRITER.preview(body, spec, observed)):
+        pods = await _pods(body)
+        if pods is not None:
+            observed = replace(observed, blocked={**scheduling.unschedulable(pods), **observed.blocked})
+    done = await _guarded(WRITER.observed(body, spec, observed))
     return Outcome(done[0] if done else {}, applied)
+
+
+def _waiting_long(new: Obj) -> bool:
+    """Whether pods have been not ready for a while (then it is worth asking why)."""
+    ready = next((c for c in new["conditions"] if c["type"] == "Ready"), None)
+    if ready is None or ready["reason"] not in ("ReplicasNotReady", "PodsBlocked"):
+        return False
+    since = ready.get("lastTransitionTime")
+    try:
+        start = datetime.strptime(str(since), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return False
+    return (datetime.now(UTC) - start).total_seconds() >= scheduling.LOOK_AFTER_S
+
+
+async def _pods(body: Mapping[str, Any]) -> list[Obj] | None:
+    meta = body["metadata"]
+    try:
+        return await kube_apply.list_objects("v1", "Pod", meta["namespace"], f"{LABEL_MODEL}={meta['name']}")
+    except KubeApiError as exc:
+        log.warning("%s/%s: listing pods failed: %s", meta["namespace"], meta["name"], exc)
+        return None  # status without the scheduler's reason this time
 
 
 async def reconcile(body: Mapping[str, Any]) -> Outcome:
@@ -145,11 +212,22 @@ async def resync(body: Mapping[str, Any], observed_children: Mapping[tuple[str, 
     """Restore missing or edited children, refresh status (written only when it changed)."""
     spec = await _spec(body)
     owner = Owner.from_body(body)
-    stale = plan.to_apply(render_children(owner, spec), observed_children)
+    desired = render_children(owner, spec)
+    stale = plan.to_apply(desired, observed_children)
     children = dict(observed_children)
     applied: list[Obj] = []
     if stale:
         log.info("%s/%s: restoring %s", owner.namespace, owner.name, ", ".join(_names(stale)))
         applied = await _apply(body, spec, stale)
         children.update((child_key(o), o) for o in applied)
+    for obj in plan.to_delete(desired, observed_children):
+        log.info(
+            "%s/%s: deleting %s %s (no longer in the spec)", owner.namespace, owner.name, *child_key(obj)
+        )
+        meta = obj["metadata"]
+        try:
+            await kube_apply.delete(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        except KubeApiError as exc:
+            raise RetryLater(f"deleting {child_key(obj)} failed: {exc}") from exc
+        children.pop(child_key(obj), None)
     return await _finish(body, spec, children, applied)

@@ -7,17 +7,44 @@ restart updates the same objects instead of creating duplicates.
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdwarden_operator.models import GPU_RESOURCE, DisaggregatedModelSpec, ResourceRequirements, RoleSpec
+from pdwarden_operator import podtemplate
+from pdwarden_operator.models import (
+    GPU_RESOURCE,
+    ROUTER_DEFAULT_RESOURCES,
+    DisaggregatedModelSpec,
+    ResourceRequirements,
+    RoleSpec,
+)
 from pdwarden_runtime import contract
 
 Obj = dict[str, Any]
 
-RUNTIME_CONTAINER = "runtime"
-ROUTER_CONTAINER = "router"
+RUNTIME_CONTAINER = podtemplate.RUNTIME_CONTAINER
+ROUTER_CONTAINER = podtemplate.ROUTER_CONTAINER
 APP_NAME = "pdwarden"
+# The runtime image's non-root USER (runtime/Dockerfile); pods run as it unless a podTemplate
+# says otherwise (an image that needs root: securityContext {runAsNonRoot: false, runAsUser: 0}).
+NON_ROOT_UID = 1000
+SHM_DIR = "/dev/shm"
+MODEL_DIR = "/models"  # weights on a volume, read-only
+CACHE_DIR = "/cache"  # downloaded weights, read-write
+HF_HOME = f"{CACHE_DIR}/huggingface"
+NETWORK_POLICY_SUFFIX = "runtime"
+# Pods allowed to scrape metrics when networkPolicy.metricsFrom is unset: the operator (the
+# chart's labels) and Prometheus, in any namespace.
+DEFAULT_METRICS_PEERS: tuple[Obj, ...] = (
+    {
+        "namespaceSelector": {},
+        "podSelector": {
+            "matchLabels": {contract.LABEL_APP_NAME: APP_NAME, contract.LABEL_APP_COMPONENT: "operator"}
+        },
+    },
+    {"namespaceSelector": {}, "podSelector": {"matchLabels": {contract.LABEL_APP_NAME: "prometheus"}}},
+)
 
 
 @dataclass(frozen=True)
@@ -103,11 +130,11 @@ def runtime_command(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> li
         "--host",
         f"$({contract.ENV_POD_IP})",
         "--port",
-        str(contract.DEFAULT_HTTP_PORT),
+        str(spec.transfer.port(contract.DEFAULT_HTTP_PORT)),
         "--bootstrap-port",
-        str(contract.DEFAULT_BOOTSTRAP_PORT),
+        str(spec.transfer.port(contract.DEFAULT_BOOTSTRAP_PORT)),
         "--metrics-port",
-        str(contract.DEFAULT_METRICS_PORT),
+        str(spec.transfer.port(contract.DEFAULT_METRICS_PORT)),
         "--inflight-deadline",
         str(spec.transfer.inflight_deadline_seconds),
         "--transfer-deadline",
@@ -117,17 +144,27 @@ def runtime_command(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> li
         cmd.append("--allow-fault-injection")
     if spec.engine == "synthetic":
         return cmd + list(role_spec.args)
+    rdma = spec.transfer.rdma
+    ib = ["--disaggregation-ib-device", ",".join(rdma.ib_devices)] if rdma and rdma.ib_devices else []
     return [
         *cmd,
         "--",
         "--model-path",
-        spec.model.path,
+        model_path(spec),
         "--served-model-name",
         served_name(owner, spec),
         "--tp",
         str(role_spec.tensor_parallel),
+        *ib,
         *role_spec.args,
     ]
+
+
+def model_path(spec: DisaggregatedModelSpec) -> str:
+    """What SGLang loads: the mounted directory for weights on a volume, else the id as given."""
+    if spec.model.volume:
+        return posixpath.normpath(posixpath.join(MODEL_DIR, spec.model.path))
+    return spec.model.path
 
 
 def _field_env(name: str, path: str) -> Obj:
@@ -151,22 +188,105 @@ def runtime_env(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> list[O
     ]
     if spec.transfer.ucx_transports:
         env.append({"name": "UCX_TLS", "value": spec.transfer.ucx_transports})
-    for var in spec.role(role).env:
-        env.append(var.model_dump(by_alias=True, exclude_none=True))
-    return env
+    hf = spec.model.hugging_face
+    if hf is not None:
+        env.append({"name": "HF_HOME", "value": HF_HOME})
+        if hf.token_secret_ref is not None:
+            ref = {"name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}
+            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    # The role's env replaces pdwarden's optional variables of the same name (one entry per name:
+    # server-side apply refuses duplicate keys).
+    user = [var.model_dump(by_alias=True, exclude_none=True) for var in spec.role(role).env]
+    return podtemplate.merge({"env": env}, {"env": user})["env"]
 
 
-def _resources(res: ResourceRequirements | None, gpus: int = 0) -> Obj:
+def _resources(res: ResourceRequirements | None, gpus: int = 0, extra: dict[str, int] | None = None) -> Obj:
     out: Obj = {}
     if res is not None:
         if res.requests:
             out["requests"] = {k: str(v) for k, v in res.requests.items()}
         if res.limits:
             out["limits"] = {k: str(v) for k, v in res.limits.items()}
-    if gpus > 0:
+    devices = {**({GPU_RESOURCE: gpus} if gpus > 0 else {}), **(extra or {})}
+    if devices:
         # Extended resources are requested through limits (requests default to them).
-        out["limits"] = {**out.get("limits", {}), GPU_RESOURCE: str(gpus)}
+        out["limits"] = {**out.get("limits", {}), **{k: str(v) for k, v in devices.items()}}
     return out
+
+
+def _router_resources(res: ResourceRequirements | None) -> Obj:
+    """The router's defaults, overridden key by key by router.resources."""
+    given = _resources(res)
+    return {
+        part: {**ROUTER_DEFAULT_RESOURCES[part], **given.get(part, {})} for part in ROUTER_DEFAULT_RESOURCES
+    }
+
+
+def pod_security_context() -> Obj:
+    """Restricted Pod Security level: non-root, RuntimeDefault seccomp."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "fsGroup": NON_ROOT_UID,
+        # A volume of weights is large: change its ownership only when its root does not match.
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context(add: tuple[str, ...] = ()) -> Obj:
+    capabilities: Obj = {"drop": ["ALL"]}
+    if add:
+        capabilities["add"] = list(add)
+    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
+
+
+def _spread(model: str, role: str) -> list[Obj]:
+    """Same-role replicas prefer different nodes (a preference: never leaves a pod Pending)."""
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector_labels(model, role)},
+        }
+    ]
+
+
+def runtime_volumes(spec: DisaggregatedModelSpec, role: str) -> tuple[list[Obj], list[Obj]]:
+    """(volumes, volumeMounts) of a runtime pod: /dev/shm, the weights, the download cache."""
+    volumes: list[Obj] = []
+    mounts: list[Obj] = []
+    shm = spec.role(role).shm_size
+    if shm:
+        volumes.append({"name": podtemplate.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
+        mounts.append({"name": podtemplate.SHM_VOLUME, "mountPath": SHM_DIR})
+    model = spec.model
+    if model.persistent_volume_claim is not None:
+        pvc = model.persistent_volume_claim
+        claim = {"claimName": pvc.claim_name, "readOnly": True}
+        volumes.append({"name": podtemplate.MODEL_VOLUME, "persistentVolumeClaim": claim})
+        mount: Obj = {"name": podtemplate.MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True}
+        if pvc.sub_path:
+            mount["subPath"] = pvc.sub_path
+        mounts.append(mount)
+    elif model.host_path is not None:
+        host = {"path": model.host_path.path, "type": "Directory"}
+        volumes.append({"name": podtemplate.MODEL_VOLUME, "hostPath": host})
+        mounts.append({"name": podtemplate.MODEL_VOLUME, "mountPath": MODEL_DIR, "readOnly": True})
+    elif model.hugging_face is not None:
+        cache = model.hugging_face.cache
+        source: Obj
+        if cache.claim_name:
+            source = {"persistentVolumeClaim": {"claimName": cache.claim_name}}
+        elif cache.host_path:
+            source = {"hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
+        else:
+            source = {"emptyDir": {"sizeLimit": str(cache.size_limit)} if cache.size_limit else {}}
+        volumes.append({"name": podtemplate.CACHE_VOLUME, **source})
+        mounts.append({"name": podtemplate.CACHE_VOLUME, "mountPath": CACHE_DIR})
+    return volumes, mounts
 
 
 def _http_probe(path: str, port: str, period: int, failures: int) -> Obj:
@@ -192,36 +312,61 @@ def _runtime_probes(spec: DisaggregatedModelSpec) -> Obj:
     }
 
 
-def _runtime_ports() -> list[Obj]:
-    return [
-        {"name": contract.PORT_NAME_HTTP, "containerPort": contract.DEFAULT_HTTP_PORT, "protocol": "TCP"},
-        {
-            "name": contract.PORT_NAME_BOOTSTRAP,
-            "containerPort": contract.DEFAULT_BOOTSTRAP_PORT,
-            "protocol": "TCP",
-        },
-        {
-            "name": contract.PORT_NAME_METRICS,
-            "containerPort": contract.DEFAULT_METRICS_PORT,
-            "protocol": "TCP",
-        },
-    ]
+def _runtime_ports(spec: DisaggregatedModelSpec) -> list[Obj]:
+    """The contract's ports; with hostNetwork, shifted by hostPortOffset and declared as host
+    ports, so that the scheduler never places two pods whose ports clash on one node."""
+    ports = []
+    for name, base in (
+        (contract.PORT_NAME_HTTP, contract.DEFAULT_HTTP_PORT),
+        (contract.PORT_NAME_BOOTSTRAP, contract.DEFAULT_BOOTSTRAP_PORT),
+        (contract.PORT_NAME_METRICS, contract.DEFAULT_METRICS_PORT),
+    ):
+        port: Obj = {"name": name, "containerPort": spec.transfer.port(base), "protocol": "TCP"}
+        if spec.transfer.host_network:
+            port["hostPort"] = port["containerPort"]
+        ports.append(port)
+    return ports
 
 
 def runtime_deployment(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> Obj:
     role_spec: RoleSpec = spec.role(role)
     pod_annotations = {
         # sglang-router's service discovery reads the prefill bootstrap port from here.
-        contract.ANNOTATION_BOOTSTRAP_PORT: str(contract.DEFAULT_BOOTSTRAP_PORT),
+        contract.ANNOTATION_BOOTSTRAP_PORT: str(spec.transfer.port(contract.DEFAULT_BOOTSTRAP_PORT)),
     }
+    rdma = spec.transfer.rdma
+    volumes, mounts = runtime_volumes(spec, role)
     container: Obj = {
         "name": RUNTIME_CONTAINER,
         "image": spec.image,
         "command": runtime_command(owner, spec, role),
-        "ports": _runtime_ports(),
+        "ports": _runtime_ports(spec),
         "env": runtime_env(owner, spec, role),
-        "resources": _resources(role_spec.resources, role_spec.gpus),
+        "resources": _resources(
+            role_spec.resources, role_spec.gpus, {rdma.resource_name: rdma.count} if rdma else None
+        ),
         **_runtime_probes(spec),
+        # IPC_LOCK: RDMA registers (pins) KV memory with the NIC.
+        "securityContext": container_security_context(("IPC_LOCK",) if rdma else ()),
+    }
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod_spec: Obj = {
+        # The runtime never calls the Kubernetes API: no token to steal.
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security_context(),
+        "topologySpreadConstraints": _spread(owner.name, role),
+        "containers": [container],
+        "terminationGracePeriodSeconds": 30,
+    }
+    if volumes:
+        pod_spec["volumes"] = volumes
+    if spec.transfer.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    template = {
+        "metadata": {"labels": labels(owner.name, role), "annotations": pod_annotations},
+        "spec": pod_spec,
     }
     return {
         "apiVersion": "apps/v1",
@@ -230,10 +375,7 @@ def runtime_deployment(owner: Owner, spec: DisaggregatedModelSpec, role: str) ->
         "spec": {
             "replicas": role_spec.replicas,
             "selector": {"matchLabels": selector_labels(owner.name, role)},
-            "template": {
-                "metadata": {"labels": labels(owner.name, role), "annotations": pod_annotations},
-                "spec": {"containers": [container], "terminationGracePeriodSeconds": 30},
-            },
+            "template": podtemplate.merge(template, role_spec.pod_template),
         },
     }
 
@@ -263,7 +405,7 @@ def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
         "--service-discovery-namespace",
         f"$({contract.ENV_POD_NAMESPACE})",
         "--service-discovery-port",
-        str(contract.DEFAULT_HTTP_PORT),
+        str(spec.transfer.port(contract.DEFAULT_HTTP_PORT)),
         "--prefill-selector",
         *_selector_args(owner.name, contract.ROLE_PREFILL),
         "--decode-selector",
@@ -293,12 +435,25 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
         "env": [
             *_pod_identity_env(),
         ],
-        "resources": _resources(spec.router.resources),
+        "resources": _router_resources(spec.router.resources),
         # Liveness only after the router has started (slow on a busy node); /readiness
         # answers 503 until the router has healthy prefill and decode workers.
         "startupProbe": _http_probe("/liveness", contract.PORT_NAME_HTTP, 2, 150),
         "readinessProbe": _http_probe("/readiness", contract.PORT_NAME_HTTP, 5, 3),
         "livenessProbe": _http_probe("/liveness", contract.PORT_NAME_HTTP, 10, 3),
+        "securityContext": container_security_context(),
+    }
+    template = {
+        "metadata": {"labels": labels(owner.name, role)},
+        "spec": {
+            "serviceAccountName": child_name(owner.name, role),
+            # Discovery reads pods with this token (a namespace may default to no token).
+            "automountServiceAccountToken": True,
+            "securityContext": pod_security_context(),
+            "topologySpreadConstraints": _spread(owner.name, role),
+            "containers": [container],
+            "terminationGracePeriodSeconds": 30,
+        },
     }
     return {
         "apiVersion": "apps/v1",
@@ -307,14 +462,7 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
         "spec": {
             "replicas": spec.router.replicas,
             "selector": {"matchLabels": selector_labels(owner.name, role)},
-            "template": {
-                "metadata": {"labels": labels(owner.name, role)},
-                "spec": {
-                    "serviceAccountName": child_name(owner.name, role),
-                    "containers": [container],
-                    "terminationGracePeriodSeconds": 30,
-                },
-            },
+            "template": podtemplate.merge(template, spec.router.pod_template),
         },
     }
 
@@ -390,7 +538,60 @@ def pod_disruption_budget(owner: Owner, spec: DisaggregatedModelSpec, role: str)
     }
 
 
+def network_policy(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
+    """Ingress to the model's prefill and decode pods: its router to HTTP, its own runtime pods
+    to every port (bootstrap; NIXL, UCX and side channels use ephemeral ports), the metrics
+    peers to metrics. A named port follows hostPortOffset."""
+    runtime_pods = {
+        "matchLabels": {contract.LABEL_MODEL: owner.name},
+        "matchExpressions": [
+            {
+                "key": contract.LABEL_ROLE,
+                "operator": "In",
+                "values": [contract.ROLE_PREFILL, contract.ROLE_DECODE],
+            }
+        ],
+    }
+    router_pods = {"matchLabels": selector_labels(owner.name, contract.ROLE_ROUTER)}
+    peers = spec.network_policy.metrics_from
+    metrics_from = [dict(p) for p in peers] if peers is not None else [dict(p) for p in DEFAULT_METRICS_PEERS]
+    suffix = NETWORK_POLICY_SUFFIX
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(owner, child_name(owner.name, suffix), suffix),
+        "spec": {
+            "podSelector": runtime_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": router_pods}],
+                    "ports": [{"protocol": "TCP", "port": contract.PORT_NAME_HTTP}],
+                },
+                {"from": [{"podSelector": runtime_pods}]},
+                {"from": metrics_from, "ports": [{"protocol": "TCP", "port": contract.PORT_NAME_METRICS}]},
+            ],
+        },
+    }
+
+
 ROLES = (contract.ROLE_PREFILL, contract.ROLE_DECODE, contract.ROLE_ROUTER)
+# Kinds rendered only when the spec asks for them: one that is observed but no longer rendered
+# is deleted.
+OPTIONAL_KINDS = ("NetworkPolicy",)
+# Kinds whose content the spec shapes freely (a pod template, NetworkPolicy peers): the API
+# server dry-runs them before anything is applied.
+USER_SHAPED_KINDS = ("Deployment", "NetworkPolicy")
+
+
+def spec_field(obj: Obj) -> str:
+    """The part of the spec a child's content comes from (for messages)."""
+    role = obj["metadata"]["labels"].get(contract.LABEL_ROLE, "")
+    if obj["kind"] == "NetworkPolicy":
+        return "spec.networkPolicy"
+    if obj["kind"] == "Deployment" and role in ROLES:
+        return f"spec.{role} (podTemplate, resources, env, image)"
+    return "spec"
 
 
 def render_children(owner: Owner, spec: DisaggregatedModelSpec) -> list[Obj]:
@@ -404,6 +605,7 @@ def render_children(owner: Owner, spec: DisaggregatedModelSpec) -> list[Obj]:
         router_deployment(owner, spec),
         router_service(owner),
         *(pod_disruption_budget(owner, spec, role) for role in ROLES),
+        *([network_policy(owner, spec)] if spec.network_policy.enabled else []),
     ]
 
 

@@ -41,6 +41,7 @@ class Observed:
     error_reason: str | None = None  # e.g. InvalidSpec, ApplyFailed
     error_message: str | None = None
     previous_conditions: tuple[Mapping[str, Any], ...] = ()
+    blocked: Mapping[str, str] = field(default_factory=dict)  # role -> why its pods cannot run
 
     def workload(self, role: str) -> Workload:
         return self.workloads.get(role, Workload())
@@ -127,6 +128,9 @@ def compute_conditions(
     # Ready
     if error:
         ready = ("False", error, observed.error_message or error)
+    elif unsettled and observed.blocked:
+        why = "; ".join(f"{role}: {msg}" for role, msg in sorted(observed.blocked.items()))
+        ready = ("False", "PodsBlocked", f"Waiting: {summary}. {why}")
     elif unsettled:
         reason = "ChildrenMissing" if missing else "ReplicasNotReady"
         ready = ("False", reason, f"Waiting: {summary}.")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -94,6 +94,14 @@ class StatusWriter:
             model.spec, model.observed, model.invalid = spec, observed, None
             composed = self._composed(model)
             return composed, await self._write(key, model, composed, None)
+
+    def preview(
+        self, body: Mapping[str, Any], spec: DisaggregatedModelSpec, observed: Observed
+    ) -> dict[str, Any]:
+        """The status the reconciler's `observed` would imply, computed and not written (to
+        decide whether something more is worth observing first)."""
+        _, model = self._model(body)
+        return self._composed(replace(model, spec=spec, observed=observed, invalid=None))
 
     async def invalid(self, body: Mapping[str, Any], message: str, generation: int) -> dict[str, Any]:
         """The spec does not validate: Degraded with `message` until it changes."""

@@ -149,6 +149,8 @@ def test_rbac_is_least_privilege_and_never_touches_secrets(values: Mapping[str, 
         # blockOwnerDeletion on children needs this where OwnerReferencesPermissionEnforcement is on
         ("pdwarden.io", "disaggregatedmodels/finalizers", "update"),
         ("coordination.k8s.io", "leases", "update"),
+        ("networking.k8s.io", "networkpolicies", "watch"),
+        ("networking.k8s.io", "networkpolicies", "delete"),
     ]:
         assert needed in granted, needed
     lease_role = next(d for d in chart.find_objects(docs, "Role") if d["rules"][0]["resources"] == ["leases"])

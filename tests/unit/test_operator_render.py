@@ -57,6 +57,101 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         },
         {},
     ),
+    # One golden per new field of the pod: a GPU user's template, model storage, RDMA, policy.
+    "pod-template": (
+        {
+            "model": {"path": "m"},
+            "engine": "sglang",
+            "prefill": {
+                "gpus": 1,
+                "podTemplate": {
+                    "metadata": {"labels": {"team": "a"}, "annotations": {"note": "x"}},
+                    "spec": {
+                        "tolerations": [
+                            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+                        ],
+                        "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                        "priorityClassName": "inference",
+                        "imagePullSecrets": [{"name": "registry"}],
+                        "securityContext": {"runAsUser": 2000, "fsGroup": None},
+                        "topologySpreadConstraints": [
+                            {
+                                "maxSkew": 1,
+                                "topologyKey": "kubernetes.io/hostname",
+                                "whenUnsatisfiable": "DoNotSchedule",
+                            }
+                        ],
+                        "containers": [
+                            {
+                                "name": "runtime",
+                                "env": [{"name": "NCCL_DEBUG", "value": "INFO"}],
+                                "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                            },
+                            {"name": "sidecar", "image": "busybox:1.36", "command": ["sleep", "inf"]},
+                        ],
+                        "volumes": [{"name": "scratch", "emptyDir": {}}],
+                    },
+                },
+            },
+            "decode": {"replicas": 0},
+            "router": {
+                "replicas": 1,
+                "resources": {"limits": {"memory": "8Gi"}},
+                "podTemplate": {"spec": {"nodeSelector": {"pool": "cpu"}}},
+            },
+        },
+        {},
+    ),
+    "model-pvc": (
+        {
+            "model": {
+                "path": "Llama-3.1-70B-Instruct",
+                "persistentVolumeClaim": {"claimName": "weights", "subPath": "meta-llama"},
+            },
+            "engine": "sglang",
+            "prefill": {"gpus": 8, "tensorParallel": 8, "sharedMemory": "64Gi"},
+            "decode": {"gpus": 8, "tensorParallel": 8, "sharedMemory": "0"},
+        },
+        {},
+    ),
+    "model-host-path": (
+        {"model": {"path": ".", "hostPath": {"path": "/mnt/models/llama-8b"}}, "engine": "sglang"},
+        {},
+    ),
+    "model-hugging-face": (
+        {
+            "model": {
+                "path": "meta-llama/Llama-3.1-8B-Instruct",
+                "huggingFace": {"tokenSecretRef": {"name": "hf"}, "cache": {"claimName": "hf-cache"}},
+            },
+            "engine": "sglang",
+            "prefill": {"gpus": 1, "env": [{"name": "HF_HOME", "value": "/elsewhere"}]},
+            "decode": {"gpus": 1},
+        },
+        {},
+    ),
+    "rdma-host-network": (
+        {
+            "model": {"path": "m"},
+            "engine": "sglang",
+            "transfer": {
+                "rdma": {"resourceName": "rdma/ib", "count": 2, "ibDevices": ["mlx5_0", "mlx5_1"]},
+                "hostNetwork": True,
+                "hostPortOffset": 1000,
+            },
+            "prefill": {"gpus": 1},
+            "decode": {"gpus": 1},
+        },
+        {},
+    ),
+    "network-policy": (
+        {
+            "model": {"path": "synthetic/tiny"},
+            "engine": "synthetic",
+            "networkPolicy": {"enabled": True},
+        },
+        {},
+    ),
 }
 
 
@@ -64,6 +159,10 @@ def _render(name: str) -> list[dict[str, Any]]:
     spec, annotations = CASES[name]
     owner = Owner(name="m1", namespace="ns1", uid=UID, annotations=annotations)
     return render_children(owner, parse_spec(spec))
+
+
+def _pod(objs: dict[tuple[str, str], dict[str, Any]], role: str) -> dict[str, Any]:
+    return dict(objs[("Deployment", f"m1-{role}")]["spec"]["template"]["spec"])
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -203,3 +302,122 @@ def test_scaling_one_role_changes_only_that_roles_deployment() -> None:
     changed = sorted(k for k in before if before[k] != after[k])
     assert changed == [("Deployment", "m1-prefill")]
     assert after[("Deployment", "m1-prefill")]["spec"]["replicas"] == 5
+
+
+def test_every_pod_has_the_safe_defaults() -> None:
+    for case in CASES:
+        objs = _by_key(_render(case))
+        for role in ("prefill", "decode", "router"):
+            pod = _pod(objs, role)
+            if case != "pod-template":
+                assert pod["securityContext"]["runAsNonRoot"] is True
+                assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+            main = pod["containers"][0]
+            sc = main["securityContext"]
+            assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
+            added = sc["capabilities"].get("add", [])
+            assert added == (["IPC_LOCK"] if case == "rdma-host-network" and role != "router" else [])
+            assert pod["automountServiceAccountToken"] is (role == "router")
+        router = _container(objs[("Deployment", "m1-router")])
+        assert router["resources"]["requests"] and router["resources"]["limits"]["memory"]
+
+
+def test_shared_memory_follows_gpus_and_the_role_field() -> None:
+    def shm(case: str, role: str) -> Any:
+        pod = _pod(_by_key(_render(case)), role)
+        vols = {v["name"]: v for v in pod.get("volumes", [])}
+        mounts = {m["mountPath"] for m in pod["containers"][0].get("volumeMounts", [])}
+        assert ("dshm" in vols) == ("/dev/shm" in mounts)
+        return vols.get("dshm", {}).get("emptyDir")
+
+    assert shm("sglang-gpu", "prefill") == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert shm("synthetic-basic", "prefill") is None, "no GPUs: no shm"
+    assert shm("model-pvc", "prefill") == {"medium": "Memory", "sizeLimit": "64Gi"}
+    assert shm("model-pvc", "decode") is None, "0 turns it off"
+
+
+def test_pod_template_merges_with_strategic_merge_semantics() -> None:
+    objs = _by_key(_render("pod-template"))
+    pod = _pod(objs, "prefill")
+    meta = objs[("Deployment", "m1-prefill")]["spec"]["template"]["metadata"]
+    assert meta["labels"]["team"] == "a" and meta["labels"][contract.LABEL_ROLE] == "prefill"
+    assert meta["annotations"] == {contract.ANNOTATION_BOOTSTRAP_PORT: "8998", "note": "x"}
+    assert [c["name"] for c in pod["containers"]] == ["runtime", "sidecar"]
+    runtime = pod["containers"][0]
+    assert runtime["command"][:3] == ["pdwarden", "runtime", "serve"], "owned fields stay"
+    assert runtime["env"][-1] == {"name": "NCCL_DEBUG", "value": "INFO"}
+    assert [m["mountPath"] for m in runtime["volumeMounts"]] == ["/dev/shm", "/scratch"], "appended"
+    assert [v["name"] for v in pod["volumes"]] == ["dshm", "scratch"]
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert pod["securityContext"]["runAsUser"] == 2000 and "fsGroup" not in pod["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True, "maps merge key by key"
+    [spread] = pod["topologySpreadConstraints"]
+    assert spread["whenUnsatisfiable"] == "DoNotSchedule" and "labelSelector" in spread
+    router = _pod(objs, "router")
+    assert router["nodeSelector"] == {"pool": "cpu"}
+    assert router["containers"][0]["resources"] == {
+        "requests": {"cpu": "500m", "memory": "512Mi"},
+        "limits": {"cpu": "2", "memory": "8Gi"},
+    }
+
+
+def test_model_storage_mounts_the_weights_and_passes_the_mounted_path() -> None:
+    def runtime(case: str) -> tuple[dict[str, Any], list[str]]:
+        pod = _pod(_by_key(_render(case)), "prefill")
+        c = pod["containers"][0]
+        return pod, c["command"][c["command"].index("--model-path") + 1 :][:1]
+
+    pod, path = runtime("model-pvc")
+    assert path == ["/models/Llama-3.1-70B-Instruct"]
+    model = next(v for v in pod["volumes"] if v["name"] == "model")
+    assert model["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model")
+    assert mount == {"name": "model", "mountPath": "/models", "readOnly": True, "subPath": "meta-llama"}
+    pod, path = runtime("model-host-path")
+    assert path == ["/models"]
+    assert pod["volumes"][-1]["hostPath"] == {"path": "/mnt/models/llama-8b", "type": "Directory"}
+    pod, path = runtime("model-hugging-face")
+    assert path == ["meta-llama/Llama-3.1-8B-Instruct"]
+    cache = next(v for v in pod["volumes"] if v["name"] == "model-cache")
+    assert cache["persistentVolumeClaim"] == {"claimName": "hf-cache"}
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["HF_HOME"]["value"] == "/elsewhere", "the role's env replaces pdwarden's by name"
+    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
+    names = [e["name"] for e in pod["containers"][0]["env"]]
+    assert len(names) == len(set(names)), "one entry per name (server-side apply refuses duplicates)"
+
+
+def test_rdma_and_host_network() -> None:
+    objs = _by_key(_render("rdma-host-network"))
+    for role in ("prefill", "decode"):
+        pod = _pod(objs, role)
+        c = pod["containers"][0]
+        assert c["resources"]["limits"] == {"nvidia.com/gpu": "1", "rdma/ib": "2"}
+        assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+        ports = {p["name"]: (p["containerPort"], p["hostPort"]) for p in c["ports"]}
+        assert ports == {"http": (31000, 31000), "bootstrap": (9998, 9998), "metrics": (10400, 10400)}
+        cmd = c["command"]
+        assert cmd[cmd.index("--port") + 1] == "31000"
+        assert cmd[cmd.index("--disaggregation-ib-device") + 1] == "mlx5_0,mlx5_1"
+    prefill = objs[("Deployment", "m1-prefill")]["spec"]["template"]["metadata"]
+    assert prefill["annotations"][contract.ANNOTATION_BOOTSTRAP_PORT] == "9998"
+    router = _container(objs[("Deployment", "m1-router")])["command"]
+    assert router[router.index("--service-discovery-port") + 1] == "31000"
+    assert "hostNetwork" not in _pod(objs, "router")
+
+
+def test_network_policy_admits_router_peers_and_scrapers_only() -> None:
+    objs = _by_key(_render("network-policy"))
+    policy = objs[("NetworkPolicy", "m1-runtime")]
+    selector = policy["spec"]["podSelector"]
+    assert selector["matchLabels"] == {contract.LABEL_MODEL: "m1"}
+    assert selector["matchExpressions"][0]["values"] == ["prefill", "decode"]
+    router, peers, metrics = policy["spec"]["ingress"]
+    assert router["from"] == [
+        {"podSelector": {"matchLabels": {contract.LABEL_MODEL: "m1", contract.LABEL_ROLE: "router"}}}
+    ]
+    assert router["ports"] == [{"protocol": "TCP", "port": "http"}]
+    assert peers == {"from": [{"podSelector": selector}]}
+    assert metrics["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+    assert len(metrics["from"]) == 2
+    assert ("NetworkPolicy", "m1-runtime") not in _by_key(_render("synthetic-basic"))

@@ -1,6 +1,16 @@
 {{/*
 The operator's permissions, least privilege: what it reconciles and remediates, and
 nothing else. No access to Secrets (the operator never reads or writes one).
+
+What this grants, said plainly: whoever controls the operator (its ServiceAccount token,
+its image, or a DisaggregatedModel it reconciles) can create Deployments, and a Deployment
+runs pods as any ServiceAccount of its namespace and with any podTemplate the API server's
+admission allows. With operator.scope=cluster (a ClusterRole) that is every namespace: the
+operator is as powerful as "create pods anywhere", which includes using every namespace's
+ServiceAccounts and their permissions. On a multi-tenant cluster use operator.scope=namespace
+(a Role in one namespace, nothing cluster-wide), one operator per tenant namespace, and
+enforce a Pod Security level on those namespaces (pdwarden's pods pass `restricted` unless
+they use hostPath, hostNetwork or RDMA).
 */}}
 {{- define "pdwarden.operatorRules" -}}
 # DisaggregatedModels: watch, and kopf's progress annotations / finalizers.
@@ -32,6 +42,11 @@ nothing else. No access to Secrets (the operator never reads or writes one).
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# The optional NetworkPolicy of a model's runtime pods (networkPolicy.enabled), deleted again
+# when disabled.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 # Watchdog: find runtime pods (their IPs to scrape) and remediate a wedged one.
 - apiGroups: [""]

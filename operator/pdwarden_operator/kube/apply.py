@@ -12,23 +12,28 @@ Obj = dict[str, Any]
 FIELD_MANAGER = "pdwarden"
 
 
-async def apply(obj: Obj) -> Obj:
+async def apply(obj: Obj, *, dry_run: bool = False) -> Obj:
     """Create or update `obj` so that pdwarden owns exactly the fields it sets.
 
     force=True takes back fields someone changed by hand (drift is undone, not argued with).
+    Strict field validation: an unknown field is an error, never silently dropped. dry_run:
+    the API server validates and admits the object but stores nothing.
     """
+    query = [("fieldManager", FIELD_MANAGER), ("force", "true"), ("fieldValidation", "Strict")]
+    if dry_run:
+        query.append(("dryRun", "All"))
     return await get_client().request(
         "PATCH",
         object_path(obj),
         body=obj,
-        query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+        query=query,
         content_type="application/apply-patch+yaml",
     )
 
 
-async def apply_all(objs: Iterable[Obj]) -> list[Obj]:
+async def apply_all(objs: Iterable[Obj], *, dry_run: bool = False) -> list[Obj]:
     """Apply every object concurrently; the first error is raised after all have finished."""
-    results = await asyncio.gather(*(apply(o) for o in objs), return_exceptions=True)
+    results = await asyncio.gather(*(apply(o, dry_run=dry_run) for o in objs), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
             raise r

@@ -80,6 +80,7 @@ RESOURCE_TYPES: dict[tuple[str, str], ResourceType] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ResourceType("rolebindings"),
     ("policy/v1", "PodDisruptionBudget"): ResourceType("poddisruptionbudgets"),
     ("coordination.k8s.io/v1", "Lease"): ResourceType("leases"),
+    ("networking.k8s.io/v1", "NetworkPolicy"): ResourceType("networkpolicies"),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ResourceType(
         "customresourcedefinitions", namespaced=False
     ),

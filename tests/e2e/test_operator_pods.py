@@ -1,0 +1,306 @@
+"""Pods a real cluster admits: the operator against the local cluster's real API server.
+
+- the rendered pods pass Pod Security admission (enforced by the kube-apiserver) in
+  namespaces labelled `restricted` and `baseline`, and a model with RDMA (IPC_LOCK) is
+  refused in a `baseline` one (the control: admission is really enforced);
+- a podTemplate the CRD accepts but the API server would refuse (a bad toleration, an
+  unknown field) is reported in status naming the field, and nothing is applied; fixing
+  it creates the children;
+- on nodes tainted like GPU nodes, a model without a toleration stays Pending with the
+  scheduler's reason in its Ready condition; with podTemplate tolerations and nodeSelector,
+  shm and a PersistentVolumeClaim of weights it becomes Ready;
+- the optional NetworkPolicy appears and disappears with `networkPolicy.enabled`;
+- every example is accepted by the API server (server-side dry-run).
+
+What needs a kubelet that honours volumes and securityContext (/dev/shm and the model
+directory seen inside the pod, cache reuse across pod restarts) is not tested here.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdwarden_bench.operator_process import OperatorProcess
+from pdwarden_bench.ports import free_port
+from pdwarden_localcluster.testing import wait_for
+
+from ._operator_helpers import ROOT, Kubectl, condition, kubectl_with_crd, new_namespace
+
+pytestmark = pytest.mark.e2e
+
+NS_PREFIX = "pdwe-pods-"
+ROLES = ("prefill", "decode", "router")
+CHILD_KINDS = (
+    "deployments",
+    "services",
+    "serviceaccounts",
+    "roles",
+    "rolebindings",
+    "poddisruptionbudgets",
+    "networkpolicies",
+)
+
+
+@pytest.fixture(scope="module")
+def kubectl(cluster) -> Kubectl:  # type: ignore[no-untyped-def]
+    return kubectl_with_crd(cluster.kubeconfig)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:  # type: ignore[no-untyped-def]
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    op = OperatorProcess(
+        cluster.kubeconfig, namespaces=(f"{NS_PREFIX}*",), health_port=free_port(), log_path=log
+    )
+    with op:
+        yield op
+    print(f"operator log: {log}")
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl) -> Iterator[str]:
+    yield from new_namespace(kubectl, NS_PREFIX)
+
+
+def _model(name: str, **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "model": {"path": "synthetic/tiny"},
+        "engine": "synthetic",
+        "prefill": {"replicas": 0},
+        "decode": {"replicas": 0},
+        "router": {"replicas": 0},
+    }
+    for key, value in spec.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return {
+        "apiVersion": "pdwarden.io/v1alpha1",
+        "kind": "DisaggregatedModel",
+        "metadata": {"name": name},
+        "spec": base,
+    }
+
+
+def _children(kubectl: Kubectl, name: str, ns: str) -> list[str]:
+    sel = f"pdwarden.io/model={name}"
+    return [f"{kind}/{o['metadata']['name']}" for kind in CHILD_KINDS for o in kubectl.items(kind, ns, sel)]
+
+
+def _pods_by_role(kubectl: Kubectl, name: str, ns: str) -> dict[str, int]:
+    pods = kubectl.items("pods", ns, f"pdwarden.io/model={name}")
+    return {
+        role: sum(p["metadata"]["labels"].get("pdwarden.io/role") == role for p in pods) for role in ROLES
+    }
+
+
+def _replicaset_failures(kubectl: Kubectl, name: str, ns: str) -> list[str]:
+    out = []
+    for rs in kubectl.items("replicasets", ns, f"pdwarden.io/model={name}"):
+        for c in (rs.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+                out.append(str(c.get("message")))
+    return out
+
+
+def _enforce(kubectl: Kubectl, ns: str, level: str) -> None:
+    kubectl.run("label", "namespace", ns, f"pod-security.kubernetes.io/enforce={level}", "--overwrite")
+
+
+@pytest.mark.parametrize("level", ["restricted", "baseline"])
+def test_pods_are_admitted_by_pod_security(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str, level: str
+) -> None:
+    _enforce(kubectl, namespace, level)
+    one = {"replicas": 1}
+    kubectl.apply(_model("psa", prefill=one, decode=one, router=one), namespace)
+
+    def admitted() -> dict[str, int] | None:
+        assert not _replicaset_failures(kubectl, "psa", namespace), "a pod was refused"
+        counts = _pods_by_role(kubectl, "psa", namespace)
+        return counts if all(counts.values()) else None
+
+    counts = wait_for(admitted, 180, f"a pod of every role admitted under {level}", 1.0)
+    assert counts == {"prefill": 1, "decode": 1, "router": 1}
+    # Stop the processes early: this test is about admission, not serving.
+    kubectl.run("delete", "disaggregatedmodel", "psa", "-n", namespace, "--wait=false")
+
+
+def test_rdma_pods_are_refused_by_baseline(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    """The control for the test above: the API server really enforces the label."""
+    _enforce(kubectl, namespace, "baseline")
+    rdma = {"rdma": {"resourceName": "rdma/ib", "count": 1}}
+    kubectl.apply(_model("rdma", prefill={"replicas": 1}, transfer=rdma), namespace)
+    [message] = wait_for(
+        lambda: _replicaset_failures(kubectl, "rdma", namespace), 120, "the prefill pod refused", interval=1
+    )
+    assert "violates PodSecurity" in message and "IPC_LOCK" in message, message
+    assert _pods_by_role(kubectl, "rdma", namespace)["prefill"] == 0
+
+    def reported() -> dict[str, Any] | None:
+        ready = condition(kubectl.get("disaggregatedmodel", "rdma", namespace), "Ready")
+        return ready if ready.get("reason") == "PodsBlocked" else None
+
+    ready = wait_for(reported, 120, "the refusal in the model's status", 2.0)
+    assert "prefill: pods are refused" in ready["message"] and "PodSecurity" in ready["message"]
+
+
+BAD_TOLERATION = {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Sometimes", "effect": "NoSchedule"}]}
+UNKNOWN_FIELD = {"containers": [{"name": "runtime", "envFrm": [{"configMapRef": {"name": "x"}}]}]}
+
+
+@pytest.mark.parametrize(
+    ("pod_spec", "field"),
+    [
+        (BAD_TOLERATION, "spec.template.spec.tolerations[0].operator"),
+        (UNKNOWN_FIELD, "envFrm"),
+    ],
+    ids=["bad-toleration", "unknown-field"],
+)
+def test_a_refused_fragment_is_reported_and_nothing_is_applied(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str, pod_spec: dict[str, Any], field: str
+) -> None:
+    manifest = _model("frag", decode={"podTemplate": {"spec": pod_spec}}, networkPolicy={"enabled": True})
+    kubectl.apply(manifest, namespace)
+
+    def rejected() -> dict[str, Any] | None:
+        c = condition(kubectl.get("disaggregatedmodel", "frag", namespace), "Degraded")
+        return c if c.get("reason") == "ApplyFailed" else None
+
+    degraded = wait_for(rejected, 120, "Degraded/ApplyFailed", 1.0)
+    assert degraded["status"] == "True"
+    assert "frag-decode" in degraded["message"] and "spec.decode" in degraded["message"]
+    assert field in degraded["message"], degraded["message"]
+    assert _children(kubectl, "frag", namespace) == [], "nothing half-applied"
+
+    fixed = copy.deepcopy(manifest)
+    fixed["spec"]["decode"]["podTemplate"] = {"spec": {"nodeSelector": {"kubernetes.io/os": "linux"}}}
+    kubectl.apply(fixed, namespace)
+    wait_for(
+        lambda: len(_children(kubectl, "frag", namespace)) == 11 or None, 120, "the children after the fix"
+    )
+    degraded = condition(kubectl.get("disaggregatedmodel", "frag", namespace), "Degraded")
+    assert degraded.get("reason") != "ApplyFailed", degraded
+
+
+def test_network_policy_follows_the_spec(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
+    kubectl.apply(_model("np", networkPolicy={"enabled": True}), namespace)
+    policy = wait_for(lambda: kubectl.get("networkpolicy", "np-runtime", namespace), 120, "the NetworkPolicy")
+    assert [r.get("ports", [{}])[0].get("port") for r in policy["spec"]["ingress"]] == [
+        "http",
+        None,
+        "metrics",
+    ]
+    kubectl.run(
+        "patch", "disaggregatedmodel", "np", "-n", namespace, "--type=merge",
+        "-p", '{"spec": {"networkPolicy": {"enabled": false}}}',
+    )  # fmt: skip
+    wait_for(lambda: kubectl.get("networkpolicy", "np-runtime", namespace) is None, 120, "the policy deleted")
+    assert kubectl.get("deployment", "np-prefill", namespace) is not None, "only the policy goes"
+
+
+TAINT = "nvidia.com/gpu=present:NoSchedule"
+
+
+@pytest.fixture
+def tainted_nodes(kubectl: Kubectl) -> Iterator[None]:
+    """Every node tainted the way GPU nodes usually are (removed afterwards, whatever happens)."""
+    kubectl.run("taint", "nodes", "--all", TAINT, "--overwrite")
+    try:
+        yield
+    finally:
+        kubectl.run("taint", "nodes", "--all", "nvidia.com/gpu:NoSchedule-", check=False)
+
+
+@pytest.fixture
+def weights_claim(kubectl: Kubectl, namespace: str, tmp_path: Path) -> Iterator[str]:
+    """A PersistentVolumeClaim bound (by the real PV controller) to a static PersistentVolume."""
+    pv = f"{namespace}-weights"
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "hostPath": {"path": str(tmp_path)},
+            },
+        }
+    )
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "weights"},
+        "spec": {
+            "accessModes": ["ReadOnlyMany"],
+            "storageClassName": "",
+            "volumeName": pv,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    kubectl.apply(claim, namespace)
+    try:
+        yield "weights"
+    finally:
+        kubectl.run("delete", "pvc", "weights", "-n", namespace, "--wait=false", check=False)
+        kubectl.run("delete", "pv", pv, "--wait=false", check=False)
+
+
+def test_gpu_taint_keeps_pods_pending_until_the_template_tolerates_it(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str, tainted_nodes: None, weights_claim: str
+) -> None:
+    model = _model("gpu", prefill={"replicas": 1})
+    kubectl.apply(model, namespace)
+
+    def blocked() -> dict[str, Any] | None:
+        ready = condition(kubectl.get("disaggregatedmodel", "gpu", namespace), "Ready")
+        return ready if ready.get("reason") == "PodsBlocked" else None
+
+    ready = wait_for(blocked, 180, "Ready/PodsBlocked with the scheduler's reason", 2.0)
+    assert ready["status"] == "False"
+    assert "untolerated taint" in ready["message"], ready["message"]
+    assert "prefill" in ready["message"]
+
+    template = {
+        "spec": {
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        }
+    }
+    fixed = _model(
+        "gpu",
+        model={"path": "tiny", "persistentVolumeClaim": {"claimName": weights_claim}},
+        prefill={"replicas": 1, "sharedMemory": "1Gi", "podTemplate": template},
+    )
+    kubectl.apply(fixed, namespace)
+
+    def ready_now() -> dict[str, Any] | None:
+        c = condition(kubectl.get("disaggregatedmodel", "gpu", namespace), "Ready")
+        return c if c.get("status") == "True" else None
+
+    wait_for(ready_now, 420, "the tolerating model Ready", 2.0)
+    [pod] = kubectl.items("pods", namespace, "pdwarden.io/model=gpu,pdwarden.io/role=prefill")
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_pass_a_server_side_dry_run(kubectl: Kubectl, namespace: str, example: Path) -> None:
+    proc = kubectl.run("apply", "-n", namespace, "--dry-run=server", "-f", str(example))
+    assert "(server dry run)" in proc.stdout
+
+
+def test_kubectl_explain_describes_the_merge(kubectl: Kubectl) -> None:
+    text = kubectl.run("explain", "dm.spec.prefill.podTemplate").stdout
+    for words in ("strategic-merge", "merge by name", "appended", "refused"):
+        assert words in " ".join(text.split()), f"{words!r} not in: {text}"
