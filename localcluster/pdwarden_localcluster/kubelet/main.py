@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pdwarden_localcluster import network
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
-from pdwarden_localcluster.kubelet import logserver
+from pdwarden_localcluster.kubelet import apirelay, logserver
 from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.node import NodeAgent, NodeShape
 from pdwarden_localcluster.kubelet.podworker import KubeletConfig, PodWorker
@@ -31,9 +32,16 @@ NODE_IP = "127.0.0.1"
 
 class NodeLoop:
     def __init__(
-        self, api: KubeApi, cfg: KubeletConfig, ips: IpAllocator, agent: NodeAgent, stop: threading.Event
+        self,
+        api: KubeApi,
+        cfg: KubeletConfig,
+        ips: IpAllocator,
+        agent: NodeAgent,
+        stop: threading.Event,
+        node_index: int,
     ) -> None:
         self.api, self.cfg, self.ips, self.agent, self.stop = api, cfg, ips, agent, stop
+        self.node_index = node_index
         self.workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
 
@@ -93,7 +101,7 @@ class NodeLoop:
             self._reap()
             worker = self.workers.get(uid)
             if worker is None:
-                worker = PodWorker(self.api, self.cfg, self.ips, self.agent.name, pod)
+                worker = PodWorker(self.api, self.cfg, self.ips, self.agent.name, pod, self.node_index)
                 self.workers[uid] = worker
                 worker.start()
                 log.info("pod %s/%s: started worker", worker.namespace, worker.pod_name)
@@ -139,12 +147,19 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="HTTPS port of node 0 for `kubectl logs` (node i: +i); 0: off",
     )
-    parser.add_argument("--pod-ip-octet", type=int, default=0, help="pod IPs are 127.<this>.x.y")
+    parser.add_argument(
+        "--network-base",
+        type=int,
+        required=True,
+        help="the cluster's port base: its network namespaces, links and addresses derive from it",
+    )
     parser.add_argument("--backoff-base", type=float, default=2.0)
     parser.add_argument("--backoff-cap", type=float, default=60.0)
     args = parser.parse_args(argv)
-    if args.nodes < 1:
-        parser.error("--nodes must be at least 1")
+    if not 1 <= args.nodes <= network.MAX_NODES:
+        parser.error(f"--nodes must be between 1 and {network.MAX_NODES}")
+    net = network.plan(args.network_base)
+    api_port = int(args.server.rsplit(":", 1)[1])
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s: %(message)s")
     api = KubeApi(Credentials(args.server, args.ca_file, args.cert_file, args.key_file))
@@ -153,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         state_dir=args.state_dir,
         venv_bin=str(venv_bin()),
         server=args.server,
+        pod_server=f"https://{net.host_addr}:{api_port}",
+        net=net,
         ca_file=args.ca_file,
         host_env=dict(os.environ),
         backoff_base=args.backoff_base,
@@ -169,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    ips = IpAllocator(args.pod_ip_octet)
+    # pods reach the API server through the host's address on the cluster link
+    apirelay.serve((net.host_addr, api_port), ("127.0.0.1", api_port), stop)
     loops: list[NodeLoop] = []
     for i in range(args.nodes):
+        ips = IpAllocator(net.node_subnet(i))
         port = args.kubelet_port + i if args.kubelet_port else 0
         if port:
             try:
@@ -188,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             except ApiError as exc:
                 log.warning("registering node %s: %s; retrying", agent.name, exc)
                 stop.wait(1.0)
-        loop = NodeLoop(api, cfg, ips, agent, stop)
+        loop = NodeLoop(api, cfg, ips, agent, stop, i)
         loops.append(loop)
         threading.Thread(target=loop.heartbeat_forever, name=f"heartbeat-{agent.name}", daemon=True).start()
         threading.Thread(target=loop.watch_forever, name=f"pods-{agent.name}", daemon=True).start()
