@@ -75,6 +75,14 @@ class Ports:
         return network.plan(self.base)
 
     @property
+    def kube_proxy_healthz(self) -> int:
+        return self.base + 256
+
+    @property
+    def kube_proxy_metrics(self) -> int:
+        return self.base + 249
+
+    @property
     def kubelet(self) -> int:
         """Node i's kubelet endpoint (for `kubectl logs`) is this + i."""
         return self.base + 600
@@ -86,6 +94,8 @@ class Ports:
             "kube-apiserver": self.apiserver,
             "kube-controller-manager": self.controller_manager,
             "kube-scheduler": self.scheduler,
+            "kube-proxy healthz": self.kube_proxy_healthz,
+            "kube-proxy metrics": self.kube_proxy_metrics,
         }
 
 
@@ -343,6 +353,10 @@ def _argv(name: str, lay: Layout, bins: Path, p: Ports, settings: Settings) -> l
             f"--kubelet-version={build.kubernetes_version()}",
             f"--kubelet-port={p.kubelet}",
             f"--network-base={p.base}",
+            f"--streaming-binary={bins / build.STREAMING_COMMAND}",
+            f"--kube-proxy-binary={bins / 'kube-proxy'}",
+            f"--coredns-binary={build.coredns_binary()}",
+            f"--kube-proxy-ports={p.kube_proxy_healthz},{p.kube_proxy_metrics}",
         ]
     raise ValueError(f"unknown component {name!r}")
 

@@ -20,6 +20,7 @@ link (which takes its routes), and the blackhole when no other cluster routes re
 from __future__ import annotations
 
 import ipaddress
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -132,8 +133,24 @@ def netns_names() -> list[str]:
         return []
 
 
-def _sysctl(netns: str, key: str, value: str) -> None:
-    ip_cmd("netns", "exec", netns, "sysctl", "-qw", f"{key}={value}")
+def _sysctl(netns: str, key: str, value: str, check: bool = True) -> None:
+    ip_cmd("netns", "exec", netns, "sysctl", "-qw", f"{key}={value}", check=check)
+
+
+def ensure_debian_package(command: str, package: str) -> None:
+    """Install `package` with apt-get unless `command` is on PATH already (idempotent)."""
+    if shutil.which(command):
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", package]):
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=900)
+        if proc.returncode != 0:
+            raise ClusterError(
+                f"`{' '.join(argv)}` failed (the cluster's Services need {command} from Debian's "
+                f"{package}): {proc.stderr.strip()[-500:]}"
+            )
+    if not shutil.which(command):
+        raise ClusterError(f"installed Debian's {package}, but {command} is still not on PATH")
 
 
 def _route_owner(cidr: str) -> str | None:
@@ -156,12 +173,16 @@ def ensure(p: NetPlan, nodes: int) -> None:
                 f"maps to the same address slot {p.slot}): pick another PDWARDEN_CLUSTER_PORT_BASE "
                 f"(now {p.base}; the slot is (base // 100) % {SLOTS})"
             )
+    ensure_debian_package("nft", "nftables")  # kube-proxy's nftables mode runs it
     teardown(p, keep_blackhole=True)
     ip_cmd("route", "replace", "blackhole", BENCHMARK_RANGE)
     gw = p.gateway_netns
     ip_cmd("netns", "add", gw)
     ip_cmd("-n", gw, "link", "set", "lo", "up")
     _sysctl(gw, "net.ipv4.ip_forward", "1")
+    # bridged traffic between pods passes the Service rules (needs br_netfilter; without it
+    # kube-proxy's masquerading still brings replies back through the gateway)
+    _sysctl(gw, "net.bridge.bridge-nf-call-iptables", "1", check=False)
     ip_cmd("link", "add", p.host_link, "type", "veth", "peer", "name", p.uplink, "netns", gw)
     ip_cmd("addr", "add", f"{p.host_addr}/30", "dev", p.host_link)
     ip_cmd("link", "set", p.host_link, "up")

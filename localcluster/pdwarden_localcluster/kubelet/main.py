@@ -19,7 +19,7 @@ from typing import Any
 
 from pdwarden_localcluster import network
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
-from pdwarden_localcluster.kubelet import apirelay, logserver
+from pdwarden_localcluster.kubelet import apirelay, dns, logserver, proxy, streaming
 from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.node import NodeAgent, NodeShape
 from pdwarden_localcluster.kubelet.podworker import KubeletConfig, PodWorker
@@ -153,6 +153,17 @@ def main(argv: list[str] | None = None) -> int:
         required=True,
         help="the cluster's port base: its network namespaces, links and addresses derive from it",
     )
+    parser.add_argument(
+        "--streaming-binary",
+        type=Path,
+        default=None,
+        help="pdwarden-streaming (exec, port-forward); unset: off",
+    )
+    parser.add_argument("--kube-proxy-binary", type=Path, default=None, help="kube-proxy; unset: no Services")
+    parser.add_argument(
+        "--kube-proxy-ports", default="0,0", help="kube-proxy's healthz and metrics ports on loopback"
+    )
+    parser.add_argument("--coredns-binary", type=Path, default=None, help="CoreDNS; unset: no cluster DNS")
     parser.add_argument("--backoff-base", type=float, default=2.0)
     parser.add_argument("--backoff-cap", type=float, default=60.0)
     args = parser.parse_args(argv)
@@ -170,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         server=args.server,
         pod_server=f"https://{net.host_addr}:{api_port}",
         net=net,
+        cluster_dns=args.coredns_binary is not None,
         ca_file=args.ca_file,
         host_env=dict(os.environ),
         backoff_base=args.backoff_base,
@@ -188,13 +200,37 @@ def main(argv: list[str] | None = None) -> int:
 
     # pods reach the API server through the host's address on the cluster link
     apirelay.serve((net.host_addr, api_port), ("127.0.0.1", api_port), stop)
+    pods_dir = args.state_dir / "pods"
+    stream_proc, stream_addr = None, None
+    if args.streaming_binary is not None:
+        try:
+            stream_proc, stream_addr = streaming.start(args.streaming_binary, pods_dir)
+        except (OSError, RuntimeError) as exc:  # logs still work; exec and port-forward answer 501
+            log.error("cannot start the streaming server: %s", exc)
+    proxy_proc = None
+    if args.kube_proxy_binary is not None:
+        healthz, metrics = (int(x) for x in args.kube_proxy_ports.split(","))
+        creds = (args.server, args.ca_file, args.cert_file, args.key_file)
+        node0 = f"{args.node_prefix}-0"
+        proxy_proc = proxy.start(args.kube_proxy_binary, args.state_dir, creds, node0, net, healthz, metrics)
+    dns_proc = None
+    if args.coredns_binary is not None:
+        creds = (args.server, args.ca_file, args.cert_file, args.key_file)
+        dns_proc = dns.start(args.coredns_binary, args.state_dir, creds, net)
+        while not stop.is_set():
+            try:
+                dns.publish(api, net)
+                break
+            except ApiError as exc:
+                log.warning("publishing the kube-dns Service: %s; retrying", exc)
+                stop.wait(1.0)
     loops: list[NodeLoop] = []
     for i in range(args.nodes):
         ips = IpAllocator(net.node_subnet(i))
         port = args.kubelet_port + i if args.kubelet_port else 0
         if port:
             try:
-                logserver.serve(port, args.state_dir / "pods", args.state_dir / "pki", stop)
+                logserver.serve(port, pods_dir, args.state_dir / "pki", stop, stream_addr)
             except OSError as exc:  # logs via `pdwarden cluster logs` still work
                 log.error("cannot serve the kubelet endpoint on 127.0.0.1:%d: %s", port, exc)
                 port = 0
@@ -217,6 +253,12 @@ def main(argv: list[str] | None = None) -> int:
     log.info("stopping: killing pod processes")
     for loop in loops:
         loop.shutdown()
+    if dns_proc is not None:
+        streaming.stop_child(dns_proc, pods_dir, "coredns")
+    if proxy_proc is not None:
+        streaming.stop_child(proxy_proc, pods_dir, "kube-proxy")
+    if stream_proc is not None:
+        streaming.stop_child(stream_proc, pods_dir, "streaming")
     return 0
 
 

@@ -22,6 +22,7 @@ class PodNet:
     uid: str
     ip: str
     hostname: str
+    resolv_conf: str = ""  # empty: the host's /etc/resolv.conf
 
     @property
     def netns(self) -> str:
@@ -62,6 +63,8 @@ def setup(pod: PodNet) -> None:
     etc = ETC_NETNS / pod.netns
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "hosts").write_text(hosts_file(pod.ip, pod.hostname))
+    if pod.resolv_conf:
+        (etc / "resolv.conf").write_text(pod.resolv_conf)
 
 
 def teardown(pod: PodNet) -> None:

@@ -15,7 +15,7 @@ import yaml
 
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, KubeApi
-from pdwarden_localcluster.kubelet import envvars, podnet
+from pdwarden_localcluster.kubelet import dns, envvars, podnet, streaming
 from pdwarden_localcluster.kubelet.container import ContainerRun, kill_recorded, utc_now
 from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.podstatus import pod_status, will_restart
@@ -43,6 +43,7 @@ class KubeletConfig:
     backoff_reset_after: float = 60.0
     pod_server: str = ""  # the API server's URL as pods in their own namespaces reach it
     net: NetPlan | None = None  # None: pods share the host's network namespace
+    cluster_dns: bool = False  # pods (dnsPolicy ClusterFirst) resolve through kube-dns
 
 
 def pod_dir_name(pod: JSON) -> str:
@@ -151,9 +152,11 @@ class PodWorker(threading.Thread):
             self.pod_ip = self.cfg.node_ip
             return
         ip = self.ips.allocate(self.uid, preferred=(pod.get("status") or {}).get("podIP"))
-        net = podnet.PodNet(
-            self.cfg.net, self.node_index, self.uid, ip, spec.get("hostname") or self.pod_name
-        )
+        resolv = ""
+        if self.cfg.cluster_dns and spec.get("dnsPolicy", "ClusterFirst") != "Default":
+            resolv = dns.resolv_conf(self.cfg.net, self.namespace)
+        hostname = spec.get("hostname") or self.pod_name
+        net = podnet.PodNet(self.cfg.net, self.node_index, self.uid, ip, hostname, resolv)
         try:
             podnet.setup(net)
         except ClusterError as exc:
@@ -251,6 +254,15 @@ class PodWorker(threading.Thread):
             run.started_mono = t
             self._after_exit(run, restart_policy, t)
             return
+        streaming.write_exec_info(
+            self.pod_dir,
+            self.net.netns if self.net is not None else "",
+            self.pod_ip,
+            [r.name for r in self.runs],
+            run.name,
+            env,
+            run.spec.get("workingDir") or str(self.pod_dir),
+        )
         run.probes = {
             kind: ProbeState(run.spec[key], started_at=t)
             for kind, key in (
@@ -341,9 +353,10 @@ class PodWorker(threading.Thread):
             self._cleanup_dir()
 
     def _cleanup_dir(self) -> None:
-        # keep the logs (`pdwarden cluster logs`), drop the credentials
+        # keep the logs (`pdwarden cluster logs`), drop the credentials and what exec reads
         if self.kubeconfig is not None:
             self.kubeconfig.unlink(missing_ok=True)
+        (self.pod_dir / streaming.EXEC_INFO).unlink(missing_ok=True)
 
     # --- status -----------------------------------------------------------------------
     def _report(self, pod: JSON) -> None:
