@@ -29,6 +29,7 @@ from rich.table import Table
 from pdwarden_cli import chart, demo_alerts, demo_traffic
 from pdwarden_cli.demo_kube import DemoCluster, DemoError, Obj, pod_ip, pod_ready, selector
 from pdwarden_cli.demo_scrape import SeriesStore, Target, scrape_once
+from pdwarden_operator.render import child_name
 from pdwarden_runtime import contract
 
 NAMESPACE = "pdwarden-demo"
@@ -305,9 +306,7 @@ async def inject_fault(ip: str) -> Obj:
     return answer
 
 
-async def run_demo(
-    kube: DemoCluster, steps: Steps, result: DemoResult, seen: Observed, example: Obj
-) -> None:
+async def run_demo(kube: DemoCluster, steps: Steps, result: DemoResult, seen: Observed, example: Obj) -> None:
     manifest = demo_manifest(example)
     model = manifest["metadata"]["name"]
 
@@ -329,8 +328,15 @@ async def run_demo(
         except DemoError as exc:
             raise DemoError(f"{exc}: {await asyncio.to_thread(pods_summary, kube, model)}") from None
     router = ready_pods(kube, contract.ROLE_ROUTER, model)[0]
-    router_ip = pod_ip(router) or ""
-    steps.ok(f"model Ready; router {router['metadata']['name']} at {router_ip}:{contract.ROUTER_HTTP_PORT}")
+    # clients reach the router through its Service (kube-proxy picks a router pod)
+    service = child_name(model, contract.ROLE_ROUTER)
+    router_ip = await asyncio.to_thread(kube.cluster_ip, NAMESPACE, service) or ""
+    if not router_ip:
+        raise DemoError(f"the router's Service {NAMESPACE}/{service} has no ClusterIP")
+    steps.ok(
+        f"model Ready; router {router['metadata']['name']} behind Service {service} at "
+        f"{router_ip}:{contract.ROUTER_HTTP_PORT}"
+    )
     with steps.waiting("waiting for the router to route ..."):
 
         def routes() -> bool:

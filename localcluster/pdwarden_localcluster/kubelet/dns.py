@@ -9,7 +9,9 @@ the machine. Pods get a resolv.conf naming the Service (see podnet).
 
 from __future__ import annotations
 
+import logging
 import subprocess
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,11 @@ from pdwarden_localcluster.kubeapi import ApiError, KubeApi
 from pdwarden_localcluster.kubelet import proxy, streaming
 from pdwarden_localcluster.network import NetPlan
 
+log = logging.getLogger("pdwarden.kubelet")
 CLUSTER_DOMAIN = "cluster.local"
 NAMESPACE = "kube-system"
 SERVICE = "kube-dns"
-MANAGED_BY = "pdwarden.io/kubelet"
+MANAGED_BY = "pdwarden-kubelet"
 PORTS = [("dns", "UDP"), ("dns-tcp", "TCP")]
 
 
@@ -78,6 +81,17 @@ def endpoint_slice(net: NetPlan) -> dict[str, Any]:
     }
 
 
+def publish_forever(api: KubeApi, net: NetPlan, stop: threading.Event) -> None:
+    """publish() until it succeeds (the API server may still be starting)."""
+    while not stop.is_set():
+        try:
+            publish(api, net)
+            return
+        except ApiError as exc:
+            log.warning("publishing the kube-dns Service: %s; retrying", exc)
+            stop.wait(2.0)
+
+
 def publish(api: KubeApi, net: NetPlan) -> None:
     """Create (or correct) the Service and its EndpointSlice; idempotent."""
     for path, body in (
@@ -85,16 +99,15 @@ def publish(api: KubeApi, net: NetPlan) -> None:
         (f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/endpointslices", endpoint_slice(net)),
     ):
         name = body["metadata"]["name"]
-        try:
+        # look first: a POST naming a taken clusterIP fails on the address, not the name
+        current = api.get_or_none(f"{path}/{name}")
+        if current is None:
             api.post(path, body)
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            current = api.get(f"{path}/{name}")
-            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            if body["kind"] == "Service":  # clusterIP is immutable; the rest may be corrected
-                body["spec"]["clusterIP"] = current["spec"].get("clusterIP")
-            api.put(f"{path}/{name}", body)
+            continue
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        if body["kind"] == "Service":  # clusterIP is immutable; the rest may be corrected
+            body["spec"]["clusterIP"] = current["spec"].get("clusterIP")
+        api.put(f"{path}/{name}", body)
 
 
 def start(

@@ -217,13 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.coredns_binary is not None:
         creds = (args.server, args.ca_file, args.cert_file, args.key_file)
         dns_proc = dns.start(args.coredns_binary, args.state_dir, creds, net)
-        while not stop.is_set():
-            try:
-                dns.publish(api, net)
-                break
-            except ApiError as exc:
-                log.warning("publishing the kube-dns Service: %s; retrying", exc)
-                stop.wait(1.0)
+        threading.Thread(
+            target=dns.publish_forever, args=(api, net, stop), name="kube-dns", daemon=True
+        ).start()
     loops: list[NodeLoop] = []
     for i in range(args.nodes):
         ips = IpAllocator(net.node_subnet(i))
