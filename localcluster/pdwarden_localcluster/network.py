@@ -241,6 +241,12 @@ def leftovers(p: NetPlan) -> list[str]:
     for cidr in (p.pod_cidr, p.service_cidr):
         if _route_owner(cidr) == p.host_link:
             found.append(f"route {cidr}")
+    # kube-proxy's tables belong in the gateway namespace; one in the host's would be a leak
+    if shutil.which("nft"):
+        tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, timeout=30).stdout
+        found += [
+            f"host nftables {t.strip()}" for t in tables.splitlines() if t.strip().endswith(" kube-proxy")
+        ]
     return found
 
 
