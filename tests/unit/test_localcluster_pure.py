@@ -317,3 +317,43 @@ def test_kubelet_fingerprint_follows_the_interpreter_so_another_checkout_restart
     assert kubelet_fingerprint(sys.executable) == here
     # a cluster started from another checkout's .venv would run that checkout's code in pods
     assert kubelet_fingerprint("/elsewhere/.venv/bin/python3") != here
+
+
+def test_pods_resolve_through_the_clusters_dns_service_and_search_their_namespace_first() -> None:
+    from pdwarden_localcluster import network
+    from pdwarden_localcluster.kubelet import dns
+
+    net = network.plan(22000)
+    resolv = dns.resolv_conf(net, "shop")
+    assert resolv.splitlines()[0] == f"nameserver {net.dns_service_ip}"
+    assert "search shop.svc.cluster.local svc.cluster.local cluster.local" in resolv
+    svc, eps = dns.service(net), dns.endpoint_slice(net)
+    assert svc["spec"]["clusterIP"] == net.dns_service_ip and "selector" not in svc["spec"]
+    assert eps["endpoints"][0]["addresses"] == [net.host_addr]
+    assert eps["metadata"]["labels"]["kubernetes.io/service-name"] == svc["metadata"]["name"]
+    corefile = dns.corefile(net.host_addr, Path("/k"))
+    assert f"bind {net.host_addr}" in corefile and "kubeconfig /k" in corefile
+    assert "forward" not in corefile  # no query leaves the machine
+
+
+def test_kube_proxy_is_configured_for_the_clusters_pod_range_on_loopback_ports() -> None:
+    from pdwarden_localcluster import network
+    from pdwarden_localcluster.kubelet import proxy
+
+    net = network.plan(22000)
+    cfg = proxy.config(Path("/k"), "pdwarden-node-0", net, 22256, 22249)
+    assert cfg["mode"] == "nftables" and cfg["clusterCIDR"] == net.pod_cidr
+    assert cfg["healthzBindAddress"] == "127.0.0.1:22256" and cfg["metricsBindAddress"] == "127.0.0.1:22249"
+
+
+def test_a_missing_executable_is_an_os_error_before_any_prefix_runs(tmp_path: Path) -> None:
+    from pdwarden_localcluster.kubelet.container import resolve_executable
+
+    script = tmp_path / "tool"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError):
+        resolve_executable(str(script), "")
+    script.chmod(0o755)
+    assert resolve_executable("tool", str(tmp_path)) == str(script)
+    with pytest.raises(FileNotFoundError):
+        resolve_executable("no-such-tool", str(tmp_path))
