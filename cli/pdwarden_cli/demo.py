@@ -53,6 +53,7 @@ from pdwarden_cli.demo_scenario import (
 from pdwarden_cli.demo_scrape import SeriesStore, Target, scrape_once
 from pdwarden_localcluster import testing
 from pdwarden_localcluster.testing import serving
+from pdwarden_operator.render import child_name
 from pdwarden_operator.watchdog.targets import metrics_url
 from pdwarden_runtime import contract
 
@@ -184,8 +185,15 @@ async def run_demo(kube: DemoCluster, steps: Steps, result: DemoResult, seen: Ob
         except DemoError as exc:
             raise DemoError(f"{exc}: {await asyncio.to_thread(pods_summary, kube, model)}") from None
     router = ready_pods(kube, contract.ROLE_ROUTER, model)[0]
-    router_ip = pod_ip(router) or ""
-    steps.ok(f"model Ready; router {router['metadata']['name']} at {router_ip}:{contract.ROUTER_HTTP_PORT}")
+    # clients reach the router through its Service (kube-proxy picks a router pod)
+    service = child_name(model, contract.ROLE_ROUTER)
+    router_ip = await asyncio.to_thread(kube.cluster_ip, NAMESPACE, service) or ""
+    if not router_ip:
+        raise DemoError(f"the router's Service {NAMESPACE}/{service} has no ClusterIP")
+    steps.ok(
+        f"model Ready; router {router['metadata']['name']} behind Service {service} at "
+        f"{router_ip}:{contract.ROUTER_HTTP_PORT}"
+    )
     with steps.waiting("waiting for the router to route ..."):
 
         def routes() -> bool:

@@ -139,6 +139,17 @@ class DemoCluster:
         items: list[Obj] = listing.get("items", [])
         return items
 
+    def cluster_ip(self, namespace: str, service: str) -> str | None:
+        """The ClusterIP of a Service (None while it does not exist or has none)."""
+        try:
+            svc = self.core.read_namespaced_service(service, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        ip = svc.spec.cluster_ip if svc.spec else None
+        return ip if ip and ip != "None" else None
+
     def events(self, namespace: str, involved_name: str | None = None) -> list[Obj]:
         selector = f"involvedObject.name={involved_name}" if involved_name else None
         listing = self._api.sanitize_for_serialization(

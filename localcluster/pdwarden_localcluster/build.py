@@ -1,7 +1,7 @@
 """Build the control-plane binaries from Go modules, cached outside the checkout.
 
 `python -m pdwarden_localcluster.build` (or `ensure_built()`) produces kube-apiserver,
-kube-controller-manager, kube-scheduler and pdwarden-etcd in
+kube-controller-manager, kube-scheduler, kube-proxy, pdwarden-etcd and pdwarden-streaming in
 `<cache>/bin/<key>/`, where the key names the pinned kubernetes version and a hash of the Go
 sources and the Go toolchain version. A hit costs a stat; a miss builds (20-40 min cold on
 2 cores) under a file lock so concurrent callers build once.
@@ -23,11 +23,13 @@ from pathlib import Path
 
 from pdwarden_localcluster import gomod
 from pdwarden_localcluster.errors import ClusterError
-from pdwarden_localcluster.paths import GO_MODULE_DIR, cache_dir
+from pdwarden_localcluster.paths import COREDNS_MODULE_DIR, GO_MODULE_DIR, cache_dir
 
-KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy")
 ETCD_COMMAND = "pdwarden-etcd"
-BINARIES = (*KUBE_COMMANDS, ETCD_COMMAND)
+STREAMING_COMMAND = "pdwarden-streaming"  # the kubelet's exec and port-forward endpoints
+OWN_COMMANDS = (ETCD_COMMAND, STREAMING_COMMAND)
+BINARIES = (*KUBE_COMMANDS, *OWN_COMMANDS)
 _COMPLETE_MARKER = ".complete"
 
 Progress = Callable[[str], None]
@@ -70,18 +72,22 @@ def kubernetes_version() -> str:
     return gomod.pinned_version((GO_MODULE_DIR / "go.mod").read_text())
 
 
-def _go_sources() -> list[Path]:
-    return sorted(p for p in GO_MODULE_DIR.rglob("*") if p.is_file() and p.suffix in (".go", ".mod"))
+def _go_sources(module: Path = GO_MODULE_DIR) -> list[Path]:
+    return sorted(p for p in module.rglob("*") if p.is_file() and p.suffix in (".go", ".mod"))
+
+
+def _source_hash(module: Path) -> str:
+    digest = hashlib.sha256()
+    for path in _go_sources(module):
+        digest.update(str(path.relative_to(module)).encode())
+        digest.update(path.read_bytes())
+    digest.update(_go_version().encode())
+    return digest.hexdigest()[:12]
 
 
 def build_key() -> str:
     """`k8s-<version>-<hash>`: the pin, the Go sources and the toolchain version."""
-    digest = hashlib.sha256()
-    for path in _go_sources():
-        digest.update(str(path.relative_to(GO_MODULE_DIR)).encode())
-        digest.update(path.read_bytes())
-    digest.update(_go_version().encode())
-    return f"k8s-{kubernetes_version()}-{digest.hexdigest()[:12]}"
+    return f"k8s-{kubernetes_version()}-{_source_hash(GO_MODULE_DIR)}"
 
 
 def _go_version() -> str:
@@ -116,19 +122,75 @@ def version_ldflags(version: str) -> str:
 
 
 def ensure_built(progress: Progress = _stderr) -> Path:
-    """The directory holding the four binaries, building them first on a cache miss."""
+    """The directory holding the binaries, building them first on a cache miss.
+
+    CoreDNS (its own module and directory, see coredns_binary()) is built here too.
+    """
     target = bin_dir()
-    if is_built(target):
-        return target
+    _locked_build(target, lambda: is_built(target), lambda: _build(target, progress), progress)
+    dns = coredns_bin_dir()
+    _locked_build(dns, lambda: _coredns_built(dns), lambda: _build_coredns(dns, progress), progress)
+    return target
+
+
+def _locked_build(
+    target: Path, done: Callable[[], bool], build: Callable[[], None], progress: Progress
+) -> None:
+    if done():
+        return
     target.parent.mkdir(parents=True, exist_ok=True)
     lock_path = target.parent / f"{target.name}.lock"
     with lock_path.open("w") as lock:
         progress(f"waiting for the build lock {lock_path} ...")
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if is_built(target):
-            return target
-        _build(target, progress)
-    return target
+        if not done():
+            build()
+
+
+# --- CoreDNS: a module of its own (it needs a newer Go and client-go than kubernetes) -------
+
+COREDNS_COMMAND = "pdwarden-coredns"
+
+
+def coredns_bin_dir() -> Path:
+    return cache_dir() / "bin" / f"coredns-{_source_hash(COREDNS_MODULE_DIR)}"
+
+
+def coredns_binary() -> Path:
+    return coredns_bin_dir() / COREDNS_COMMAND
+
+
+def _coredns_built(directory: Path) -> bool:
+    return (directory / _COMPLETE_MARKER).exists() and (directory / COREDNS_COMMAND).exists()
+
+
+def _build_coredns(target: Path, progress: Progress) -> None:
+    go = go_binary()
+    work = cache_dir() / "gobuild" / target.name
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(COREDNS_MODULE_DIR, work)
+    log = work / "build.log"
+    started = time.monotonic()
+    _run([go, "mod", "tidy"], work, progress, log)
+    staging = work / "out"
+    staging.mkdir()
+    jobs = os.environ.get("PDWARDEN_GO_BUILD_JOBS", "2")
+    _run(
+        [go, "build", "-p", jobs, "-ldflags", "-s -w", "-o", str(staging) + "/", f"./cmd/{COREDNS_COMMAND}"],
+        work,
+        progress,
+        log,
+    )
+    if not (staging / COREDNS_COMMAND).exists():
+        raise ClusterError(f"go build did not produce {COREDNS_COMMAND}; see {log}")
+    (staging / _COMPLETE_MARKER).write_text(
+        json.dumps({"seconds": round(time.monotonic() - started, 1)}) + "\n"
+    )
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+    progress(f"built {COREDNS_COMMAND} in {time.monotonic() - started:.0f}s -> {target}")
 
 
 def _run(cmd: list[str], cwd: Path, progress: Progress, log: Path) -> str:
@@ -172,7 +234,9 @@ def _build(target: Path, progress: Progress) -> None:
     _run([go, "mod", "tidy"], work, progress, log)
     staging = work / "out"
     staging.mkdir()
-    packages = [f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS] + [f"./cmd/{ETCD_COMMAND}"]
+    packages = [f"k8s.io/kubernetes/cmd/{name}" for name in KUBE_COMMANDS] + [
+        f"./cmd/{c}" for c in OWN_COMMANDS
+    ]
     jobs = os.environ.get("PDWARDEN_GO_BUILD_JOBS", "2")
     ldflags = version_ldflags(version)
     _run(

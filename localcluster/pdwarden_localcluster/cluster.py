@@ -28,7 +28,7 @@ import requests
 import urllib3
 import yaml
 
-from pdwarden_localcluster import build, procs
+from pdwarden_localcluster import build, network, procs
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
 from pdwarden_localcluster.kubelet.container import kill_recorded
@@ -70,9 +70,17 @@ class Ports:
         return self.base + 259
 
     @property
-    def pod_ip_octet(self) -> int:
-        """Second octet of pod IPs: 0 for the default cluster, distinct for other port bases."""
-        return 0 if self.base == DEFAULT_PORT_BASE else 1 + (self.base // 100) % 254
+    def net(self) -> network.NetPlan:
+        """The cluster's addresses and network names (they derive from the port base)."""
+        return network.plan(self.base)
+
+    @property
+    def kube_proxy_healthz(self) -> int:
+        return self.base + 256
+
+    @property
+    def kube_proxy_metrics(self) -> int:
+        return self.base + 249
 
     @property
     def kubelet(self) -> int:
@@ -86,6 +94,8 @@ class Ports:
             "kube-apiserver": self.apiserver,
             "kube-controller-manager": self.controller_manager,
             "kube-scheduler": self.scheduler,
+            "kube-proxy healthz": self.kube_proxy_healthz,
+            "kube-proxy metrics": self.kube_proxy_metrics,
         }
 
 
@@ -230,7 +240,9 @@ def kubelet_fingerprint(python: str | None = None) -> str:
     digest = hashlib.sha256()
     digest.update(str(Path(python or sys.executable).absolute()).encode())
     package = Path(__file__).resolve().parent
-    for path in sorted([*package.glob("kubelet/*.py"), package / "kubeapi.py", package / "procs.py"]):
+    for path in sorted(
+        [*package.glob("kubelet/*.py"), package / "kubeapi.py", package / "procs.py", package / "network.py"]
+    ):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -340,7 +352,11 @@ def _argv(name: str, lay: Layout, bins: Path, p: Ports, settings: Settings) -> l
             f"--gpus={settings.gpus}",
             f"--kubelet-version={build.kubernetes_version()}",
             f"--kubelet-port={p.kubelet}",
-            f"--pod-ip-octet={p.pod_ip_octet}",
+            f"--network-base={p.base}",
+            f"--streaming-binary={bins / build.STREAMING_COMMAND}",
+            f"--kube-proxy-binary={bins / 'kube-proxy'}",
+            f"--coredns-binary={build.coredns_binary()}",
+            f"--kube-proxy-ports={p.kube_proxy_healthz},{p.kube_proxy_metrics}",
         ]
     raise ValueError(f"unknown component {name!r}")
 
@@ -389,8 +405,8 @@ def _stop_on_failure(lay: Layout, names: list[str]) -> Iterator[None]:
 
 def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
     begun = time.monotonic()
-    if not 1 <= settings.nodes <= 100:
-        raise ClusterError(f"--nodes must be between 1 and 100 (got {settings.nodes})")
+    if not 1 <= settings.nodes <= network.MAX_NODES:
+        raise ClusterError(f"--nodes must be between 1 and {network.MAX_NODES} (got {settings.nodes})")
     leftovers = _stop_recorded(lay, grace=5.0)
     if leftovers:
         progress(f"stopped leftovers of an earlier run: {', '.join(leftovers)}")
@@ -398,7 +414,8 @@ def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
     p = ports()
     _check_ports_free(p, settings.nodes)
     _reset_run_state(lay, progress)
-    ensure_pki(lay.root / "pki")
+    network.ensure(p.net, settings.nodes)
+    ensure_pki(lay.root / "pki", [p.net.host_addr, p.net.kubernetes_service_ip])
     _write_kubeconfigs(lay, p)
     _save_settings(lay, settings)
     with _stop_on_failure(lay, list(COMPONENTS)):
@@ -448,7 +465,7 @@ def _apiserver_args(bins: Path, lay: Layout, pki: Pki, p: Ports) -> list[str]:
         f"--tls-cert-file={pki.serving_cert}",
         f"--tls-private-key-file={pki.serving_key}",
         f"--client-ca-file={pki.ca_cert}",
-        "--service-cluster-ip-range=10.96.0.0/16",
+        f"--service-cluster-ip-range={p.net.service_cidr}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
@@ -629,6 +646,9 @@ def down(progress: Progress = _stderr) -> list[str]:
     lay = layout()
     with _locked(lay):
         stopped = _stop_recorded(lay, grace=10.0)
+        removed = network.teardown(ports().net)
+    if removed:
+        progress(f"removed: {', '.join(removed)}")
     progress(f"stopped: {', '.join(stopped)}" if stopped else "the local cluster was not running")
     return stopped
 

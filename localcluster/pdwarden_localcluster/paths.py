@@ -9,6 +9,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # localcluster/pdwarden_localcluster -> localcluster -> repository root
 REPO_ROOT = PACKAGE_DIR.parent.parent
 GO_MODULE_DIR = PACKAGE_DIR.parent / "go"
+COREDNS_MODULE_DIR = PACKAGE_DIR.parent / "go-coredns"
 
 
 def cache_dir() -> Path:

@@ -1,7 +1,7 @@
 """Certificates and keys of the local control plane (a throwaway CA, made once per state dir).
 
 - CA: signs the apiserver's serving cert and every client cert.
-- apiserver serving cert for 127.0.0.1 / localhost.
+- apiserver serving cert for 127.0.0.1 / localhost and the given cluster addresses.
 - client certs: admin (O=system:masters), the kubelet (system:masters: it mints pod tokens
   and runs several Nodes from one process), controller-manager and scheduler (their own
   built-in RBAC identities).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,10 +72,17 @@ class Pki:
         return all(f.exists() for f in files)
 
 
-def ensure_pki(directory: Path) -> Pki:
-    """Create the CA, certs and keys unless a complete set exists already."""
+def serving_ips(pki: Pki) -> set[str]:
+    """The IP addresses the apiserver's serving certificate names."""
+    cert = x509.load_pem_x509_certificate(pki.serving_cert.read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
+
+
+def ensure_pki(directory: Path, ips: Sequence[str] = ()) -> Pki:
+    """Create the CA, certs and keys unless a complete set naming `ips` exists already."""
     pki = Pki(directory)
-    if pki.complete():
+    if pki.complete() and set(ips) <= serving_ips(pki):
         return pki
     directory.mkdir(parents=True, exist_ok=True)
     directory.chmod(0o700)
@@ -100,7 +108,7 @@ def ensure_pki(directory: Path) -> Pki:
         x509.DNSName("kubernetes.default"),
         x509.DNSName("kubernetes.default.svc"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-        x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in dict.fromkeys(ips) if ip != "127.0.0.1"),
     ]
     serving = (
         _builder(_name("kube-apiserver"), ca_name, serving_key.public_key(), now)

@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_localcluster.testing import Kubectl, serving, wait_for
+from pdwarden_bench.ports import free_port
+from pdwarden_localcluster.testing import Kubectl, wait_for
 
 from ._operator_helpers import ROOT, condition, kubectl_with_crd, new_namespace
 
@@ -257,23 +258,41 @@ def test_invalid_spec_that_passes_the_crd_is_reported(
 # --- the synthetic example with real runtime and router processes ---------------------------------
 
 
-def _router_ip(kubectl: Kubectl, name: str, ns: str) -> str | None:
-    for pod in kubectl.items("pods", ns, f"pdwarden.io/model={name},pdwarden.io/role=router"):
-        if serving(pod):
-            return str(pod["status"]["podIP"])
-    return None
+GENERATE_BODY = {"text": "hello pdwarden", "sampling_params": {"max_new_tokens": 8}}
+# a pod's client: POST one /generate to the URL given, retrying until it answers, then idle
+POD_CLIENT = (
+    "import json, sys, time, urllib.request\n"
+    "body = sys.argv[2].encode()\n"
+    "while True:\n"
+    "    req = urllib.request.Request(sys.argv[1], data=body, headers={'Content-Type': 'application/json'})\n"
+    "    try:\n"
+    "        print('ANSWER', urllib.request.urlopen(req, timeout=20).read().decode(), flush=True)\n"
+    "        break\n"
+    "    except OSError as exc:\n"
+    "        print('retry', exc, flush=True)\n"
+    "        time.sleep(1)\n"
+    "time.sleep(3600)\n"
+)
 
 
-def _generate(ip: str) -> dict[str, Any] | None:
-    body = json.dumps({"text": "hello pdwarden", "sampling_params": {"max_new_tokens": 8}}).encode()
+def _generate(base_url: str) -> dict[str, Any] | None:
+    body = json.dumps(GENERATE_BODY).encode()
     req = urllib.request.Request(
-        f"http://{ip}:8000/generate", data=body, headers={"Content-Type": "application/json"}, method="POST"
+        f"{base_url}/generate", data=body, headers={"Content-Type": "application/json"}, method="POST"
     )
     try:
         with urllib.request.urlopen(req, timeout=20) as resp:
             return dict(json.loads(resp.read())) if resp.status == 200 else None
     except OSError:
         return None
+
+
+def _pod_answer(kubectl: Kubectl, pod: str, ns: str) -> dict[str, Any] | None:
+    out = kubectl("logs", pod, "-n", ns, check=False).stdout
+    for line in out.splitlines():
+        if line.startswith("ANSWER "):
+            return dict(json.loads(line.removeprefix("ANSWER ")))
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -292,9 +311,43 @@ def test_synthetic_example_becomes_ready_and_serves_through_the_router(
     dm = wait_for(lambda: _ready(kubectl, name, ns), 420, "examples/synthetic.yaml Ready", interval=1)
     assert dm["status"]["prefill"] == {"replicas": 1, "readyReplicas": 1, "summary": "1/1"}
     assert dm["status"]["router"]["readyReplicas"] == 1
-    ip = wait_for(lambda: _router_ip(kubectl, name, ns), 60, "a ready router pod")
-    answer = wait_for(lambda: _generate(ip), 90, "a /generate answer through the router", interval=2)
-    assert answer, answer
+    service = f"{name}-router"
+    # from the host, as the README says: kubectl port-forward to the router's Service
+    local = free_port()
+    forward = subprocess.Popen(
+        [kubectl.exe, "port-forward", f"svc/{service}", f"{local}:8000", "-n", ns, "--address", "127.0.0.1"],
+        env=kubectl.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        answer = wait_for(
+            lambda: _generate(f"http://127.0.0.1:{local}"),
+            90,
+            "a /generate answer through port-forward",
+            interval=2,
+        )
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
+    assert answer.get("text") is not None, answer
+    # from a pod: the Service's DNS name and ClusterIP (kube-proxy picks the router pod)
+    client = {
+        "name": "client",
+        "image": "python:3.11-slim",
+        "command": ["python", "-c", POD_CLIENT, f"http://{service}:8000/generate", json.dumps(GENERATE_BODY)],
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "router-client"},
+        "spec": {"terminationGracePeriodSeconds": 1, "containers": [client]},
+    }
+    kubectl.run("apply", "-n", ns, "-f", "-", stdin=json.dumps(pod))
+    from_pod = wait_for(
+        lambda: _pod_answer(kubectl, "router-client", ns), 120, "a pod's answer via the Service"
+    )
+    assert from_pod.get("text") is not None, from_pod
 
 
 @needs_runtime

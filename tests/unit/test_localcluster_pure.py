@@ -1,4 +1,4 @@
-"""Pure pieces of the local cluster: go.mod replace lines, env resolution, pod IPs, pod status."""
+"""Pure pieces of the local cluster: go.mod replace lines, env resolution, addresses, pod status."""
 
 from __future__ import annotations
 
@@ -203,31 +203,25 @@ def test_command_line_expands_and_requires_a_command() -> None:
 # --- pod IPs -------------------------------------------------------------------------------
 
 
-def test_pod_ips_are_distinct_loopback_addresses_outside_127_0_0() -> None:
-    alloc = ipam.IpAllocator()
-    ips = [alloc.allocate(f"pod-{i}") for i in range(600)]
-    assert len(set(ips)) == 600
-    assert all(ip.startswith("127.0.") and not ip.startswith("127.0.0.") for ip in ips)
-    assert all(1 <= int(ip.split(".")[3]) <= 254 for ip in ips)
+def test_pod_ips_are_distinct_addresses_of_the_node_subnet_past_its_bridge() -> None:
+    alloc = ipam.IpAllocator("198.18.16.0/24")
+    ips = [alloc.allocate(f"pod-{i}") for i in range(alloc.capacity)]
+    assert len(set(ips)) == alloc.capacity == 253
+    assert all(ip.startswith("198.18.16.") for ip in ips)
+    assert "198.18.16.1" not in ips and "198.18.16.255" not in ips  # bridge, broadcast
     assert alloc.allocate("pod-3") == ips[3]  # the same owner keeps its address
+    with pytest.raises(RuntimeError, match=r"no free pod IP in 198\.18\.16\.0/24"):
+        alloc.allocate("one-too-many")
 
 
 def test_a_released_ip_is_not_reused_at_once_and_a_preferred_one_is_kept() -> None:
-    alloc = ipam.IpAllocator()
+    alloc = ipam.IpAllocator("198.18.16.0/24")
     first = alloc.allocate("a")
     alloc.release("a")
     assert alloc.allocate("b") != first
-    assert alloc.allocate("c", preferred="127.0.9.9") == "127.0.9.9"
-    assert alloc.allocate("d", preferred="127.0.9.9") != "127.0.9.9"  # taken
-    assert alloc.allocate("e", preferred="10.0.0.1").startswith("127.0.")
-
-
-def test_ip_index_round_trip() -> None:
-    for idx in (0, 253, 254, ipam.CAPACITY - 1):
-        assert ipam.ip_to_index(ipam.index_to_ip(idx)) == idx
-    assert ipam.ip_to_index("127.0.0.5") is None
-    with pytest.raises(ValueError):
-        ipam.index_to_ip(ipam.CAPACITY)
+    assert alloc.allocate("c", preferred="198.18.16.99") == "198.18.16.99"
+    assert alloc.allocate("d", preferred="198.18.16.99") != "198.18.16.99"  # taken
+    assert alloc.allocate("e", preferred="198.18.17.5").startswith("198.18.16.")  # another node's
 
 
 # --- pod status ------------------------------------------------------------------------------
@@ -290,15 +284,31 @@ def test_kubectl_logs_shows_one_run_without_kubelet_markers() -> None:
     assert logserver.tail(b"a\nb\n", None) == b"a\nb\n"
 
 
-def test_another_cluster_gets_its_own_pod_ip_space() -> None:
+def test_cluster_addresses_lie_in_the_benchmarking_range_and_differ_per_port_base() -> None:
+    import ipaddress
+
+    from pdwarden_localcluster import network
     from pdwarden_localcluster.cluster import DEFAULT_PORT_BASE, Ports
 
-    assert Ports(DEFAULT_PORT_BASE).pod_ip_octet == 0
-    other = Ports(36700).pod_ip_octet
-    assert other != 0
-    ip = ipam.IpAllocator(other).allocate("a")
-    assert ip.startswith(f"127.{other}.") and ipam.ip_to_index(ip, other) is not None
-    assert ipam.ip_to_index(ip) is None  # not an address of the default cluster
+    whole = ipaddress.ip_network(network.BENCHMARK_RANGE)
+    plans = [Ports(base).net for base in (DEFAULT_PORT_BASE, 22000, 36500)]
+    assert len({p.slot for p in plans}) == 3
+    for p in plans:
+        nets = [p.pod_cidr, p.service_cidr, *(p.node_subnet(i) for i in range(network.MAX_NODES))]
+        assert all(ipaddress.ip_network(n).subnet_of(whole) for n in nets)  # type: ignore[arg-type]
+        for addr in (p.host_addr, p.gateway_addr, p.kubernetes_service_ip, p.dns_service_ip):
+            assert ipaddress.ip_address(addr) in whole
+        assert ipaddress.ip_address(p.kubernetes_service_ip) in ipaddress.ip_network(p.service_cidr)
+        assert ipaddress.ip_address(p.host_addr) in ipaddress.ip_network(p.pod_cidr)
+        assert p.node_gateway(0) == str(ipaddress.ip_network(p.node_subnet(0)).network_address + 1)
+        assert len(p.host_link) <= 15 and p.gateway_netns.startswith(p.prefix)
+    a, b = plans[0], plans[1]
+    assert not ipaddress.ip_network(a.pod_cidr).overlaps(ipaddress.ip_network(b.pod_cidr))
+    assert not ipaddress.ip_network(a.service_cidr).overlaps(ipaddress.ip_network(b.service_cidr))
+    assert a.host_link != b.host_link and not b.is_mine(a.gateway_netns)
+    with pytest.raises(ValueError, match="node index 15"):
+        a.node_subnet(network.MAX_NODES)
+    assert len(network.pod_veth("198.18.255.254")) <= 15
 
 
 def test_kubelet_fingerprint_follows_the_interpreter_so_another_checkout_restarts_it() -> None:
@@ -319,3 +329,43 @@ def test_the_api_server_enforces_owner_reference_permissions(tmp_path: Path) -> 
     args = cluster._apiserver_args(tmp_path, lay, pki, ports)  # type: ignore[arg-type]
     plugins = next(a for a in args if a.startswith("--enable-admission-plugins="))
     assert "OwnerReferencesPermissionEnforcement" in plugins.split("=", 1)[1].split(",")
+
+
+def test_pods_resolve_through_the_clusters_dns_service_and_search_their_namespace_first() -> None:
+    from pdwarden_localcluster import network
+    from pdwarden_localcluster.kubelet import dns
+
+    net = network.plan(22000)
+    resolv = dns.resolv_conf(net, "shop")
+    assert resolv.splitlines()[0] == f"nameserver {net.dns_service_ip}"
+    assert "search shop.svc.cluster.local svc.cluster.local cluster.local" in resolv
+    svc, eps = dns.service(net), dns.endpoint_slice(net)
+    assert svc["spec"]["clusterIP"] == net.dns_service_ip and "selector" not in svc["spec"]
+    assert eps["endpoints"][0]["addresses"] == [net.host_addr]
+    assert eps["metadata"]["labels"]["kubernetes.io/service-name"] == svc["metadata"]["name"]
+    corefile = dns.corefile(net.host_addr, Path("/k"))
+    assert f"bind {net.host_addr}" in corefile and "kubeconfig /k" in corefile
+    assert "forward" not in corefile  # no query leaves the machine
+
+
+def test_kube_proxy_is_configured_for_the_clusters_pod_range_on_loopback_ports() -> None:
+    from pdwarden_localcluster import network
+    from pdwarden_localcluster.kubelet import proxy
+
+    net = network.plan(22000)
+    cfg = proxy.config(Path("/k"), "pdwarden-node-0", net, 22256, 22249)
+    assert cfg["mode"] == "nftables" and cfg["clusterCIDR"] == net.pod_cidr
+    assert cfg["healthzBindAddress"] == "127.0.0.1:22256" and cfg["metricsBindAddress"] == "127.0.0.1:22249"
+
+
+def test_a_missing_executable_is_an_os_error_before_any_prefix_runs(tmp_path: Path) -> None:
+    from pdwarden_localcluster.kubelet.container import resolve_executable
+
+    script = tmp_path / "tool"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(PermissionError):
+        resolve_executable(str(script), "")
+    script.chmod(0o755)
+    assert resolve_executable("tool", str(tmp_path)) == str(script)
+    with pytest.raises(FileNotFoundError):
+        resolve_executable("no-such-tool", str(tmp_path))

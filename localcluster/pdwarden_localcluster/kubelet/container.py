@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,8 +60,15 @@ class ContainerRun:
     def running(self) -> bool:
         return self.proc is not None and self.terminated is None
 
-    def start(self, argv: list[str], env: Mapping[str, str], cwd: str | None) -> None:
-        """Start the process (its own process group); a failure to exec is a StartError."""
+    def start(
+        self, argv: list[str], env: Mapping[str, str], cwd: str | None, prefix: Sequence[str] = ()
+    ) -> None:
+        """Start the process (its own process group); a failure to exec is a StartError.
+
+        `prefix` (e.g. `ip netns exec <ns>`) runs first and execs the command in place, so the
+        recorded pid is the container's; the command is resolved here so that a missing
+        executable is still a StartError rather than the prefix's exit status.
+        """
         if self.terminated is not None:
             self.last_terminated = self.terminated
         self.terminated = None
@@ -74,8 +83,10 @@ class ContainerRun:
             try:
                 if cwd:
                     Path(cwd).mkdir(parents=True, exist_ok=True)
+                if prefix:
+                    argv = [resolve_executable(argv[0], env.get("PATH", "")), *argv[1:]]
                 self.proc = subprocess.Popen(
-                    argv,
+                    [*prefix, *argv],
                     env=dict(env),
                     cwd=cwd or str(self.pod_dir),
                     stdin=subprocess.DEVNULL,
@@ -166,6 +177,16 @@ class ContainerRun:
         for pid in group_members(self.proc.pid, self.pid_started):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def resolve_executable(name: str, path: str) -> str:
+    """`name` as exec would find it on `path`; an OSError (ENOENT/EACCES) if it would not."""
+    found = shutil.which(name, path=path) if "/" not in name else name
+    if found is None or not os.path.isfile(found):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), name)
+    if not os.access(found, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+    return found
 
 
 def kill_recorded(pid_file: Path) -> None:

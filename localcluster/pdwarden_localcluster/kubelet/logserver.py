@@ -1,17 +1,21 @@
 """The kubelet's HTTPS endpoint, enough for `kubectl logs` (the apiserver proxies to it).
 
 Serves `GET /containerLogs/{namespace}/{pod}/{container}` (tailLines, follow, limitBytes)
-from the log files the pod workers write, and `/healthz`. exec, attach and port-forward are
-not supported by a process kubelet and answer 501 with a message saying so. Listens on
-loopback only; the apiserver does not verify kubelet certificates here, so the serving
-certificate is self-signed and made at start.
+from the log files the pod workers write, and `/healthz`. `/exec/...` and `/portForward/...`
+(SPDY or WebSocket upgrades from the apiserver) are relayed byte for byte to the streaming
+server (pdwarden-streaming, on loopback), which speaks those protocols with the kubelet's own
+library. Listens on loopback only; the apiserver does not verify kubelet certificates here,
+so the serving certificate is self-signed and made at start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import ipaddress
 import logging
+import select
+import socket
 import ssl
 import threading
 import time
@@ -100,9 +104,42 @@ def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
+STREAMING_PATHS = ("exec", "attach", "portForward")
+
+
+def relay(client: socket.socket, upstream: socket.socket, stop: threading.Event) -> None:
+    """Copy bytes both ways until the upstream side ends, in one thread.
+
+    One thread, not two: a TLS socket must not be read and written from two threads at once.
+    """
+    client_open = True
+    while not stop.is_set():
+        pending = isinstance(client, ssl.SSLSocket) and client_open and client.pending() > 0
+        watch = [upstream] + ([client] if client_open else [])
+        readable = watch if pending else select.select(watch, [], [], 1.0)[0]
+        for sock in readable:
+            try:
+                data = sock.recv(65536)
+            except (ssl.SSLWantReadError, BlockingIOError):
+                continue
+            except OSError:
+                data = b""
+            if sock is upstream:
+                if not data:
+                    return
+                client.sendall(data)
+            elif data:
+                upstream.sendall(data)
+            else:  # the client is done sending; keep passing the answer back
+                client_open = False
+                with contextlib.suppress(OSError):
+                    upstream.shutdown(socket.SHUT_WR)
+
+
 class _Handler(BaseHTTPRequestHandler):
     pods_dir: Path
     stop: threading.Event
+    streaming: tuple[str, int] | None = None
 
     def log_message(self, format: str, *args: object) -> None:
         log.debug("kubelet api: " + format, *args)
@@ -115,13 +152,36 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, b"ok")
         elif len(parts) == 4 and parts[0] == "containerLogs":
             self._logs(parts[1], parts[2], parts[3], query)
-        elif parts and parts[0] in ("exec", "attach", "portForward", "run"):
-            self._reply(501, b"the pdwarden process kubelet does not support exec, attach or port-forward\n")
+        elif parts and parts[0] in STREAMING_PATHS:
+            self._relay()
         else:
             self._reply(404, b"not found\n")
 
     def do_POST(self) -> None:
-        self._reply(501, b"the pdwarden process kubelet does not support exec, attach or port-forward\n")
+        if urllib.parse.urlsplit(self.path).path.strip("/").split("/")[0] in STREAMING_PATHS:
+            self._relay()
+        else:
+            self._reply(404, b"not found\n")
+
+    def _relay(self) -> None:
+        """Hand the request (an upgrade to SPDY or WebSocket) to the streaming server."""
+        self.close_connection = True
+        if self.streaming is None:
+            self._reply(
+                501, b"the kubelet's streaming server is not running: exec and port-forward are off\n"
+            )
+            return
+        try:
+            upstream = socket.create_connection(self.streaming, timeout=10)
+        except OSError as exc:
+            self._reply(502, f"the kubelet's streaming server does not answer: {exc}\n".encode())
+            return
+        upstream.settimeout(None)
+        head = f"{self.command} {self.path} {self.request_version}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in self.headers.items()) + "\r\n"
+        with upstream:
+            upstream.sendall(head.encode("latin-1"))
+            relay(self.connection, upstream, self.stop)
 
     def _reply(self, code: int, body: bytes) -> None:
         self.send_response(code)
@@ -174,9 +234,16 @@ class _Handler(BaseHTTPRequestHandler):
             return
 
 
-def serve(port: int, pods_dir: Path, pki_dir: Path, stop: threading.Event) -> ThreadingHTTPServer:
+def serve(
+    port: int,
+    pods_dir: Path,
+    pki_dir: Path,
+    stop: threading.Event,
+    streaming: tuple[str, int] | None = None,
+) -> ThreadingHTTPServer:
     """Start the endpoint in a daemon thread; returns the server (call shutdown() to stop)."""
-    handler = type("Handler", (_Handler,), {"pods_dir": pods_dir, "stop": stop})
+    attrs = {"pods_dir": pods_dir, "stop": stop, "streaming": streaming}
+    handler = type("Handler", (_Handler,), attrs)
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
     cert, key = self_signed(pki_dir, "kubelet-serving")

@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pdwarden_localcluster import network
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
-from pdwarden_localcluster.kubelet import logserver
+from pdwarden_localcluster.kubelet import apirelay, dns, logserver, proxy, streaming
 from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.node import NodeAgent, NodeShape
 from pdwarden_localcluster.kubelet.podworker import KubeletConfig, PodWorker
@@ -31,9 +32,16 @@ NODE_IP = "127.0.0.1"
 
 class NodeLoop:
     def __init__(
-        self, api: KubeApi, cfg: KubeletConfig, ips: IpAllocator, agent: NodeAgent, stop: threading.Event
+        self,
+        api: KubeApi,
+        cfg: KubeletConfig,
+        ips: IpAllocator,
+        agent: NodeAgent,
+        stop: threading.Event,
+        node_index: int,
     ) -> None:
         self.api, self.cfg, self.ips, self.agent, self.stop = api, cfg, ips, agent, stop
+        self.node_index = node_index
         self.workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
 
@@ -93,7 +101,7 @@ class NodeLoop:
             self._reap()
             worker = self.workers.get(uid)
             if worker is None:
-                worker = PodWorker(self.api, self.cfg, self.ips, self.agent.name, pod)
+                worker = PodWorker(self.api, self.cfg, self.ips, self.agent.name, pod, self.node_index)
                 self.workers[uid] = worker
                 worker.start()
                 log.info("pod %s/%s: started worker", worker.namespace, worker.pod_name)
@@ -139,12 +147,30 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="HTTPS port of node 0 for `kubectl logs` (node i: +i); 0: off",
     )
-    parser.add_argument("--pod-ip-octet", type=int, default=0, help="pod IPs are 127.<this>.x.y")
+    parser.add_argument(
+        "--network-base",
+        type=int,
+        required=True,
+        help="the cluster's port base: its network namespaces, links and addresses derive from it",
+    )
+    parser.add_argument(
+        "--streaming-binary",
+        type=Path,
+        default=None,
+        help="pdwarden-streaming (exec, port-forward); unset: off",
+    )
+    parser.add_argument("--kube-proxy-binary", type=Path, default=None, help="kube-proxy; unset: no Services")
+    parser.add_argument(
+        "--kube-proxy-ports", default="0,0", help="kube-proxy's healthz and metrics ports on loopback"
+    )
+    parser.add_argument("--coredns-binary", type=Path, default=None, help="CoreDNS; unset: no cluster DNS")
     parser.add_argument("--backoff-base", type=float, default=2.0)
     parser.add_argument("--backoff-cap", type=float, default=60.0)
     args = parser.parse_args(argv)
-    if args.nodes < 1:
-        parser.error("--nodes must be at least 1")
+    if not 1 <= args.nodes <= network.MAX_NODES:
+        parser.error(f"--nodes must be between 1 and {network.MAX_NODES}")
+    net = network.plan(args.network_base)
+    api_port = int(args.server.rsplit(":", 1)[1])
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s: %(message)s")
     api = KubeApi(Credentials(args.server, args.ca_file, args.cert_file, args.key_file))
@@ -153,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         state_dir=args.state_dir,
         venv_bin=str(venv_bin()),
         server=args.server,
+        pod_server=f"https://{net.host_addr}:{api_port}",
+        net=net,
+        cluster_dns=args.coredns_binary is not None,
         ca_file=args.ca_file,
         host_env=dict(os.environ),
         backoff_base=args.backoff_base,
@@ -169,13 +198,35 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
 
-    ips = IpAllocator(args.pod_ip_octet)
+    # pods reach the API server through the host's address on the cluster link
+    apirelay.serve((net.host_addr, api_port), ("127.0.0.1", api_port), stop)
+    pods_dir = args.state_dir / "pods"
+    stream_proc, stream_addr = None, None
+    if args.streaming_binary is not None:
+        try:
+            stream_proc, stream_addr = streaming.start(args.streaming_binary, pods_dir)
+        except (OSError, RuntimeError) as exc:  # logs still work; exec and port-forward answer 501
+            log.error("cannot start the streaming server: %s", exc)
+    proxy_proc = None
+    if args.kube_proxy_binary is not None:
+        healthz, metrics = (int(x) for x in args.kube_proxy_ports.split(","))
+        creds = (args.server, args.ca_file, args.cert_file, args.key_file)
+        node0 = f"{args.node_prefix}-0"
+        proxy_proc = proxy.start(args.kube_proxy_binary, args.state_dir, creds, node0, net, healthz, metrics)
+    dns_proc = None
+    if args.coredns_binary is not None:
+        creds = (args.server, args.ca_file, args.cert_file, args.key_file)
+        dns_proc = dns.start(args.coredns_binary, args.state_dir, creds, net)
+        threading.Thread(
+            target=dns.publish_forever, args=(api, net, stop), name="kube-dns", daemon=True
+        ).start()
     loops: list[NodeLoop] = []
     for i in range(args.nodes):
+        ips = IpAllocator(net.node_subnet(i))
         port = args.kubelet_port + i if args.kubelet_port else 0
         if port:
             try:
-                logserver.serve(port, args.state_dir / "pods", args.state_dir / "pki", stop)
+                logserver.serve(port, pods_dir, args.state_dir / "pki", stop, stream_addr)
             except OSError as exc:  # logs via `pdwarden cluster logs` still work
                 log.error("cannot serve the kubelet endpoint on 127.0.0.1:%d: %s", port, exc)
                 port = 0
@@ -188,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             except ApiError as exc:
                 log.warning("registering node %s: %s; retrying", agent.name, exc)
                 stop.wait(1.0)
-        loop = NodeLoop(api, cfg, ips, agent, stop)
+        loop = NodeLoop(api, cfg, ips, agent, stop, i)
         loops.append(loop)
         threading.Thread(target=loop.heartbeat_forever, name=f"heartbeat-{agent.name}", daemon=True).start()
         threading.Thread(target=loop.watch_forever, name=f"pods-{agent.name}", daemon=True).start()
@@ -198,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     log.info("stopping: killing pod processes")
     for loop in loops:
         loop.shutdown()
+    if dns_proc is not None:
+        streaming.stop_child(dns_proc, pods_dir, "coredns")
+    if proxy_proc is not None:
+        streaming.stop_child(proxy_proc, pods_dir, "kube-proxy")
+    if stream_proc is not None:
+        streaming.stop_child(stream_proc, pods_dir, "streaming")
     return 0
 
 

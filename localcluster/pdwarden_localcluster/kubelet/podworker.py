@@ -13,12 +13,14 @@ from typing import Any
 
 import yaml
 
+from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, KubeApi
-from pdwarden_localcluster.kubelet import envvars
+from pdwarden_localcluster.kubelet import dns, envvars, podnet, streaming
 from pdwarden_localcluster.kubelet.container import ContainerRun, kill_recorded, utc_now
 from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.podstatus import pod_status, will_restart
 from pdwarden_localcluster.kubelet.probes import ProbeState, now, run_probe
+from pdwarden_localcluster.network import NetPlan
 
 JSON = dict[str, Any]
 log = logging.getLogger("pdwarden.kubelet")
@@ -39,6 +41,9 @@ class KubeletConfig:
     backoff_base: float = 2.0
     backoff_cap: float = 60.0
     backoff_reset_after: float = 60.0
+    pod_server: str = ""  # the API server's URL as pods in their own namespaces reach it
+    net: NetPlan | None = None  # None: pods share the host's network namespace
+    cluster_dns: bool = False  # pods (dnsPolicy ClusterFirst) resolve through kube-dns
 
 
 def pod_dir_name(pod: JSON) -> str:
@@ -47,7 +52,15 @@ def pod_dir_name(pod: JSON) -> str:
 
 
 class PodWorker(threading.Thread):
-    def __init__(self, api: KubeApi, cfg: KubeletConfig, ips: IpAllocator, node_name: str, pod: JSON) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        cfg: KubeletConfig,
+        ips: IpAllocator,
+        node_name: str,
+        pod: JSON,
+        node_index: int = 0,
+    ) -> None:
         meta = pod["metadata"]
         super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
         self.api, self.cfg, self.ips, self.node_name = api, cfg, ips, node_name
@@ -67,6 +80,8 @@ class PodWorker(threading.Thread):
         self.runs = [ContainerRun(c["name"], c, self.pod_dir) for c in spec.get("containers") or []]
         _carry_restart_counts(pod, self.runs)
         self.pod_ip = ""
+        self.node_index = node_index
+        self.net: podnet.PodNet | None = None
         self.start_time = (pod.get("status") or {}).get("startTime") or utc_now()
         self.kubeconfig: Path | None = None
         self.token_at = -1e9
@@ -122,6 +137,8 @@ class PodWorker(threading.Thread):
             log.exception("%s: worker failed", self.name)
             self._stop_all(grace=1.0)
         finally:
+            if self.net is not None:
+                podnet.teardown(self.net)
             self.ips.release(self.uid)
             self.finished.set()
 
@@ -130,10 +147,26 @@ class PodWorker(threading.Thread):
         for pid_file in self.pod_dir.glob("*.pid"):  # processes of an earlier kubelet
             kill_recorded(pid_file)
         pod = self.pod
-        if (pod.get("spec") or {}).get("hostNetwork"):
+        spec = pod.get("spec") or {}
+        if spec.get("hostNetwork") or self.cfg.net is None:
             self.pod_ip = self.cfg.node_ip
-        else:
-            self.pod_ip = self.ips.allocate(self.uid, preferred=(pod.get("status") or {}).get("podIP"))
+            return
+        ip = self.ips.allocate(self.uid, preferred=(pod.get("status") or {}).get("podIP"))
+        resolv = ""
+        if self.cfg.cluster_dns and spec.get("dnsPolicy", "ClusterFirst") != "Default":
+            resolv = dns.resolv_conf(self.cfg.net, self.namespace)
+        hostname = spec.get("hostname") or self.pod_name
+        net = podnet.PodNet(self.cfg.net, self.node_index, self.uid, ip, hostname, resolv)
+        try:
+            podnet.setup(net)
+        except ClusterError as exc:
+            self.sandbox_error = f"cannot set up the pod's network namespace: {exc}"
+            log.error("%s: %s", self.name, self.sandbox_error)
+            return
+        self.net, self.pod_ip = net, ip
+
+    def _exec_prefix(self) -> list[str]:
+        return self.net.exec_prefix() if self.net is not None else []
 
     # --- running ----------------------------------------------------------------------
     def _step(self, pod: JSON) -> None:
@@ -216,11 +249,20 @@ class PodWorker(threading.Thread):
                 "finishedAt": utc_now(),
             }
         else:
-            run.start(argv, env, run.spec.get("workingDir"))
+            run.start(argv, env, run.spec.get("workingDir"), prefix=self._exec_prefix())
         if run.terminated is not None:  # the exec itself failed
             run.started_mono = t
             self._after_exit(run, restart_policy, t)
             return
+        streaming.write_exec_info(
+            self.pod_dir,
+            self.net.netns if self.net is not None else "",
+            self.pod_ip,
+            [r.name for r in self.runs],
+            run.name,
+            env,
+            run.spec.get("workingDir") or str(self.pod_dir),
+        )
         run.probes = {
             kind: ProbeState(run.spec[key], started_at=t)
             for kind, key in (
@@ -241,7 +283,7 @@ class PodWorker(threading.Thread):
         startup = run.probes.get("startup")
         if startup is not None and not run.started:
             if startup.due(t):
-                ok, msg = run_probe(startup.probe, run.spec, self.pod_ip, run.env, cwd)
+                ok, msg = run_probe(startup.probe, run.spec, self.pod_ip, run.env, cwd, self._exec_prefix())
                 startup.record(ok, msg, now())
                 if startup.result is True:
                     run.started = True
@@ -251,7 +293,7 @@ class PodWorker(threading.Thread):
             return
         liveness = run.probes.get("liveness")
         if liveness is not None and liveness.due(t):
-            ok, msg = run_probe(liveness.probe, run.spec, self.pod_ip, run.env, cwd)
+            ok, msg = run_probe(liveness.probe, run.spec, self.pod_ip, run.env, cwd, self._exec_prefix())
             liveness.record(ok, msg, now())
             if liveness.result is False:
                 probe_grace = liveness.probe.get("terminationGracePeriodSeconds")
@@ -262,7 +304,7 @@ class PodWorker(threading.Thread):
                 return
         readiness = run.probes.get("readiness")
         if readiness is not None and readiness.due(t):
-            ok, msg = run_probe(readiness.probe, run.spec, self.pod_ip, run.env, cwd)
+            ok, msg = run_probe(readiness.probe, run.spec, self.pod_ip, run.env, cwd, self._exec_prefix())
             readiness.record(ok, msg, now())
             if readiness.result is not None:
                 run.ready = readiness.result
@@ -311,9 +353,10 @@ class PodWorker(threading.Thread):
             self._cleanup_dir()
 
     def _cleanup_dir(self) -> None:
-        # keep the logs (`pdwarden cluster logs`), drop the credentials
+        # keep the logs (`pdwarden cluster logs`), drop the credentials and what exec reads
         if self.kubeconfig is not None:
             self.kubeconfig.unlink(missing_ok=True)
+        (self.pod_dir / streaming.EXEC_INFO).unlink(missing_ok=True)
 
     # --- status -----------------------------------------------------------------------
     def _report(self, pod: JSON) -> None:
@@ -392,12 +435,15 @@ class PodWorker(threading.Thread):
         path = self.pod_dir / "kubeconfig"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(
-            yaml.safe_dump(pod_kubeconfig(self.cfg.server, self.cfg.ca_file, token, self.namespace, sa))
+            yaml.safe_dump(pod_kubeconfig(self._api_server(), self.cfg.ca_file, token, self.namespace, sa))
         )
         tmp.chmod(0o600)
         tmp.replace(path)
         self.kubeconfig, self.token_at, self.sandbox_error = path, now(), ""
         return True
+
+    def _api_server(self) -> str:
+        return self.cfg.pod_server if self.net is not None and self.cfg.pod_server else self.cfg.server
 
     def _secret(self, namespace: str, name: str) -> JSON | None:
         return self.api.get_or_none(f"/api/v1/namespaces/{namespace}/secrets/{name}")

@@ -9,7 +9,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,12 @@ def resolve_port(port: Any, container: JSON) -> int:
 
 
 def run_probe(
-    probe: JSON, container: JSON, pod_ip: str, env: Mapping[str, str], cwd: str | None
+    probe: JSON,
+    container: JSON,
+    pod_ip: str,
+    env: Mapping[str, str],
+    cwd: str | None,
+    exec_prefix: Sequence[str] = (),
 ) -> tuple[bool, str]:
     """One probe attempt: (success, message)."""
     timeout = float(probe.get("timeoutSeconds") or 1)
@@ -37,7 +42,7 @@ def run_probe(
         if "httpGet" in probe:
             return _http(probe["httpGet"], container, pod_ip, timeout)
         if "exec" in probe:
-            return _exec(list(probe["exec"].get("command") or []), env, cwd, timeout)
+            return _exec(list(probe["exec"].get("command") or []), env, cwd, timeout, exec_prefix)
         if "tcpSocket" in probe:
             spec = probe["tcpSocket"]
             with socket.create_connection(
@@ -68,12 +73,14 @@ def _http(spec: JSON, container: JSON, pod_ip: str, timeout: float) -> tuple[boo
     return False, f"HTTP probe failed with statuscode: {code}"
 
 
-def _exec(command: list[str], env: Mapping[str, str], cwd: str | None, timeout: float) -> tuple[bool, str]:
+def _exec(
+    command: list[str], env: Mapping[str, str], cwd: str | None, timeout: float, prefix: Sequence[str] = ()
+) -> tuple[bool, str]:
     if not command:
         return False, "exec probe without a command"
     try:
         proc = subprocess.Popen(
-            command,
+            [*prefix, *command],
             env=dict(env),
             cwd=cwd,
             stdout=subprocess.PIPE,
