@@ -1,7 +1,7 @@
 """The hardening in SGLang's real NIXL classes, in-process (prefill + decode managers,
 real NIXL over UCX on DRAM): each fix shown failing without it and holding with it.
 
-The scenarios run in a subprocess (``pdwarden_runtime.transfer.scenarios``): SGLang's
+The scenarios run in a subprocess (``tests/support/transfer_scenarios.py``): SGLang's
 NIXL threads never exit, and its runtime context is process-wide.
 """
 
@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from pdwarden_bench.runtime_procs import free_port
+from pdwarden_bench.ports import free_port
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ORDER = "roundtrip,race,prefill-abort,stall"  # stall last: without C it blocks a worker for good
 
@@ -38,9 +41,9 @@ def results() -> dict[str, dict]:
     """Both modes at once (two processes): the machine is small, the waits are long."""
     procs = {
         mode: subprocess.Popen(
-            [sys.executable, "-m", "pdwarden_runtime.transfer.scenarios", ORDER, "--hardening", mode,
+            [sys.executable, "-m", "tests.support.transfer_scenarios", ORDER, "--hardening", mode,
              "--port", str(free_port()), "--transfer-deadline", "1.0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         for mode in ("on", "off")
     }
     try:

@@ -3,9 +3,10 @@
 A prefill and a decode KV manager live in one process (each with its own NIXL agent,
 memory and threads, talking over loopback ZMQ/UCX as two pods would); each scenario drives
 rooms through SGLang's sender/receiver API exactly as SGLang's schedulers do, and prints
-one JSON line with what happened. Run as a subprocess (SGLang's threads never exit):
+one JSON line with what happened. Run as a subprocess from the repository root (SGLang's
+threads never exit):
 
-    python -m pdwarden_runtime.transfer.scenarios roundtrip,race,stall --hardening on --port 31500
+    python -m tests.support.transfer_scenarios roundtrip,race,stall --hardening on --port 31500
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from pdwarden_localcluster.testing import WaitTimeout, wait_for
 from pdwarden_runtime.hardening import HardeningConfig, install
 from pdwarden_runtime.hardening.config import ALL_FIXES, NO_FIXES, FaultSwitch
 from pdwarden_runtime.kvpoll import KVPoll
@@ -66,7 +68,7 @@ class Pair:
         sender = self.sender_cls(self.prefill, self.addr, room)
         dst = self.d_pool.take_pages(pages)
         recv.send_metadata(dst, aux_index=room % 64)
-        wait_for(lambda: sender.poll() != KVPoll.Bootstrapping, 10)
+        within(lambda: sender.poll() != KVPoll.Bootstrapping, 10)
         sender.init(pages, aux_index=room % 64)
         return sender, recv, dst
 
@@ -86,13 +88,13 @@ class Pair:
         }
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
+def within(predicate: Callable[[], bool], timeout: float) -> bool:
+    """Whether `predicate` came true within `timeout` (a scenario reports either outcome)."""
+    try:
+        wait_for(predicate, timeout, "a scenario's condition", 0.005, ())
+    except WaitTimeout:
+        return False
+    return True
 
 
 def terminal(value: Any) -> bool:
@@ -109,7 +111,7 @@ def scenario_roundtrip(pair: Pair) -> dict[str, Any]:
         pair.p_pool.aux_view(room % 64).fill_(40 + i)
         sender.send(src[:4])
         sender.send(src[4:])
-        wait_for(lambda s=sender, r=recv: bool(terminal(s.poll()) and terminal(r.poll())), 10)  # type: ignore[misc]
+        within(lambda s=sender, r=recv: bool(terminal(s.poll()) and terminal(r.poll())), 10)  # type: ignore[misc]
         ok = int(pair.d_pool.buffers[0].view(256, 4096)[dst[0]][0]) == 7 + i and int(
             pair.d_pool.aux_view(room % 64)[0]) == 40 + i
         results.append({"prefill": KVPoll(sender.poll()).name, "decode": KVPoll(recv.poll()).name,
@@ -133,9 +135,9 @@ def scenario_race(pair: Pair) -> dict[str, Any]:
     time.sleep(0.3)
     recv.abort()  # decode aborts: ABORT -> prefill's bootstrap thread
     sender.send(src[4:])  # the last chunk
-    wait_for(lambda: terminal(sender.poll()), 3.0)
+    within(lambda: terminal(sender.poll()), 3.0)
     prefill_state = KVPoll(sender.poll()).name
-    decode_told = wait_for(lambda: pair.decode.pdwarden.table.get(room) is not None
+    decode_told = within(lambda: pair.decode.pdwarden.table.get(room) is not None
                            and room in pair.decode.failure_records, 1.0)
     return {"prefill_final": prefill_state, "decode_status": KVPoll(recv.poll()).name,
             "decode_failure_record": pair.decode.failure_records.get(room), "decode_told": decode_told,
@@ -151,17 +153,17 @@ def scenario_stall(pair: Pair) -> dict[str, Any]:
     sender, recv, _dst = pair.open_room(room, 4)
     src = pair.p_pool.take_pages(4)
     sender.send(src)
-    concluded = wait_for(lambda: terminal(sender.poll()), pair.config.transfer_deadline + 5)
+    concluded = within(lambda: terminal(sender.poll()), pair.config.transfer_deadline + 5)
     stalled = {"prefill": KVPoll(sender.poll()).name, "decode": KVPoll(recv.poll()).name,
                "seconds": round(time.time() - t0, 2), "concluded": concluded}
-    wait_for(lambda: terminal(recv.poll()), 2)
+    within(lambda: terminal(recv.poll()), 2)
     stalled["decode_after"] = KVPoll(recv.poll()).name
     pair.config.fault.set("none")
     # the next room goes to the same worker (same decode endpoint -> same queue shard)
     nxt, nrecv, _ndst = pair.open_room(room + 1, 4)
     nsrc = pair.p_pool.take_pages(4)
     nxt.send(nsrc)
-    wait_for(lambda: terminal(nxt.poll()) and terminal(nrecv.poll()), 5)
+    within(lambda: terminal(nxt.poll()) and terminal(nrecv.poll()), 5)
     return {"stalled_room": stalled,
             "next_room": {"prefill": KVPoll(nxt.poll()).name, "decode": KVPoll(nrecv.poll()).name},
             **pair.rooms_summary()}
@@ -173,10 +175,10 @@ def scenario_prefill_abort(pair: Pair) -> dict[str, Any]:
     sender, recv, _dst = pair.open_room(room, 8)
     src = pair.p_pool.take_pages(8)
     sender.send(src[:4])
-    wait_for(lambda: pair.prefill.pdwarden.ledger.idle(room), 2)
+    within(lambda: pair.prefill.pdwarden.ledger.idle(room), 2)
     time.sleep(0.1)
     sender.abort()
-    told = wait_for(lambda: terminal(recv.poll()), 2.0)
+    told = within(lambda: terminal(recv.poll()), 2.0)
     return {"decode_told": told, "decode_status": KVPoll(recv.poll()).name,
             "prefill_status": KVPoll(sender.poll()).name, **pair.rooms_summary()}
 
