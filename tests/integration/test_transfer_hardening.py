@@ -1,8 +1,8 @@
 """The hardening in SGLang's real NIXL classes, in-process (prefill + decode managers,
 real NIXL over UCX on DRAM): each fix shown failing without it and holding with it.
 
-The scenarios run in a subprocess (``pdwarden_runtime.transfer.scenarios``): SGLang's
-NIXL threads never exit, and its runtime context is process-wide.
+The scenarios run in a subprocess (``pdwarden_runtime.transfer.scenarios``, which the runtime
+doctor uses too): SGLang's NIXL threads never exit, and its runtime context is process-wide.
 """
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from pdwarden_bench.runtime_procs import free_port
+from pdwarden_bench.ports import free_port
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
 
 ORDER = "roundtrip,race,prefill-abort,stall"  # stall last: without C it blocks a worker for good
 
@@ -40,7 +43,7 @@ def results() -> dict[str, dict]:
         mode: subprocess.Popen(
             [sys.executable, "-m", "pdwarden_runtime.transfer.scenarios", ORDER, "--hardening", mode,
              "--port", str(free_port()), "--transfer-deadline", "1.0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
         for mode in ("on", "emulated-port")
     }
     try:

@@ -6,6 +6,7 @@ import asyncio
 import math
 import threading
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 import pytest
 from aiohttp import web
@@ -132,14 +133,20 @@ async def test_operator_metrics_are_served_over_http() -> None:
         server.server_close()
 
 
+@dataclass
+class HostileServer:
+    url: str
+    body: bytes = b""  # what the endpoint serves next
+
+
 @pytest.fixture(scope="module")
-def hostile_server() -> Iterator[dict[str, bytes]]:
-    """A real HTTP endpoint on its own thread serving whatever body the test puts in the dict."""
+def hostile_server() -> Iterator[HostileServer]:
+    """A real HTTP endpoint on its own thread serving whatever body the test sets."""
     port = free_port(HOST)
-    current: dict[str, bytes] = {"body": b"", "url": f"http://{HOST}:{port}/metrics".encode()}
+    current = HostileServer(url=f"http://{HOST}:{port}/metrics")
 
     async def serve_current(_: web.Request) -> web.Response:
-        return web.Response(body=current["body"], content_type="text/plain")
+        return web.Response(body=current.body, content_type="text/plain")
 
     loop = asyncio.new_event_loop()
     app = web.Application()
@@ -161,14 +168,14 @@ def hostile_server() -> Iterator[dict[str, bytes]]:
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(body=hostile())
 def test_hostile_bodies_over_http_never_escape_the_scraper(
-    hostile_server: dict[str, bytes], body: str | bytes
+    hostile_server: HostileServer, body: str | bytes
 ) -> None:
-    hostile_server["body"] = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+    hostile_server.body = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
 
     async def once() -> None:
         scraper = Scraper(concurrency=1, timeout_seconds=5.0, max_bytes=64 * 1024)
         try:
-            (result,) = await scraper.scrape([Target("p", hostile_server["url"].decode())])
+            (result,) = await scraper.scrape([Target("p", hostile_server.url)])
         finally:
             await scraper.close()
         if result.sample is None:

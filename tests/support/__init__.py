@@ -1,1 +1,2 @@
-"""Harnesses shared by the tests (the e2e watchdog scenarios' cluster access and load)."""
+"""Harnesses the tests share: the watchdog e2e scenarios' cluster access and load
+(`watchdog_env`), a runtime's metrics on a fake clock (`runtime_metrics`)."""
