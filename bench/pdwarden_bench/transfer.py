@@ -54,8 +54,10 @@ def raw_nixl(size: int, chunk: int, iters: int) -> dict[str, Any]:
     port = free_port()
     base = [sys.executable, "-m", "pdwarden_runtime.transfer.raw_nixl"]
     limit = ["--timeout", str(RAW_TIMEOUT_S)]
-    target = subprocess.Popen([*base, "target", "--port", str(port), "--size", str(size), *limit],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    # The target outlives the initiator's limit, so it is there to confirm the bytes.
+    target = subprocess.Popen([*base, "target", "--port", str(port), "--size", str(size),
+                               "--timeout", str(RAW_TIMEOUT_S + 30)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         try:
             out = subprocess.run([*base, "initiator", "--port", str(port), "--size", str(size),
