@@ -66,9 +66,13 @@ def run_target(port: int, size: int, timeout: float) -> None:
 def _write(agent: Any, local: Any, remote: Any, peer: str, end: float) -> None:
     handle = agent.initialize_xfer("WRITE", local, remote, peer)
     state = agent.transfer(handle)
+    polls = 0
     while state == "PROC":
         if time.monotonic() > end:
             _fail("initiator: a WRITE is still in progress at the time limit")
+        polls += 1
+        if polls > 200:  # leave the CPU to the target's progress on a small machine
+            time.sleep(0.0002)
         state = agent.check_xfer_state(handle)
     if state != "DONE":
         _fail(f"initiator: WRITE ended {state}")
@@ -109,7 +113,7 @@ def run_initiator(port: int, size: int, chunk: int, iters: int, timeout: float) 
             _write(agent, *shapes[shape], peer, end)
             rates[shape].append(size / (time.perf_counter() - t0) / 1e9)
     sock.send(b"done")
-    if not sock.poll(int(max(1.0, end - time.monotonic()) * 1000)):
+    if not sock.poll(30_000):
         _fail("initiator: the target did not confirm")
     check = json.loads(sock.recv())
     result = {f"{shape}_gbps_median": statistics.median(rates[shape]) for shape in SHAPES}
