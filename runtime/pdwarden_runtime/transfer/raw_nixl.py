@@ -60,6 +60,10 @@ def run_target(port: int, size: int, timeout: float) -> None:
             _fail(f"target: initiator not done after {timeout:.0f}s")
     sock.recv()
     sock.send(json.dumps({"last_byte": int(buf[-1]), "first_byte": int(buf[0])}).encode())
+    # ZMQ sends from its I/O thread: flush (bounded) before the hard exit.
+    context = sock.context
+    sock.close(linger=10_000)
+    context.term()
     os._exit(0)
 
 
