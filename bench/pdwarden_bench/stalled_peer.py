@@ -38,9 +38,26 @@ LATER_REQUESTS: Final = 24
 
 
 def runtime_flags(transfer_deadline: float, hardening: str) -> list[str]:
-    return ["--hardening", hardening, "--layers", "2", "--page-bytes", "65536", "--pool-pages", "512",
-            "--aux-slots", "256", "--page-size", "16", "--chunk-pages", "2",
-            "--transfer-deadline", str(transfer_deadline), "--inflight-deadline", "120"]
+    return [
+        "--hardening",
+        hardening,
+        "--layers",
+        "2",
+        "--page-bytes",
+        "65536",
+        "--pool-pages",
+        "512",
+        "--aux-slots",
+        "256",
+        "--page-size",
+        "16",
+        "--chunk-pages",
+        "2",
+        "--transfer-deadline",
+        str(transfer_deadline),
+        "--inflight-deadline",
+        "120",
+    ]
 
 
 @dataclass
@@ -67,18 +84,31 @@ async def _poll_state(rt: Runtime) -> dict[str, Any]:
     return await asyncio.get_running_loop().run_in_executor(None, rt.state)
 
 
-async def run_pair(prefill: Runtime, decode: Runtime, *, freeze: float, concurrency: int,
-                   room_base: int, settle_timeout: float = 60.0) -> PairRun:
+async def run_pair(
+    prefill: Runtime,
+    decode: Runtime,
+    *,
+    freeze: float,
+    concurrency: int,
+    room_base: int,
+    settle_timeout: float = 60.0,
+) -> PairRun:
     endpoint = Endpoint(prefill.url, decode.url, prefill.host, prefill.bootstrap_port)
     result = PairRun()
     rooms = itertools.count(room_base)
     before = samples(prefill.metrics())
     stop_load = asyncio.Event()
     async with new_session() as session:
+
         async def client() -> None:
             while not stop_load.is_set():
-                await pd_request(session, endpoint, next(rooms), prompt_tokens=PROMPT_TOKENS,
-                                 timeout=freeze + settle_timeout)
+                await pd_request(
+                    session,
+                    endpoint,
+                    next(rooms),
+                    prompt_tokens=PROMPT_TOKENS,
+                    timeout=freeze + settle_timeout,
+                )
 
         load = [asyncio.ensure_future(client()) for _ in range(concurrency)]
         try:
@@ -105,17 +135,23 @@ async def run_pair(prefill: Runtime, decode: Runtime, *, freeze: float, concurre
                 decode.proc.signal(signal.SIGCONT)
             _, pending = await asyncio.wait(load, timeout=settle_timeout)
             if pending:
-                raise TimeoutError(f"{len(pending)} clients still waiting {settle_timeout:.0f}s "
-                                   "after SIGCONT")
+                raise TimeoutError(
+                    f"{len(pending)} clients still waiting {settle_timeout:.0f}s after SIGCONT"
+                )
         finally:
             stop_load.set()
             for task in load:
                 task.cancel()
             await asyncio.gather(*load, return_exceptions=True)
         # later requests reuse the pages the stalled rooms held
-        outcomes = await asyncio.gather(*(
-            pd_request(session, endpoint, next(rooms), prompt_tokens=PROMPT_TOKENS, timeout=settle_timeout)
-            for _ in range(LATER_REQUESTS)))
+        outcomes = await asyncio.gather(
+            *(
+                pd_request(
+                    session, endpoint, next(rooms), prompt_tokens=PROMPT_TOKENS, timeout=settle_timeout
+                )
+                for _ in range(LATER_REQUESTS)
+            )
+        )
         result.later = [outcome for outcome, _ in outcomes]
     end = time.monotonic() + settle_timeout
     while True:
@@ -126,8 +162,9 @@ async def run_pair(prefill: Runtime, decode: Runtime, *, freeze: float, concurre
     result.leftover_rooms = dict(state.get("rooms", {}))
     result.quarantined_left = int(state.get("quarantined_handles", 0))
     after = samples(prefill.metrics())
-    result.deadline_failures = (metric_sum(after, c.METRIC_KV_TRANSFERS_TOTAL, outcome="deadline")
-                                - metric_sum(before, c.METRIC_KV_TRANSFERS_TOTAL, outcome="deadline"))
+    result.deadline_failures = metric_sum(
+        after, c.METRIC_KV_TRANSFERS_TOTAL, outcome="deadline"
+    ) - metric_sum(before, c.METRIC_KV_TRANSFERS_TOTAL, outcome="deadline")
     result.corrupted_pages = metric_sum(samples(decode.metrics()), c.METRIC_KV_VERIFY_FAILURES_TOTAL)
     return result
 

@@ -3,7 +3,7 @@ the scenario it follows is `pdwarden_cli.demo_scenario`, what it shows `pdwarden
 
 Starts the embedded cluster, installs the Helm chart, deploys examples/synthetic.yaml
 (2 prefill, 2 decode, 1 router), sends steady traffic through the router with some
-clients cancelling, injects the seed's status race into ONE prefill pod, and shows the
+clients cancelling, injects the emulated NIXL port's status race into ONE prefill pod, and shows the
 wedge detected, the pod restarted, traffic recovering, the Events and status entries,
 and the alerts that fired (the chart's rules evaluated by promtool over the scraped
 series). Cleans up after itself; exits non-zero if any of that did not happen.
@@ -174,7 +174,8 @@ async def run_demo(kube: DemoCluster, steps: Steps, result: DemoResult, seen: Ob
 
     steps.say(
         f"Deploying {EXAMPLE.name}: 2 prefill, 2 decode, 1 router (engine synthetic); prefill runs "
-        f"with {' '.join(PREFILL_DEMO_ARGS)} so that the race can wedge it: the operator is the last layer"
+        f"with {' '.join(PREFILL_DEMO_ARGS)} (the emulated NIXL port) so that the race can wedge it: "
+        "the operator is the last layer"
     )
     await asyncio.to_thread(kube.create_model, manifest)
     with steps.waiting("waiting for the model to be Ready ..."):
@@ -287,8 +288,9 @@ async def traffic_and_fault(
     victim_name, victim_ip = victim["metadata"]["name"], pod_ip(victim) or ""
     result.wedged_pod = victim_name
     steps.say(
-        f"Injecting the seed's race ({FAULT}) into prefill pod {victim_name}: an ABORT that lands "
-        "between a chunk's transfer and its status write now resurrects the room"
+        f"Injecting the emulated NIXL port's race ({FAULT}: max() status, eager pop on ABORT, late "
+        f"Transferring write; stock SGLang 0.5.23 is not subject to it) into prefill pod {victim_name}: "
+        "an ABORT that lands between a chunk's transfer and its status write now resurrects the room"
     )
     answer = await inject_fault(victim_ip)
     t_inject = seen.inject_time = time.time()

@@ -23,10 +23,24 @@ INFLIGHT_DEADLINE = 2.0
 
 def _run(scenarios: str, hardening: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "pdwarden_runtime.transfer.scenarios", scenarios, "--hardening", hardening,
-         "--port", str(free_port()), "--transfer-deadline", "1.0",
-         "--inflight-deadline", str(INFLIGHT_DEADLINE)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pdwarden_runtime.transfer.scenarios",
+            scenarios,
+            "--hardening",
+            hardening,
+            "--port",
+            str(free_port()),
+            "--transfer-deadline",
+            "1.0",
+            "--inflight-deadline",
+            str(INFLIGHT_DEADLINE),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _parse(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -44,8 +58,10 @@ def _parse(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def results() -> Iterator[dict[str, dict[str, Any]]]:
-    procs = {"on": _run("hook-error,enqueue-popped,prefill-vanished,dead-worker", "on"),
-             "emulated-port": _run("enqueue-popped", "emulated-port")}
+    procs = {
+        "on": _run("hook-error,enqueue-popped,prefill-vanished,dead-worker", "on"),
+        "emulated-port": _run("enqueue-popped", "emulated-port"),
+    }
     try:
         yield {mode: _parse(proc) for mode, proc in procs.items()}
     finally:

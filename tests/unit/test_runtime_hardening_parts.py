@@ -123,8 +123,11 @@ def test_new_metric_families_are_exported_with_their_contract_names() -> None:
     fams = _families(rt)
     states = {labels["state"] for labels, _ in fams[c.METRIC_KV_OLDEST_IN_STATE]}
     assert states == {"bootstrapping", "waiting_for_input", "transferring"}
-    errors = {labels["where"]: v for labels, v in fams[c.METRIC_RUNTIME_ERRORS_BASE]
-              if labels.get("where") and not labels.get("__name__")}
+    errors = {
+        labels["where"]: v
+        for labels, v in fams[c.METRIC_RUNTIME_ERRORS_BASE]
+        if labels.get("where") and not labels.get("__name__")
+    }
     assert errors["chunk_taken"] == 1 and errors["enqueue"] == 1 and errors["abort"] == 0
     assert fams[c.METRIC_KV_HANDLES_QUARANTINED] == [({"role": "prefill"}, 0.0)]
     verify = [v for labels, v in fams[c.METRIC_KV_VERIFY_FAILURES_BASE] if labels == {"role": "prefill"}]

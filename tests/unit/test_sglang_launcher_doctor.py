@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pdwarden_runtime.doctor import FIXES, render_text, verdict
 
 pytestmark = pytest.mark.unit
 
-GOOD = {
+GOOD: dict[str, Any] = {
     "seam": {"seam": "sitecustomize", "activated": True},
     "versions": {"sglang": "0.5.23", "nixl": "1.5.1"},
     "supported": {"sglang": True, "nixl": True},

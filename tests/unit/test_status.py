@@ -239,6 +239,9 @@ def test_bad_outcome_is_recorded_as_failed_not_raised() -> None:
         def abandoned(self, room: int) -> None:
             pass
 
+        def entered(self, room: int, status: KVPoll) -> None:
+            pass
+
     recorder = Recorder()
     table = RoomStatusTable("sticky", observer=recorder)
     table.open(1, B)

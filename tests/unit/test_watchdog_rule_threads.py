@@ -26,7 +26,8 @@ def test_dead_thread_on_two_consecutive_scrapes_is_wedged_even_when_idle() -> No
     verdicts = replay([body(0, 0, 5) + threads(4), body(0, 0, 5) + threads(3), body(0, 0, 5) + threads(3)])
     assert [v.state for v in verdicts] == ["ok", "ok", "wedged"]
     assert verdicts[-1].reason == (
-        "essential thread dead on 2 consecutive scrapes: nixl_transfer_worker 3/4 alive")
+        "essential thread dead on 2 consecutive scrapes: nixl_transfer_worker 3/4 alive"
+    )
 
 
 def test_all_threads_alive_or_no_thread_metrics_changes_nothing() -> None:

@@ -46,9 +46,14 @@ class _Entry:
 class HandleQuarantine:
     """Quarantined handles per room, polled by one daemon thread until they settle."""
 
-    def __init__(self, read_state: StateReader, release: Callable[[Any], None],
-                 on_settled: SettledListener, on_error: Callable[[str], None] | None = None,
-                 poll_s: float = POLL_S) -> None:
+    def __init__(
+        self,
+        read_state: StateReader,
+        release: Callable[[Any], None],
+        on_settled: SettledListener,
+        on_error: Callable[[str], None] | None = None,
+        poll_s: float = POLL_S,
+    ) -> None:
         self._read_state = read_state
         self._release = release
         self._on_settled = on_settled
@@ -132,8 +137,11 @@ class HandleQuarantine:
             self._entries.remove(entry)
             for ending in entry.ended:
                 self._ended[ending] += 1
-        log.warning("room %s: quarantined transfer handles settled (%s); its decode pages may be freed",
-                    entry.room, ", ".join(entry.ended))
+        log.warning(
+            "room %s: quarantined transfer handles settled (%s); its decode pages may be freed",
+            entry.room,
+            ", ".join(entry.ended),
+        )
         self._on_settled(entry.room)
 
     def _release_quietly(self, handle: Any) -> None:

@@ -34,7 +34,8 @@ PINNED_SIGNATURES: Final = {
     ("NixlKVManager", "_handle_abort_notification"): "self msg",
     ("NixlKVManager", "add_transfer_request"): (
         "self bootstrap_room kv_indices index_slice is_last_chunk aux_index= state_indices= "
-        "num_kv_tokens= wait_event*= indices_event*= trace_ctx*="),
+        "num_kv_tokens= wait_event*= indices_event*= trace_ctx*="
+    ),
     ("NixlKVSender", "clear"): "self",
 }
 CHECK_DEADLINE_S: Final = 0.5
@@ -61,8 +62,12 @@ def check_signatures() -> dict[str, Any]:
     for cls_name, hardened in HARDENED_CLASSES.items():
         upstream_cls = getattr(conn, cls_name)
         for method, fn in vars(hardened).items():
-            if callable(fn) and not method.startswith("__") and hasattr(upstream_cls, method) \
-                    and (cls_name, method) not in PINNED_SIGNATURES:
+            if (
+                callable(fn)
+                and not method.startswith("__")
+                and hasattr(upstream_cls, method)
+                and (cls_name, method) not in PINNED_SIGNATURES
+            ):
                 drift.append(f"{cls_name}.{method} is overridden but has no pinned signature")
     return {"ok": not drift, "checked": len(PINNED_SIGNATURES), "problems": drift}
 
@@ -81,9 +86,15 @@ def behaviour_checks(free_port: Callable[[], int]) -> dict[str, Any]:
     from pdwarden_runtime.hardening.config import FaultSwitch, installed_config
 
     report: dict[str, Any] = {"signatures": _guarded(check_signatures)}
-    config = dataclasses.replace(installed_config(), transfer_deadline=CHECK_DEADLINE_S, fault=FaultSwitch(),
-                                 metrics_port=None, stock_classes=False,
-                                 fixes=frozenset("ABCDE"), inflight_deadline=None)
+    config = dataclasses.replace(
+        installed_config(),
+        transfer_deadline=CHECK_DEADLINE_S,
+        fault=FaultSwitch(),
+        metrics_port=None,
+        stock_classes=False,
+        fixes=frozenset("ABCDE"),
+        inflight_deadline=None,
+    )
     try:
         from pdwarden_runtime.transfer.scenarios import Pair
 
@@ -115,8 +126,12 @@ def _sticky_failed(pair: Any) -> dict[str, Any]:
     refused = mgr.pdwarden.table.refused().get((KVPoll.Failed, KVPoll.Transferring), 0)
     mgr.request_status.pop(room, None)
     ok = final is KVPoll.Failed and refused >= 1
-    return {"ok": ok, "final": final.name, "refused": refused,
-            "problems": [] if ok else [f"Failed -> Transferring was not refused (room ended {final.name})"]}
+    return {
+        "ok": ok,
+        "final": final.name,
+        "refused": refused,
+        "problems": [] if ok else [f"Failed -> Transferring was not refused (room ended {final.name})"],
+    }
 
 
 def _stalled_no_ack(pair: Any) -> dict[str, Any]:
@@ -144,6 +159,11 @@ def _stalled_no_ack(pair: Any) -> dict[str, Any]:
         problems.append("decode was told its pages are free while the handle could still write")
     if not told_after:
         problems.append("decode was never told after the quarantined handle settled")
-    return {"ok": not problems, "room_failed": failed, "quarantined": quarantined,
-            "decode_told_while_quarantined": told_early, "decode_told_after": told_after,
-            "problems": problems}
+    return {
+        "ok": not problems,
+        "room_failed": failed,
+        "quarantined": quarantined,
+        "decode_told_while_quarantined": told_early,
+        "decode_told_after": told_after,
+        "problems": problems,
+    }
