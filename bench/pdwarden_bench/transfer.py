@@ -25,10 +25,19 @@ from typing import Any
 import click
 
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
-from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, free_port, wait_healthy
+from pdwarden_bench.ports import free_port
+from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, wait_healthy
 
-_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+}
 PAGE_TOKENS = 16
 RAW_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 180.0
@@ -55,20 +64,38 @@ def raw_nixl(size: int, chunk: int, iters: int) -> dict[str, Any]:
     base = [sys.executable, "-m", "pdwarden_runtime.transfer.raw_nixl"]
     limit = ["--timeout", str(RAW_TIMEOUT_S)]
     # The target outlives the initiator's limit, so it is there to confirm the bytes.
-    target = subprocess.Popen([*base, "target", "--port", str(port), "--size", str(size),
-                               "--timeout", str(RAW_TIMEOUT_S + 30)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    target = subprocess.Popen(
+        [*base, "target", "--port", str(port), "--size", str(size), "--timeout", str(RAW_TIMEOUT_S + 30)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         try:
-            out = subprocess.run([*base, "initiator", "--port", str(port), "--size", str(size),
-                                  "--chunk", str(chunk), "--iters", str(iters), *limit],
-                                 capture_output=True, text=True, timeout=RAW_TIMEOUT_S + 30)
+            out = subprocess.run(
+                [
+                    *base,
+                    "initiator",
+                    "--port",
+                    str(port),
+                    "--size",
+                    str(size),
+                    "--chunk",
+                    str(chunk),
+                    "--iters",
+                    str(iters),
+                    *limit,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=RAW_TIMEOUT_S + 30,
+            )
         except subprocess.TimeoutExpired:
             raise BenchError(f"raw NIXL: no result within {RAW_TIMEOUT_S + 30:.0f}s") from None
         lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
         if not lines:
-            raise BenchError(f"raw NIXL: the initiator printed nothing (rc={out.returncode}):\n"
-                             f"{out.stderr[-2000:]}")
+            raise BenchError(
+                f"raw NIXL: the initiator printed nothing (rc={out.returncode}):\n{out.stderr[-2000:]}"
+            )
         result: dict[str, Any] = json.loads(lines[-1])
         if "error" in result:
             raise BenchError(f"raw NIXL: {result['error']}")
@@ -83,17 +110,34 @@ def raw_nixl(size: int, chunk: int, iters: int) -> dict[str, Any]:
 def _flags(size: int, chunk: int, hardening: str) -> list[str]:
     # One layer (a K and a V buffer); a chunk is one page of each: page = chunk / 2.
     pages = size // chunk
-    return ["--hardening", hardening, "--layers", "1", "--page-bytes", str(chunk // 2),
-            "--pool-pages", str(pages + 1), "--chunk-pages", "1", "--aux-slots", "4",
-            "--page-size", str(PAGE_TOKENS), "--transfer-deadline", str(REQUEST_TIMEOUT_S)]
+    return [
+        "--hardening",
+        hardening,
+        "--layers",
+        "1",
+        "--page-bytes",
+        str(chunk // 2),
+        "--pool-pages",
+        str(pages + 1),
+        "--chunk-pages",
+        "1",
+        "--aux-slots",
+        "4",
+        "--page-size",
+        str(PAGE_TOKENS),
+        "--transfer-deadline",
+        str(REQUEST_TIMEOUT_S),
+    ]
 
 
-async def _one(session: Any, pair: tuple[Runtime, Runtime], room: int, size: int, chunk: int,
-               name: str) -> float:
+async def _one(
+    session: Any, pair: tuple[Runtime, Runtime], room: int, size: int, chunk: int, name: str
+) -> float:
     prefill, decode = pair
     endpoint = Endpoint(prefill.url, decode.url, prefill.host, prefill.bootstrap_port)
-    outcome, answer = await pd_request(session, endpoint, room, prompt_tokens=size // chunk * PAGE_TOKENS,
-                                       timeout=REQUEST_TIMEOUT_S)
+    outcome, answer = await pd_request(
+        session, endpoint, room, prompt_tokens=size // chunk * PAGE_TOKENS, timeout=REQUEST_TIMEOUT_S
+    )
     if outcome != COMPLETED:
         raise BenchError(f"{name}: the transfer did not complete: {str(answer)[:300]}")
     meta = answer.get("prefill_meta_info") or {}
@@ -107,9 +151,13 @@ async def _one(session: Any, pair: tuple[Runtime, Runtime], room: int, size: int
 
 def runtime_paths(size: int, chunk: int, iters: int) -> dict[str, list[float]]:
     with Fleet() as fleet:
-        pairs = {mode: (fleet.runtime("prefill", extra=_flags(size, chunk, flag)),
-                        fleet.runtime("decode", extra=_flags(size, chunk, flag)))
-                 for mode, flag in (("stock", "off"), ("hardened", "on"))}
+        pairs = {
+            mode: (
+                fleet.runtime("prefill", extra=_flags(size, chunk, flag)),
+                fleet.runtime("decode", extra=_flags(size, chunk, flag)),
+            )
+            for mode, flag in (("stock", "off"), ("hardened", "on"))
+        }
         try:
             wait_healthy([rt for pair in pairs.values() for rt in pair], timeout=START_TIMEOUT_S)
         except (TimeoutError, RuntimeError) as err:
@@ -148,16 +196,23 @@ def transfer(size: str, chunk: str, iters: int, as_json: bool) -> None:
         raise click.ClickException(str(err)) from None
     stock, hardened = statistics.median(rates["stock"]), statistics.median(rates["hardened"])
     result: dict[str, Any] = {
-        "size_bytes": total, "chunk_bytes": piece, "iters": iters,
-        "stock_gbps": round(stock, 3), "hardened_gbps": round(hardened, 3),
+        "size_bytes": total,
+        "chunk_bytes": piece,
+        "iters": iters,
+        "stock_gbps": round(stock, 3),
+        "hardened_gbps": round(hardened, 3),
         "hardened_over_stock": round(hardened / stock, 3),
     }
     _progress(f"transfer: raw NIXL (large and batched WRITE), {size}, x{iters}")
     try:
         raw = raw_nixl(total, piece, iters)
     except BenchError as err:  # the figures above still stand; say why this one is missing
-        result |= {"raw_nixl_best_gbps": None, "stock_over_raw_best": None, "raw_nixl_error": str(err),
-                   "seconds": round(time.perf_counter() - t0, 1)}
+        result |= {
+            "raw_nixl_best_gbps": None,
+            "stock_over_raw_best": None,
+            "raw_nixl_error": str(err),
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
         print(json.dumps(result, sort_keys=True), flush=True)
         sys.exit(1)
     raw_best = max(raw["large_gbps_median"], raw["batched_gbps_median"])

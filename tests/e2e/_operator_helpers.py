@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.testing import Kubectl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,6 +20,13 @@ def kubectl_with_crd(kubeconfig: str | Path) -> Kubectl:
     k.run("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
     k.run("wait", "--for=condition=Established", "crd/disaggregatedmodels.pdwarden.io", "--timeout=60s")
     return k
+
+
+def operator_for_prefix(kubeconfig: str | Path, ns_prefix: str, log: Path) -> Iterator[OperatorProcess]:
+    """An operator watching the namespaces that start with `ns_prefix`, for a module's tests."""
+    with OperatorProcess(kubeconfig, namespaces=(f"{ns_prefix}*",), log_path=log) as op:
+        yield op
+    print(f"operator log: {log}")
 
 
 def new_namespace(kubectl: Kubectl, prefix: str) -> Iterator[str]:

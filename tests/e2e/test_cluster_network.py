@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.runtime_procs import free_port
+from pdwarden_bench.ports import free_port
 from pdwarden_localcluster import network
 from pdwarden_localcluster.cluster import ClusterInfo, ports
 from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
+from tests.support.kube_objects import deployment
 
 pytestmark = pytest.mark.e2e
 
@@ -163,22 +164,6 @@ def test_a_pod_reaches_the_api_server_with_its_service_account(kubectl: Kubectl,
 # --- Services, DNS, exec, port-forward --------------------------------------------------------
 
 
-def deployment(name: str, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"terminationGracePeriodSeconds": 2, "containers": [server()]},
-            },
-        },
-    }
-
-
 def service(name: str, port: int = 80, headless: bool = False) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "selector": {"app": name},
@@ -216,7 +201,7 @@ def served_by(url: str, tries: int) -> set[str]:
 def test_a_cluster_ip_service_routes_from_the_host_and_traffic_follows_scaling(
     kubectl: Kubectl, namespace: str
 ) -> None:
-    kubectl.apply(deployment("web", 2), namespace)
+    kubectl.apply(deployment("web", 2, server(), grace_seconds=2), namespace)
     kubectl.apply(service("web"), namespace)
     pods = wait_for(lambda: ready_web_pods(kubectl, namespace, 2), 90, "2 Ready web pods")
     ips = {p["status"]["podIP"] for p in pods}
@@ -251,7 +236,7 @@ def ready_web_pods(kubectl: Kubectl, ns: str, count: int) -> list[dict[str, Any]
 
 
 def test_pods_reach_a_service_by_its_dns_names(kubectl: Kubectl, namespace: str) -> None:
-    kubectl.apply(deployment("web", 1), namespace)
+    kubectl.apply(deployment("web", 1, server(), grace_seconds=2), namespace)
     kubectl.apply(service("web"), namespace)
     wait_for(lambda: ready_web_pods(kubectl, namespace, 1), 90, "a Ready web pod")
     kubectl.apply(pod("short", [fetcher("http://web/")]), namespace)
@@ -291,7 +276,7 @@ def test_kubectl_exec_runs_in_the_pods_namespaces_with_its_environment(
 
 
 def test_kubectl_port_forward_to_a_service_reaches_a_pod(kubectl: Kubectl, namespace: str) -> None:
-    kubectl.apply(deployment("web", 1), namespace)
+    kubectl.apply(deployment("web", 1, server(), grace_seconds=2), namespace)
     kubectl.apply(service("web"), namespace)
     wait_for(lambda: ready_web_pods(kubectl, namespace, 1), 90, "a Ready web pod")
     local = free_port()

@@ -21,6 +21,7 @@ from pdwarden_bench.ports import free_port_base
 from pdwarden_localcluster import build, network, procs
 from pdwarden_localcluster.cluster import ClusterInfo, Ports, admin_api, ports
 from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
+from tests.support.kube_objects import deployment
 
 pytestmark = pytest.mark.e2e
 
@@ -34,22 +35,6 @@ def http_server_container(name: str = "web", **extra: Any) -> dict[str, Any]:
         "command": ["python", "-m", "http.server", "8080", "--bind", "$(POD_IP)"],
         "ports": [{"name": "http", "containerPort": 8080}],
         **extra,
-    }
-
-
-def deployment(name: str, replicas: int, container: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"terminationGracePeriodSeconds": 5, "containers": [container]},
-            },
-        },
     }
 
 

@@ -19,7 +19,7 @@ from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import Kubectl, wait_for
 
-from ._operator_helpers import ROOT, condition, kubectl_with_crd, new_namespace
+from ._operator_helpers import ROOT, condition, kubectl_with_crd, new_namespace, operator_for_prefix
 
 pytestmark = pytest.mark.e2e
 
@@ -49,11 +49,9 @@ def kubectl(cluster) -> Kubectl:  # type: ignore[no-untyped-def]
 def operator(
     cluster, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:  # type: ignore[no-untyped-def]
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = OperatorProcess(cluster.kubeconfig, namespaces=(f"{NS_PREFIX}*",), log_path=log)
-    with op:
-        yield op
-    print(f"operator log: {log}")
+    yield from operator_for_prefix(
+        cluster.kubeconfig, NS_PREFIX, tmp_path_factory.mktemp("operator") / "operator.log"
+    )
 
 
 @pytest.fixture

@@ -26,10 +26,9 @@ from typing import Any
 import pytest
 
 from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import wait_for
 
-from ._operator_helpers import ROOT, Kubectl, condition, kubectl_with_crd, new_namespace
+from ._operator_helpers import ROOT, Kubectl, condition, kubectl_with_crd, new_namespace, operator_for_prefix
 
 pytestmark = pytest.mark.e2e
 
@@ -55,13 +54,9 @@ def kubectl(cluster) -> Kubectl:  # type: ignore[no-untyped-def]
 def operator(
     cluster, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:  # type: ignore[no-untyped-def]
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    op = OperatorProcess(
-        cluster.kubeconfig, namespaces=(f"{NS_PREFIX}*",), health_port=free_port(), log_path=log
+    yield from operator_for_prefix(
+        cluster.kubeconfig, NS_PREFIX, tmp_path_factory.mktemp("operator") / "operator.log"
     )
-    with op:
-        yield op
-    print(f"operator log: {log}")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.runtime_procs import free_port
+from pdwarden_bench.ports import free_port
 
 pytestmark = pytest.mark.integration
 
