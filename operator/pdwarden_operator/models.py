@@ -367,7 +367,11 @@ class TransferSpec(_Base):
     )
     transfer_deadline_seconds: int = Field(
         60,
-        description="The runtime releases a single KV transfer that makes no progress for this long.",
+        description=(
+            "A KV transfer that makes no progress this long fails its room on prefill; its NIXL "
+            "handles are kept and polled until they can no longer write, and only then is decode "
+            "told its pages are free."
+        ),
         ge=1,
         le=86400,
     )
