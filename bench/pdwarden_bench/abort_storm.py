@@ -4,11 +4,11 @@ It starts a synthetic prefill and decode runtime (real processes, real NIXL), se
 ``--requests`` requests through both legs as sglang-router does, and disconnects
 ``--abort-ratio`` of them at a random point: the client (both legs, as through the
 router) or, for ``--decode-abort-share`` of them, decode alone (prefill learns of it only
-through SGLang's ABORT message, as in the seed's race). ``--transfer-abort-share`` of the
+through SGLang's ABORT message, as in the emulated port's race). ``--transfer-abort-share`` of the
 aborts happen inside the KV transfer phase (a long prompt spends much of its life there):
 the client watches the prefill room (``GET /debug/room/{room}``) and disconnects once it
 reads Transferring; the rest at a random point up to 1.5x the median latency.
-The prefill runs the seed's race timing (``--fault emulated-maxstatus-port-race`` with a short
+The prefill runs the emulated port's race timing (``--fault emulated-maxstatus-port-race`` with a short
 ``--race-window``): a finished chunk's status write waits for an ABORT that lands in
 that window. After the storm settles it counts rooms left non-terminal (wedged) and
 refused status writes. ``--compare-legacy`` repeats the storm on the emulated NIXL port

@@ -73,7 +73,7 @@ async def pd_request(session: aiohttp.ClientSession, endpoint: Endpoint, room: i
 
     ``decode_only_abort``: at ``abort_after`` only the decode leg disconnects (decode
     aborts the request; prefill learns of it through SGLang's ABORT alone, as in the
-    seed's race); the prefill leg is left running and appended to ``detached``."""
+    emulated port's race); the prefill leg is left running and appended to ``detached``."""
     body = {**request_body(room, prompt_tokens, max_new_tokens, endpoint), **(extra or {})}
     t0 = time.perf_counter()
     prefill_done_at: list[float] = []  # when prefill answered (its room concluded)

@@ -94,7 +94,7 @@ STICKY_TRANSITIONS: Final[dict[tuple[KVPoll, KVPoll], Rule]] = {
     # --- from Failed: terminal, nothing leaves it until clear() -------------------------
     (F, B): Rule.REFUSE_TERMINAL,
     (F, W): Rule.REFUSE_TERMINAL,
-    # THE seed's race: a worker finishing a chunk after ABORT wrote Failed. Under max()
+    # The emulated port's race: a worker finishing a chunk after ABORT wrote Failed. Under max()
     # this resurrected the room and it then stayed Transferring forever.
     (F, T): Rule.REFUSE_TERMINAL,
     # A worker's completion arriving after the room failed: the failure stands.

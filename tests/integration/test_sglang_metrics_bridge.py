@@ -46,7 +46,7 @@ for room in range(n_done):
 for room in range(n_done, n_done + n_failed):
     table.update(room, KVPoll.Transferring)
     table.update(room, KVPoll.Failed)
-    table.update(room, KVPoll.Transferring)  # the seed's race: refused, counted
+    table.update(room, KVPoll.Transferring)  # the emulated port's race: refused, counted
 metrics.add_bytes(1000 * n_done)
 b.flush()
 # a room that concludes later shows up without another explicit flush (the bridge thread)

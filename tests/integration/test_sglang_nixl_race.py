@@ -1,4 +1,4 @@
-"""The seed's race through SGLang's real NIXL classes, in a process spawned like SGLang's scheduler.
+"""The emulated port's race through SGLang's real NIXL classes, in a child spawned like its scheduler.
 
 The test process sets the launcher's environment (``seam_env``) and starts a child with
 ``multiprocessing``'s ``spawn`` context, as SGLang starts its scheduler; in the child the
@@ -11,8 +11,7 @@ the room Failed and drops its transfer info, the held write comes, then the last
 Hardened, the room ends Failed on both sides and the resurrecting write is refused and
 counted. The control run (`emulated-port`: the emulated NIXL port with the old max() rule,
 same seam) shows the wedge the test guards against.
-SGLang's runtime-context getters are replaced in the child (no model, no GPU), as in
-/work/shared/research/sgl_nixl_cpu.py.
+SGLang's runtime-context getters are replaced in the child (no model, no GPU).
 """
 
 from __future__ import annotations
@@ -238,7 +237,7 @@ def test_hardened_sglang_nixl_race_ends_failed(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_control_without_hardening_wedges(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    """Same seam, fixes off: the prefill room is stuck in Transferring (the seed's bug)."""
+    """Same seam, fixes off: the prefill room is stuck in Transferring (the emulated port's bug)."""
     config = {"engine": "sglang", "fault": "emulated-maxstatus-port-race", "race_window": 5,
               "hardening": "emulated-port"}
     # 15 s: well past the 5 s race window; a wedged room never concludes

@@ -73,7 +73,7 @@ def test_roundtrip_moves_and_verifies_data(hardened: dict) -> None:
 
 def test_legacy_status_race_wedges_without_hardening(legacy: dict) -> None:
     race = legacy["race"]
-    # The seed's bug, reproduced in SGLang's own worker: the ABORT's Failed was
+    # The emulated port's bug, replayed in SGLang's own worker: the ABORT's Failed was
     # overwritten by the chunk's late Transferring, the last chunk was skipped silently.
     assert race["prefill_final"] == "Transferring"
     assert race["prefill_rooms"] == {"4242": "Transferring"}

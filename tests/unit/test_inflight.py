@@ -86,7 +86,7 @@ def test_legacy_resurrection_shows_up_as_inflight_again() -> None:
     table.update(1, T)
     table.update(1, F, outcome="aborted")
     assert tracker.count() == 0
-    table.update(1, T)  # the seed's race: max(0, 3)
+    table.update(1, T)  # the emulated port's race: max(0, 3)
     clock.now += 60
     assert tracker.count() == 1  # the wedge, made visible
     assert tracker.oldest_age() == pytest.approx(60.0)

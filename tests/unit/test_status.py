@@ -1,4 +1,4 @@
-"""The status table: the seed's race replayed, the sticky policy row by row, legacy max()."""
+"""The status table: the emulated port's race replayed, the sticky policy row by row, legacy max()."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from pdwarden_runtime.hardening.runtime import RoomRuntime
     from pdwarden_runtime.status import Mode
 
-# The fixes, by letter (issue 4): the keys of active_fixes() are their long names.
+# The fixes, by letter: the keys of active_fixes() are their long names.
 FIX_NAMES: Final = {
     "A": "A_sticky_status",
     "B": "B_no_silent_skip",

@@ -533,7 +533,7 @@ class HardenedNixlKVManager(NixlKVManager):
             self._pdw_race_window(chunk.room)
 
     def _pdw_race_window(self, room: int) -> None:
-        """The seed's race: the chunk is done, its status write comes late; an ABORT
+        """The emulated port's race: the chunk is done, its status write comes late; an ABORT
         that lands in between is then overwritten by Transferring under max()."""
         wake, written = self._pdw_race.park(room)
         try:
@@ -586,7 +586,7 @@ class HardenedNixlKVManager(NixlKVManager):
         room = notification.room
         with self._pdw_race.lock:
             handled = super()._handle_abort_notification(msg)
-            # The seed's control thread also dropped the room's transfer info here.
+            # The emulated port's control thread also dropped the room's transfer info here.
             self.transfer_infos.pop(room, None)
             self._pdw_race.release(room)
         return bool(handled)

@@ -122,7 +122,7 @@ def scenario_roundtrip(pair: Pair) -> dict[str, Any]:
 
 
 def scenario_race(pair: Pair) -> dict[str, Any]:
-    """The seed's race: ABORT from decode lands between a chunk's completion and its
+    """The emulated port's race: ABORT from decode lands between a chunk's completion and its
     Transferring write; then the last chunk is sent. Prefill polls only afterwards, as
     SGLang's inflight queue does."""
     pair.config.fault.set("emulated-maxstatus-port-race")
