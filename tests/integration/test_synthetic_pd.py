@@ -247,7 +247,7 @@ def _refused_failed_to_transferring(rt: Runtime) -> float:
                       from_state="failed", to_state="transferring")
 
 
-def test_legacy_status_race_concludes_failed_with_hardening(pairs: dict[str, Pair]) -> None:
+def test_emulated_port_race_concludes_failed_with_hardening(pairs: dict[str, Pair]) -> None:
     hardened = pairs["hardened"]
     refused_before = _refused_failed_to_transferring(hardened.prefill)
     hardened.set_fault("emulated-maxstatus-port-race")

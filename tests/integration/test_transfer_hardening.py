@@ -71,7 +71,7 @@ def test_roundtrip_moves_and_verifies_data(hardened: dict) -> None:
     assert hardened["roundtrip"]["transfer_infos"] == 0
 
 
-def test_legacy_status_race_wedges_without_hardening(legacy: dict) -> None:
+def test_emulated_port_race_wedges_without_hardening(legacy: dict) -> None:
     race = legacy["race"]
     # The emulated port's bug, replayed in SGLang's own worker: the ABORT's Failed was
     # overwritten by the chunk's late Transferring, the last chunk was skipped silently.
@@ -80,7 +80,7 @@ def test_legacy_status_race_wedges_without_hardening(legacy: dict) -> None:
     assert race["refused"] == {}
 
 
-def test_legacy_status_race_concludes_failed_with_hardening(hardened: dict) -> None:
+def test_emulated_port_race_concludes_failed_with_hardening(hardened: dict) -> None:
     race = hardened["race"]
     assert race["prefill_final"] == "Failed"
     assert race["refused"].get("Failed->Transferring") == 1
