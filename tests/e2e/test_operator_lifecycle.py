@@ -4,7 +4,6 @@ the resource, and converge after the operator is killed mid-reconcile."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import select
 import subprocess
@@ -34,10 +33,6 @@ CHILDREN = {
     "rolebindings": {"router"},
     "poddisruptionbudgets": {"prefill", "decode", "router"},
 }
-runtime_missing = importlib.util.find_spec("pdwarden_runtime.cli") is None
-needs_runtime = pytest.mark.skipif(
-    runtime_missing, reason="pdwarden_runtime.cli (synthetic runtime) not built yet"
-)
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +295,6 @@ def synthetic(kubectl: Kubectl, operator: OperatorProcess) -> Iterator[tuple[str
         yield "synthetic", ns
 
 
-@needs_runtime
 @pytest.mark.timeout(900)
 def test_synthetic_example_becomes_ready_and_serves_through_the_router(
     kubectl: Kubectl, synthetic: tuple[str, str]
@@ -348,7 +342,6 @@ def test_synthetic_example_becomes_ready_and_serves_through_the_router(
     assert from_pod.get("text") is not None, from_pod
 
 
-@needs_runtime
 @pytest.mark.timeout(1500)
 def test_scaling_prefill_changes_only_prefill(kubectl: Kubectl, synthetic: tuple[str, str]) -> None:
     name, ns = synthetic
