@@ -120,15 +120,4 @@ def start(
     kubeconfig.chmod(0o600)
     conf = work / "Corefile"
     conf.write_text(corefile(net.host_addr, kubeconfig))
-    log_path = state_dir / "logs" / "coredns.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [str(binary), "-conf", str(conf)],
-            cwd=work,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    streaming.record_child(state_dir / "pods", "coredns", proc.pid)
-    return proc
+    return streaming.start_logged_child(state_dir, "coredns", [str(binary), "-conf", str(conf)], cwd=work)

@@ -79,15 +79,4 @@ def start(
     cfg.write_text(yaml.safe_dump(config(kubeconfig, node, net, healthz_port, metrics_port)))
     wrappers = nft_wrapper(work / "bin", net.gateway_netns)
     env = dict(os.environ, PATH=f"{wrappers}:{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
-    log_path = state_dir / "logs" / "kube-proxy.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            [str(binary), f"--config={cfg}"],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-    streaming.record_child(state_dir / "pods", "kube-proxy", proc.pid)
-    return proc
+    return streaming.start_logged_child(state_dir, "kube-proxy", [str(binary), f"--config={cfg}"], env=env)

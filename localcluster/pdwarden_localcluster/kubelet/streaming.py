@@ -32,6 +32,20 @@ def record_child(pods_dir: Path, name: str, pid: int) -> Path:
     return path
 
 
+def start_logged_child(
+    state_dir: Path, name: str, argv: list[str], cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a kubelet child whose output goes to `<state>/logs/<name>.log`; record its pid."""
+    log_path = state_dir / "logs" / f"{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    record_child(state_dir / "pods", name, proc.pid)
+    return proc
+
+
 def stop_child(proc: subprocess.Popen[bytes], pods_dir: Path, name: str) -> None:
     proc.terminate()
     try:
