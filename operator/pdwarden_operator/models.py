@@ -361,16 +361,18 @@ class TransferSpec(_Base):
     )
     inflight_deadline_seconds: int = Field(
         300,
-        description="The runtime fails any KV room that stays unfinished longer than this (self-heal).",
+        description="The runtime fails a KV room that has waited for or moved KV longer than this, "
+        "counted from when it leaves Bootstrapping (queueing for bootstrap is not counted), on "
+        "prefill and on decode (self-heal).",
         ge=1,
         le=86400,
     )
     transfer_deadline_seconds: int = Field(
         60,
         description=(
-            "A KV transfer that makes no progress this long fails its room on prefill; its NIXL "
-            "handles are kept and polled until they can no longer write, and only then is decode "
-            "told its pages are free."
+            "A KV chunk whose NIXL writes are not all done this long after they were posted fails "
+            "its room on prefill; its NIXL handles are kept and polled until they can no longer "
+            "write, and only then is decode told its pages are free."
         ),
         ge=1,
         le=86400,
