@@ -100,11 +100,6 @@ METRIC_KV_HANDLES_QUARANTINED: Final = "pdwarden_kv_handles_quarantined"
 # Decode-side page verification failures (synthetic engine): corrupted KV pages seen.
 METRIC_KV_VERIFY_FAILURES_TOTAL: Final = "pdwarden_kv_verify_failures_total"
 METRIC_KV_VERIFY_FAILURES_BASE: Final = "pdwarden_kv_verify_failures"
-# Per-peer transfer figures (bounded cardinality: peers are the pods of the same model).
-METRIC_KV_PEER_INFLIGHT: Final = "pdwarden_kv_peer_inflight"
-METRIC_KV_PEER_TRANSFERS_TOTAL: Final = "pdwarden_kv_peer_transfers_total"
-METRIC_KV_PEER_TRANSFERS_BASE: Final = "pdwarden_kv_peer_transfers"
-LABEL_METRIC_PEER: Final = "peer"
 
 LABEL_METRIC_ROLE: Final = "role"
 LABEL_METRIC_STATE: Final = "state"
