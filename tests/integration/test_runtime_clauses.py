@@ -6,7 +6,6 @@ keeps the pages for the abort-and-drain release; a dead transfer worker is seen.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from pdwarden_bench.ports import free_port
+from tests.support.child_result import last_json_result
 
 pytestmark = pytest.mark.integration
 
@@ -43,19 +43,6 @@ def _run(scenarios: str, hardening: str) -> subprocess.Popen[str]:
     )
 
 
-def _parse(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    try:
-        stdout, stderr = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, stderr = proc.communicate()
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no result (rc={proc.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}"
-    result: dict[str, Any] = json.loads(lines[-1])
-    assert result["ok"], result.get("error")
-    return result
-
-
 @pytest.fixture(scope="module")
 def results() -> Iterator[dict[str, dict[str, Any]]]:
     procs = {
@@ -63,7 +50,7 @@ def results() -> Iterator[dict[str, dict[str, Any]]]:
         "emulated-port": _run("enqueue-popped", "emulated-port"),
     }
     try:
-        yield {mode: _parse(proc) for mode, proc in procs.items()}
+        yield {mode: last_json_result(proc, 240) for mode, proc in procs.items()}
     finally:
         for proc in procs.values():
             if proc.poll() is None:

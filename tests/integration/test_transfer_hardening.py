@@ -7,7 +7,6 @@ doctor uses too): SGLang's NIXL threads never exit, and its runtime context is p
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,25 +14,13 @@ from pathlib import Path
 import pytest
 
 from pdwarden_bench.ports import free_port
+from tests.support.child_result import last_json_result
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 
 ORDER = "roundtrip,race,prefill-abort,stall"  # stall last: without C it blocks a worker for good
-
-
-def _parse(name: str, proc: subprocess.Popen[str]) -> dict:
-    try:
-        stdout, stderr = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, stderr = proc.communicate()
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
-    assert lines, f"{name}: no result (rc={proc.returncode}):\n{stdout[-2000:]}\n{stderr[-3000:]}"
-    result = json.loads(lines[-1])
-    assert result["ok"], result.get("error")
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +34,7 @@ def results() -> dict[str, dict]:
         for mode in ("on", "emulated-port")
     }
     try:
-        return {mode: _parse(mode, proc) for mode, proc in procs.items()}
+        return {mode: last_json_result(proc, 600, mode) for mode, proc in procs.items()}
     finally:
         for proc in procs.values():
             if proc.poll() is None:
