@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import time
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -70,15 +69,6 @@ def check_signatures() -> dict[str, Any]:
             ):
                 drift.append(f"{cls_name}.{method} is overridden but has no pinned signature")
     return {"ok": not drift, "checked": len(PINNED_SIGNATURES), "problems": drift}
-
-
-def _wait(predicate: Callable[[], bool], timeout: float) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def behaviour_checks(free_port: Callable[[], int]) -> dict[str, Any]:
@@ -137,6 +127,7 @@ def _sticky_failed(pair: Any) -> dict[str, Any]:
 def _stalled_no_ack(pair: Any) -> dict[str, Any]:
     from pdwarden_runtime.contract import FAULT_STALL
     from pdwarden_runtime.kvpoll import KVPoll
+    from pdwarden_runtime.transfer.scenarios import wait_for
 
     room = 910002
     pair.config.fault.set(FAULT_STALL)
@@ -144,12 +135,12 @@ def _stalled_no_ack(pair: Any) -> dict[str, Any]:
         sender, recv, _dst = pair.open_room(room, 4)
         src = pair.p_pool.take_pages(4)
         sender.send(src)
-        failed = _wait(lambda: int(sender.poll()) == KVPoll.Failed, CHECK_DEADLINE_S + 10)
+        failed = wait_for(lambda: int(sender.poll()) == KVPoll.Failed, CHECK_DEADLINE_S + 10)
         quarantined = pair.prefill.pdwarden.quarantined_handles()
-        told_early = _wait(lambda: int(recv.poll()) in (KVPoll.Failed, KVPoll.Success), 0.5)
+        told_early = wait_for(lambda: int(recv.poll()) in (KVPoll.Failed, KVPoll.Success), 0.5)
     finally:
         pair.config.fault.set("none")
-    told_after = _wait(lambda: int(recv.poll()) == KVPoll.Failed, 10)
+    told_after = wait_for(lambda: int(recv.poll()) == KVPoll.Failed, 10)
     problems = []
     if not failed:
         problems.append("the stalled room did not fail at the transfer deadline")

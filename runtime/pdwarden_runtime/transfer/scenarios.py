@@ -87,8 +87,9 @@ class Pair:
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
+    """Poll `predicate` until it holds or `timeout` seconds pass; whether it held."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
         if predicate():
             return True
         time.sleep(0.005)
