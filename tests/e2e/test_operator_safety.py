@@ -11,7 +11,9 @@ import contextlib
 import os
 import random
 import signal
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -21,12 +23,15 @@ from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_cli import demo_traffic
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_runtime import contract
-from tests.e2e.test_watchdog import INTERVAL, SOAK_ROUNDS, STUCK, WATCHDOG
-from tests.e2e.test_watchdog import env as watchdog_env  # noqa: F401 - a fixture, used below
 from tests.support.watchdog_env import (
     API_TRANSIENT,
+    INTERVAL,
     LEGACY_PREFILL,
+    SOAK_ROUNDS,
+    STUCK,
+    WATCHDOG,
     Env,
+    open_env,
     operator_metric,
     pod_metrics,
     remediations,
@@ -37,8 +42,8 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def env(watchdog_env: Env) -> Env:  # noqa: F811
-    return watchdog_env
+def env(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Env]:
+    yield from open_env(Path(cluster.kubeconfig), namespace, tmp_path)
 
 
 LEASE_DURATION_S, RETRY_S = 15, 2

@@ -14,25 +14,27 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_operator.models import WatchdogSpec
 from pdwarden_runtime import contract
 from tests.support.watchdog_env import (
     API_TRANSIENT,
+    INTERVAL,
     LEGACY_PREFILL,
+    SOAK_ROUNDS,
+    STUCK,
+    WATCHDOG,
     Env,
     Load,
     assert_each_pod_acted_on_once,
     epoch,
+    open_env,
     operator_metric,
     pod_metrics,
     remediations,
@@ -44,19 +46,6 @@ from tests.support.watchdog_env import (
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-PDWARDEN = str(REPO / ".venv" / "bin" / "pdwarden")
-STUCK = 20
-INTERVAL = 5
-SOAK_ROUNDS = int(os.environ.get("PDWARDEN_E2E_SOAK_ROUNDS", "12"))
-WATCHDOG = {
-    "stuckAfterSeconds": STUCK,
-    "scrapeIntervalSeconds": INTERVAL,
-    "action": "restart",
-    "maxRemediations": 3,
-    "budgetWindowSeconds": 600,
-    "maxUnavailable": 1,
-}
 # The long scenarios detect a wedge sooner: the same rule, shorter figures (stuckAfterSeconds
 # stays at least two scrapes, as the CRD requires).
 QUICK_STUCK = 10
@@ -65,31 +54,7 @@ QUICK_WATCHDOG = {**WATCHDOG, "stuckAfterSeconds": QUICK_STUCK, "scrapeIntervalS
 
 @pytest.fixture
 def env(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Env]:
-    import kubernetes
-
-    cfg = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(config_file=str(cluster.kubeconfig), client_configuration=cfg)
-    api = kubernetes.client.ApiClient(cfg)
-    e = Env(kubeconfig=Path(cluster.kubeconfig), namespace=namespace, tmp=tmp_path, api=api)
-    e.install_crd(
-        yaml.safe_load(subprocess.run([PDWARDEN, "crd"], check=True, capture_output=True, text=True).stdout)
-    )
-    try:
-        yield e
-    finally:
-        e.stop_operators()
-        print(e.operator_logs(), file=sys.stderr)  # shown by pytest only when the test failed
-        with contextlib.suppress(Exception):
-            e.call("DELETE", f"/api/v1/namespaces/{namespace}")
-        with contextlib.suppress(Exception):
-            wait_for(
-                lambda: not e.call("GET", f"/api/v1/namespaces/{namespace}/pods")["items"],
-                90,
-                "the namespace's pods to stop",
-                1.0,
-                API_TRANSIENT,
-            )
-        api.close()
+    yield from open_env(Path(cluster.kubeconfig), namespace, tmp_path)
 
 
 def _two_ready_prefill(env: Env, name: str) -> list[dict[str, Any]]:

@@ -11,14 +11,20 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from pdwarden_bench.operator_process import OperatorExited, OperatorProcess
 from pdwarden_bench.ports import free_port
@@ -27,6 +33,19 @@ from pdwarden_localcluster.testing import serving, wait_for
 from pdwarden_runtime import contract
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
+PDWARDEN = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "pdwarden")
+# The watchdog figures of the scenarios (the CRD's spec.watchdog).
+STUCK = 20
+INTERVAL = 5
+SOAK_ROUNDS = int(os.environ.get("PDWARDEN_E2E_SOAK_ROUNDS", "12"))
+WATCHDOG = {
+    "stuckAfterSeconds": STUCK,
+    "scrapeIntervalSeconds": INTERVAL,
+    "action": "restart",
+    "maxRemediations": 3,
+    "budgetWindowSeconds": 600,
+    "maxUnavailable": 1,
+}
 # The earlier ladder steps (terminal-sticky status, no silent skip, deadlines) would catch the
 # race inside the pod; the watchdog is the last layer, so these pods run without them.
 LEGACY_PREFILL = ["--hardening", "emulated-port", "--race-window", "5"]
@@ -389,3 +408,34 @@ def wait_rounds(op: OperatorProcess, model: str, rounds: int, timeout: float = 1
         f"{rounds} more watchdog rounds over {model}",
         1.0,
     )
+
+
+def open_env(kubeconfig: Path, namespace: str, tmp: Path) -> Iterator[Env]:
+    """The body of the scenarios' `env` fixture: an Env on `namespace` with the CRD installed;
+    afterwards its operators stop (their logs go to stderr), the namespace is deleted and its
+    pods waited for."""
+    import kubernetes
+
+    cfg = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    api = kubernetes.client.ApiClient(cfg)
+    e = Env(kubeconfig=kubeconfig, namespace=namespace, tmp=tmp, api=api)
+    e.install_crd(
+        yaml.safe_load(subprocess.run([PDWARDEN, "crd"], check=True, capture_output=True, text=True).stdout)
+    )
+    try:
+        yield e
+    finally:
+        e.stop_operators()
+        print(e.operator_logs(), file=sys.stderr)  # shown by pytest only when the test failed
+        with contextlib.suppress(Exception):
+            e.call("DELETE", f"/api/v1/namespaces/{namespace}")
+        with contextlib.suppress(Exception):
+            wait_for(
+                lambda: not e.call("GET", f"/api/v1/namespaces/{namespace}/pods")["items"],
+                90,
+                "the namespace's pods to stop",
+                1.0,
+                API_TRANSIENT,
+            )
+        api.close()
