@@ -25,8 +25,8 @@ from pdwarden_localcluster.testing import wait_for
 from pdwarden_runtime import contract
 from tests.support.watchdog_env import (
     API_TRANSIENT,
+    EMULATED_PORT_PREFILL,
     INTERVAL,
-    LEGACY_PREFILL,
     SOAK_ROUNDS,
     STUCK,
     WATCHDOG,
@@ -88,7 +88,7 @@ def test_a_frozen_leader_is_replaced_and_acts_on_nothing_when_resumed(env: Env) 
     first = env.start_operator()
     wait_for(lambda: _leading(first), 60, "the first operator to lead", 1.0, API_TRANSIENT)
     second = env.start_operator()
-    env.create_dm(name, WATCHDOG, LEGACY_PREFILL, replicas=1)
+    env.create_dm(name, WATCHDOG, EMULATED_PORT_PREFILL, replicas=1)
     _ready(env, name, 1)
     assert not _leading(second)  # the standby does nothing while the leader renews
     holder = _leader_of(env)
@@ -133,7 +133,7 @@ def test_many_models_wedged_at_once_engage_the_fleet_brake_then_it_releases(env:
     # stalled for half of it when the first crosses it: both count at once
     watchdog = {**WATCHDOG, "stuckAfterSeconds": 2 * STUCK}
     for name in names:
-        env.create_dm(name, watchdog, LEGACY_PREFILL, replicas=1)
+        env.create_dm(name, watchdog, EMULATED_PORT_PREFILL, replicas=1)
     for name in names:
         _ready(env, name, 1)
     victims = {name: env.live_ready_pods(name, contract.ROLE_PREFILL)[0] for name in names}

@@ -25,8 +25,8 @@ from pdwarden_operator.models import WatchdogSpec
 from pdwarden_runtime import contract
 from tests.support.watchdog_env import (
     API_TRANSIENT,
+    EMULATED_PORT_PREFILL,
     INTERVAL,
-    LEGACY_PREFILL,
     SOAK_ROUNDS,
     STUCK,
     WATCHDOG,
@@ -64,7 +64,7 @@ def _two_ready_prefill(env: Env, name: str) -> list[dict[str, Any]]:
 
 def test_injected_race_is_detected_restarted_replaced_and_traffic_recovers(env: Env) -> None:
     name = "race"
-    op = up(env, name, WATCHDOG, LEGACY_PREFILL)
+    op = up(env, name, WATCHDOG, EMULATED_PORT_PREFILL)
     with Load(env, name, concurrency=4) as load:
         load.wait_flowing()
         victim = env.live_ready_pods(name, contract.ROLE_PREFILL)[0]
@@ -159,7 +159,7 @@ def test_heavy_healthy_load_with_deep_queues_takes_no_action(env: Env) -> None:
 
 def test_alert_action_only_reports(env: Env) -> None:
     name = "alert"
-    op = up(env, name, {**WATCHDOG, "action": "alert"}, LEGACY_PREFILL)
+    op = up(env, name, {**WATCHDOG, "action": "alert"}, EMULATED_PORT_PREFILL)
     with Load(env, name, concurrency=4):
         victim = env.live_ready_pods(name, contract.ROLE_PREFILL)[0]
         victim_name, victim_uid = victim["metadata"]["name"], victim["metadata"]["uid"]
@@ -188,7 +188,7 @@ def test_alert_action_only_reports(env: Env) -> None:
 def test_flapping_fault_exhausts_the_budget_and_stops(env: Env) -> None:
     """A budget of one: the first wedge is remediated, the next one finds the budget spent."""
     name = "flap"
-    op = up(env, name, {**QUICK_WATCHDOG, "maxRemediations": 1}, LEGACY_PREFILL)
+    op = up(env, name, {**QUICK_WATCHDOG, "maxRemediations": 1}, EMULATED_PORT_PREFILL)
     acted: list[str] = []
     with Load(env, name, concurrency=4):
         for outcome in ("deleted", "skipped-budget"):
@@ -225,7 +225,7 @@ def test_leader_killed_during_a_remediation_the_standby_finishes_it_once(env: En
     or after it touched the pod: the standby takes the Lease and finishes that remediation
     (resumes a pending one, settles a performed one), never repeats it."""
     name = "crash"
-    first = up(env, name, QUICK_WATCHDOG, LEGACY_PREFILL)
+    first = up(env, name, QUICK_WATCHDOG, EMULATED_PORT_PREFILL)
     second = env.start_operator()  # the standby: waits for the Lease
     before = {p["metadata"]["name"] for p in env.pods(name, "prefill")}
     victim = env.live_ready_pods(name, contract.ROLE_PREFILL)[0]

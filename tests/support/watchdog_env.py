@@ -48,7 +48,7 @@ WATCHDOG = {
 }
 # The earlier ladder steps (terminal-sticky status, no silent skip, deadlines) would catch the
 # race inside the pod; the watchdog is the last layer, so these pods run without them.
-LEGACY_PREFILL = ["--hardening", "emulated-port", "--race-window", "5"]
+EMULATED_PORT_PREFILL = ["--hardening", "emulated-port", "--race-window", "5"]
 RACE_PROMPT = "w" * 400  # 25 KV pages = 4 chunks: non-last chunks open the race window
 # Outcomes that spend the remediation budget.
 CHARGED = ("pending", "deleted", "evicted", "refused-by-pdb", "error", "failed", "pod-gone")
