@@ -18,7 +18,7 @@ import yaml
 from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.testing import Kubectl, serving, wait_for
 
-from ._operator_helpers import ROOT, condition, kubectl_with_crd, new_namespace
+from ._operator_helpers import ROOT, condition, kubectl_with_crd, new_namespace, wait_watching_new_namespaces
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +51,7 @@ def operator(
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     op = OperatorProcess(cluster.kubeconfig, namespaces=(f"{NS_PREFIX}*",), log_path=log)
     with op:
+        wait_watching_new_namespaces(kubectl, NS_PREFIX)
         yield op
     print(f"operator log: {log}")
 

@@ -29,7 +29,14 @@ from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import wait_for
 
-from ._operator_helpers import ROOT, Kubectl, condition, kubectl_with_crd, new_namespace
+from ._operator_helpers import (
+    ROOT,
+    Kubectl,
+    condition,
+    kubectl_with_crd,
+    new_namespace,
+    wait_watching_new_namespaces,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -60,6 +67,7 @@ def operator(
         cluster.kubeconfig, namespaces=(f"{NS_PREFIX}*",), health_port=free_port(), log_path=log
     )
     with op:
+        wait_watching_new_namespaces(kubectl, NS_PREFIX)
         yield op
     print(f"operator log: {log}")
 
