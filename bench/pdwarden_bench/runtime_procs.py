@@ -16,7 +16,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +88,8 @@ class Runtime:
     bootstrap_port: int
     metrics_port: int
     proc: Proc
+    # Starts it again on fresh ports, in place (see ``wait_healthy``).
+    respawn: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def url(self) -> str:
@@ -126,23 +128,48 @@ def spawn(name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | N
 
 def start_runtime(role: str, log_dir: Path, *, host: str = "127.0.0.1", extra: Sequence[str] = (),
                   bootstrap_port: int | None = None, env: dict[str, str] | None = None) -> Runtime:
-    port, metrics_port = free_port(host), free_port(host)
-    boot = bootstrap_port or free_port(host)
-    argv = [_python_bin(), "-c", "from pdwarden_cli.main import main; main()",
-            "runtime", "serve", "--role", role,
-            "--engine", "synthetic", "--host", host, "--port", str(port), "--bootstrap-port", str(boot),
-            "--metrics-port", str(metrics_port), *extra]
-    proc = spawn(f"{role}-{port}", argv, log_dir, env)
-    return Runtime(role, host, port, boot, metrics_port, proc)
+    def launch() -> tuple[int, int, int, Proc]:
+        port, metrics_port = free_port(host), free_port(host)
+        boot = bootstrap_port or free_port(host)
+        argv = [_python_bin(), "-c", "from pdwarden_cli.main import main; main()",
+                "runtime", "serve", "--role", role,
+                "--engine", "synthetic", "--host", host, "--port", str(port), "--bootstrap-port", str(boot),
+                "--metrics-port", str(metrics_port), *extra]
+        return port, boot, metrics_port, spawn(f"{role}-{port}", argv, log_dir, env)
+
+    port, boot, metrics_port, proc = launch()
+    rt = Runtime(role, host, port, boot, metrics_port, proc)
+
+    def respawn() -> None:
+        # the same Proc object, so a Fleet that holds it stops the new process
+        rt.port, rt.bootstrap_port, rt.metrics_port, fresh = launch()
+        rt.proc.name, rt.proc.popen, rt.proc.log_path = fresh.name, fresh.popen, fresh.log_path
+
+    rt.respawn = respawn
+    return rt
+
+
+# A port binds when free_port chooses it, but on a shared machine another process may take it
+# before the runtime (seconds of imports later) binds it; the runtime then exits at start.
+PORT_TAKEN = "address already in use"
+PORT_TAKEN_RETRIES = 3
 
 
 def wait_healthy(runtimes: Sequence[Runtime], timeout: float = 180.0) -> None:
-    """Until every runtime answers /health; a runtime that exits meanwhile fails at once."""
+    """Until every runtime answers /health; a runtime that exits meanwhile fails at once, unless
+    one of its ports was taken before it bound it: it then starts again on fresh ports."""
+    respawned = [0] * len(runtimes)
 
     def all_healthy() -> bool:
-        for rt in runtimes:
-            if not rt.proc.alive():
-                raise RuntimeError(f"{rt.role} runtime exited early:\n{rt.proc.log_tail()}")
+        for i, rt in enumerate(runtimes):
+            if rt.proc.alive():
+                continue
+            tail = rt.proc.log_tail()
+            if PORT_TAKEN in tail and rt.respawn is not None and respawned[i] < PORT_TAKEN_RETRIES:
+                respawned[i] += 1
+                rt.respawn()
+                continue
+            raise RuntimeError(f"{rt.role} runtime exited early:\n{tail}")
         return all(http_get(f"{rt.url}/health", timeout=2)[0] == 200 for rt in runtimes)
 
     wait_for(all_healthy, timeout, f"runtimes {[rt.role for rt in runtimes]} to be healthy", 0.5)

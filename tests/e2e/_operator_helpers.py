@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_localcluster.testing import Kubectl
+from pdwarden_localcluster.testing import Kubectl, WaitTimeout, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "pdwarden.io_disaggregatedmodels.yaml"
@@ -22,9 +23,11 @@ def kubectl_with_crd(kubeconfig: str | Path) -> Kubectl:
     return k
 
 
-def operator_for_prefix(kubeconfig: str | Path, ns_prefix: str, log: Path) -> Iterator[OperatorProcess]:
-    """An operator watching the namespaces that start with `ns_prefix`, for a module's tests."""
-    with OperatorProcess(kubeconfig, namespaces=(f"{ns_prefix}*",), log_path=log) as op:
+def operator_for_prefix(kubectl: Kubectl, ns_prefix: str, log: Path) -> Iterator[OperatorProcess]:
+    """An operator watching the namespaces that start with `ns_prefix`, for a module's tests,
+    yielded once it sees namespaces created after its start."""
+    with OperatorProcess(kubectl.env["KUBECONFIG"], namespaces=(f"{ns_prefix}*",), log_path=log) as op:
+        wait_watching_new_namespaces(kubectl, ns_prefix)
         yield op
     print(f"operator log: {log}")
 
@@ -36,6 +39,42 @@ def new_namespace(kubectl: Kubectl, prefix: str) -> Iterator[str]:
         yield ns
     finally:
         kubectl.run("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def wait_watching_new_namespaces(kubectl: Kubectl, prefix: str, timeout: float = 180) -> None:
+    """Until an operator started with `--namespace '<prefix>*'` reconciles a model in a
+    namespace created after it started.
+
+    kopf lists the namespaces, then starts a watch whose own first listing it ignores: a
+    namespace created between the two is not seen until it changes (its deletion). A probe
+    namespace that fell in that gap is dropped and another one tried; once one is reconciled,
+    namespaces created later reach the operator through the watch.
+    """
+    probe = {
+        "apiVersion": "pdwarden.io/v1alpha1",
+        "kind": "DisaggregatedModel",
+        "metadata": {"name": "probe"},
+        "spec": {
+            "model": {"path": "synthetic/tiny"},
+            "engine": "synthetic",
+            **{role: {"replicas": 0} for role in ("prefill", "decode", "router")},
+        },
+    }
+    deadline = time.monotonic() + timeout
+    while True:
+        for ns in new_namespace(kubectl, prefix):
+            kubectl.apply(probe, ns)
+
+            def reconciled(ns: str = ns) -> Any:
+                dm = kubectl.get("disaggregatedmodel", "probe", ns) or {}
+                return (dm.get("status") or {}).get("observedGeneration")
+
+            try:
+                wait_for(reconciled, 30, f"the operator to reconcile a model in namespace {ns}", 1.0)
+                return
+            except WaitTimeout:
+                if time.monotonic() >= deadline:
+                    raise
 
 
 def condition(dm: dict[str, Any] | None, ctype: str) -> dict[str, Any]:

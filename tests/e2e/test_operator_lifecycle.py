@@ -44,9 +44,7 @@ def kubectl(cluster) -> Kubectl:  # type: ignore[no-untyped-def]
 def operator(
     cluster, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:  # type: ignore[no-untyped-def]
-    yield from operator_for_prefix(
-        cluster.kubeconfig, NS_PREFIX, tmp_path_factory.mktemp("operator") / "operator.log"
-    )
+    yield from operator_for_prefix(kubectl, NS_PREFIX, tmp_path_factory.mktemp("operator") / "operator.log")
 
 
 @pytest.fixture

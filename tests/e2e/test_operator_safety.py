@@ -94,7 +94,8 @@ def test_a_frozen_leader_is_replaced_and_acts_on_nothing_when_resumed(env: Env) 
     holder = _leader_of(env)
 
     assert first.proc is not None and second.proc is not None
-    os.killpg(first.proc.pid, signal.SIGSTOP)  # frozen: it neither renews nor releases the Lease
+    # one process (OperatorProcess starts it in the test's own process group, not a session of its own)
+    os.kill(first.proc.pid, signal.SIGSTOP)  # frozen: it neither renews nor releases the Lease
     try:
         wait_for(
             lambda: _leading(second) and _leader_of(env) != holder,
@@ -114,7 +115,7 @@ def test_a_frozen_leader_is_replaced_and_acts_on_nothing_when_resumed(env: Env) 
             API_TRANSIENT,
         )
     finally:
-        os.killpg(first.proc.pid, signal.SIGCONT)
+        os.kill(first.proc.pid, signal.SIGCONT)
     # Resumed, the old leader finds its term lapsed: it exits without touching anything.
     assert first.proc.wait(timeout=60) == 1
     assert _leading(second)
