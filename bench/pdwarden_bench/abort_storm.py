@@ -32,6 +32,7 @@ import click
 
 from pdwarden_bench.pdclient import ABORTED, COMPLETED, Endpoint, new_session, pd_request
 from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, wait_healthy
+from pdwarden_runtime import contract
 
 NON_TERMINAL = ("bootstrapping", "waiting_for_input", "transferring")
 BOOTSTRAP_TIMEOUT_S = 5
@@ -46,7 +47,7 @@ def runtime_flags(hardening: str, race_window: float | None, page_size: int, chu
              "--aux-slots", "1024", "--page-size", str(page_size), "--chunk-pages", str(chunk_pages),
              "--inflight-deadline", "600", "--transfer-deadline", "30"]
     if race_window is not None:
-        flags += ["--fault", "emulated-maxstatus-port-race", "--race-window", str(race_window)]
+        flags += ["--fault", contract.FAULT_EMULATED_PORT_RACE, "--race-window", str(race_window)]
     return flags
 
 

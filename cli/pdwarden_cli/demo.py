@@ -58,7 +58,7 @@ from pdwarden_operator.watchdog.targets import metrics_url
 from pdwarden_runtime import contract
 
 T = TypeVar("T")
-FAULT = "emulated-maxstatus-port-race"
+FAULT = contract.FAULT_EMULATED_PORT_RACE
 
 
 async def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float) -> T:

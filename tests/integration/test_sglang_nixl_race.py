@@ -27,6 +27,7 @@ import pytest
 
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import WaitTimeout, wait_for
+from pdwarden_runtime import contract
 from pdwarden_runtime.sglang_boot import seam_env
 
 pytestmark = pytest.mark.integration
@@ -218,7 +219,7 @@ def run_child(
 
 
 def test_hardened_sglang_nixl_race_ends_failed(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
-    config = {"engine": "sglang", "fault": "emulated-maxstatus-port-race", "race_window": 5}
+    config = {"engine": "sglang", "fault": contract.FAULT_EMULATED_PORT_RACE, "race_window": 5}
     # up to 120 s for the room to conclude (returns as soon as it does)
     r = run_child(monkeypatch, tmp_path, config, free_port(), settle_s=120)
     assert r["seam"]["activated"] is True
@@ -238,7 +239,7 @@ def test_hardened_sglang_nixl_race_ends_failed(monkeypatch: pytest.MonkeyPatch, 
 
 def test_control_without_hardening_wedges(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """Same seam, fixes off: the prefill room is stuck in Transferring (the emulated port's bug)."""
-    config = {"engine": "sglang", "fault": "emulated-maxstatus-port-race", "race_window": 5,
+    config = {"engine": "sglang", "fault": contract.FAULT_EMULATED_PORT_RACE, "race_window": 5,
               "hardening": "emulated-port"}
     # 15 s: well past the 5 s race window; a wedged room never concludes
     r = run_child(monkeypatch, tmp_path, config, free_port(), settle_s=15)

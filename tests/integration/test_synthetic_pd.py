@@ -250,7 +250,7 @@ def _refused_failed_to_transferring(rt: Runtime) -> float:
 def test_emulated_port_race_concludes_failed_with_hardening(pairs: dict[str, Pair]) -> None:
     hardened = pairs["hardened"]
     refused_before = _refused_failed_to_transferring(hardened.prefill)
-    hardened.set_fault("emulated-maxstatus-port-race")
+    hardened.set_fault(c.FAULT_EMULATED_PORT_RACE)
     try:
         result = asyncio.run(_decode_aborts_mid_transfer(hardened, room=777002, hold=30.0))
     finally:

@@ -352,7 +352,7 @@ def stuck_since(pod: dict[str, Any]) -> float | None:
 
 def wedge(env: Env, name: str, victim: dict[str, Any]) -> float:
     """Inject the emulated port's race into `victim` and trigger it; returns when its stuck room was born."""
-    inject(victim, "emulated-maxstatus-port-race")
+    inject(victim, contract.FAULT_EMULATED_PORT_RACE)
     decode = env.live_ready_pods(name, contract.ROLE_DECODE)[0]
     for _ in range(5):
         race_once(victim, decode)

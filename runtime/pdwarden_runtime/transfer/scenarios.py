@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from pdwarden_runtime.hardening import HardeningConfig, install
-from pdwarden_runtime.hardening.config import ALL_FIXES, NO_FIXES, FaultSwitch
+from pdwarden_runtime.hardening.config import ALL_FIXES, FAULT_EMULATED_PORT_RACE, NO_FIXES, FaultSwitch
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.transfer.context import publish_sglang_context
 from pdwarden_runtime.transfer.kvpool import KVPool, PoolShape
@@ -126,7 +126,7 @@ def scenario_race(pair: Pair) -> dict[str, Any]:
     """The emulated port's race: ABORT from decode lands between a chunk's completion and its
     Transferring write; then the last chunk is sent. Prefill polls only afterwards, as
     SGLang's inflight queue does."""
-    pair.config.fault.set("emulated-maxstatus-port-race")
+    pair.config.fault.set(FAULT_EMULATED_PORT_RACE)
     room = 4242
     sender, recv, _dst = pair.open_room(room, 8)
     src = pair.p_pool.take_pages(8)
