@@ -66,7 +66,7 @@ class PairRun:
 
     stuck_at_resume: int = 0  # prefill rooms still waiting for / moving KV when decode resumed
     oldest_transferring_s: float = 0.0  # at resume: how long the oldest room sat in Transferring
-    drained_after_s: float | None = None  # first time no prefill room waited for/moved KV
+    drained_after_s: float | None = None  # since then, no prefill room waited for/moved KV
     max_quarantined: int = 0
     deadline_failures: float = 0.0
     quarantined_left: int = 0
@@ -120,15 +120,21 @@ async def run_pair(
             t0 = time.monotonic()
             stop_load.set()  # clients finish the requests they have in flight
             try:
+                # drained: no room waiting for or moving KV from then until the resume (a
+                # first poll may fall between a room that just finished and the next one)
+                drained_since: float | None = None
                 while time.monotonic() - t0 < freeze:
                     state = await _poll_state(prefill)
                     held = int(state.get("quarantined_handles", 0))
                     result.max_quarantined = max(result.max_quarantined, held)
-                    if result.drained_after_s is None and _moving(state) == 0:
-                        result.drained_after_s = time.monotonic() - t0
+                    if _moving(state) > 0:
+                        drained_since = None
+                    elif drained_since is None:
+                        drained_since = time.monotonic() - t0
                     await asyncio.sleep(0.1)
                 state = await _poll_state(prefill)
                 result.stuck_at_resume = _moving(state)
+                result.drained_after_s = drained_since if result.stuck_at_resume == 0 else None
                 ages = state.get("oldest_in_state", {})
                 result.oldest_transferring_s = float(ages.get("transferring", 0.0))
             finally:

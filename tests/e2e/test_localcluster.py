@@ -335,7 +335,7 @@ def test_kubectl_logs_shows_the_current_and_previous_run(
     kubectl.apply(pod("crasher", [container], restartPolicy="OnFailure"), namespace)
     wait_for(
         lambda: kubectl("logs", "crasher", "-n", namespace, check=False).stdout == "second\n",
-        60,
+        180,  # two starts and the kubelet's back-off between them, on a busy machine
         "the second run's output from kubectl logs",
     )
     assert kubectl("logs", "crasher", "-n", namespace, "--previous").stdout == "first\n"
