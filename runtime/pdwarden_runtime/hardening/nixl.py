@@ -87,9 +87,10 @@ from pdwarden_runtime.kvpoll import KVPoll, coerce
 
 log = logging.getLogger(__name__)
 
-# Busy-poll a handle this many times (SGLang's sleep(0)), then back off so a stalled
-# handle does not pin a core of a small machine until its deadline.
-_SPIN_POLLS: Final = 2000
+# Busy-poll a handle as SGLang does (sleep(0)) for this long, far more than a healthy chunk
+# takes, then back off so a stalled handle does not pin a core until its deadline. A count of
+# polls instead of a time made healthy chunks on a slow link sleep between polls.
+_SPIN_S: Final = 0.05
 _BACKOFF_S: Final = 0.0002
 # How long the ABORT handler waits for a parked worker's resurrecting write.
 _RACE_HANDOFF_S: Final = 2.0
@@ -392,7 +393,7 @@ class HardenedNixlKVManager(NixlKVManager):
         start = time.monotonic()
         handle_deadline = start + config.transfer_deadline if config.has("C") else None
         settle_deadline = start + NIXL_ERR_SETTLE_TIMEOUT_S if failure_seen else None
-        polls = 0
+        spin_until = start + _SPIN_S
         while True:
             all_settled, any_failed = not stalled, failure_seen
             if not stalled:
@@ -425,8 +426,7 @@ class HardenedNixlKVManager(NixlKVManager):
                     return False, True
                 time.sleep(NIXL_ERR_SETTLE_POLL_S)
                 continue
-            polls += 1
-            time.sleep(0 if polls < _SPIN_POLLS else _BACKOFF_S)
+            time.sleep(0 if now < spin_until else _BACKOFF_S)
 
     def _pdw_quarantine_batch(self, handles: list[Any], chunk: Any, reason: str) -> None:
         """Fix C: a batch that may still write is never reported settled. Its handles go
