@@ -50,7 +50,9 @@ _PREFIXES = (
     METRIC_INFLIGHT_OLDEST_AGE,
     METRIC_KV_TRANSFERS_TOTAL,
     METRIC_KV_OLDEST_IN_STATE,
+    METRIC_RUNTIME_THREADS,  # also covers METRIC_RUNTIME_THREADS_EXPECTED
 )
+_THREAD_FAMILIES = (METRIC_RUNTIME_THREADS, METRIC_RUNTIME_THREADS_EXPECTED)
 
 
 class ParseError(ValueError):
@@ -124,7 +126,17 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
     transfers_declared = False  # a labelled counter with no child yet exposes only its TYPE line
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     in_state: list[float] | None = None
+    threads: dict[str, dict[str, float]] = {name: {} for name in _THREAD_FAMILIES}
     for family in text_string_to_metric_families(_relevant_lines(text)):
+        if family.name in threads:
+            if family.type not in ("gauge", "unknown"):
+                raise ParseError(f"{family.name}: type {family.type!r}, expected gauge")
+            by_kind = threads[family.name]
+            for sample in family.samples:
+                if sample.name == family.name:
+                    kind = sample.labels.get(LABEL_METRIC_THREAD, "")
+                    by_kind[kind] = by_kind.get(kind, 0.0) + _checked(sample.name, sample.value)
+            continue
         if family.name == METRIC_KV_OLDEST_IN_STATE:
             if family.type not in ("gauge", "unknown"):
                 raise ParseError(f"{family.name}: type {family.type!r}, expected a gauge")
@@ -177,29 +189,14 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
         oldest_age=oldest_age,
         transfers=sum(transfers),
         transferring_age=transferring_age,
-        dead_threads=_dead_threads(text),
+        dead_threads=_dead_threads(threads[METRIC_RUNTIME_THREADS], threads[METRIC_RUNTIME_THREADS_EXPECTED]),
     )
 
 
-def _dead_threads(text: str) -> tuple[tuple[str, float, float], ...]:
-    """Thread kinds whose alive gauge is below its expected gauge (optional metrics)."""
-    lines = [line for line in text.splitlines()
-             if line.startswith(METRIC_RUNTIME_THREADS)
-             or (line.startswith("# TYPE ") and METRIC_RUNTIME_THREADS in line)]
-    if not lines:
-        return ()
-    found: dict[str, dict[str, float]] = {METRIC_RUNTIME_THREADS: {}, METRIC_RUNTIME_THREADS_EXPECTED: {}}
-    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-        if family.name not in found:
-            continue
-        if family.type not in ("gauge", "unknown"):
-            raise ParseError(f"{family.name}: type {family.type!r}, expected gauge")
-        for sample in family.samples:
-            if sample.name != family.name:
-                continue
-            kind = sample.labels.get(LABEL_METRIC_THREAD, "")
-            by_kind = found[family.name]
-            by_kind[kind] = by_kind.get(kind, 0.0) + _checked(sample.name, sample.value)
-    alive, expected = found[METRIC_RUNTIME_THREADS], found[METRIC_RUNTIME_THREADS_EXPECTED]
-    return tuple(sorted((kind, alive.get(kind, 0.0), want) for kind, want in expected.items()
-                        if alive.get(kind, 0.0) < want))
+def _dead_threads(
+    alive: dict[str, float], expected: dict[str, float]
+) -> tuple[tuple[str, float, float], ...]:
+    """Thread kinds whose alive gauge is below its expected gauge (optional metrics: none
+    exported means none judged)."""
+    short = ((kind, alive.get(kind, 0.0), want) for kind, want in expected.items())
+    return tuple(sorted(entry for entry in short if entry[1] < entry[2]))
