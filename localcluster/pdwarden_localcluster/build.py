@@ -164,12 +164,31 @@ def _coredns_built(directory: Path) -> bool:
     return (directory / _COMPLETE_MARKER).exists() and (directory / COREDNS_COMMAND).exists()
 
 
-def _build_coredns(target: Path, progress: Progress) -> None:
-    go = go_binary()
+def _fresh_workdir(module_dir: Path, target: Path) -> Path:
+    """A new copy of a Go module to build `target` in (outside the checkout, under the cache)."""
     work = cache_dir() / "gobuild" / target.name
     if work.exists():
         shutil.rmtree(work)
-    shutil.copytree(COREDNS_MODULE_DIR, work)
+    shutil.copytree(module_dir, work)
+    return work
+
+
+def _publish(
+    staging: Path, target: Path, names: tuple[str, ...], marker: dict[str, object], log: Path
+) -> None:
+    """Move a complete build into place atomically: the bin dir appears whole or not at all."""
+    for name in names:
+        if not (staging / name).exists():
+            raise ClusterError(f"go build did not produce {name}; see {log}")
+    (staging / _COMPLETE_MARKER).write_text(json.dumps(marker) + "\n")
+    if target.exists():
+        shutil.rmtree(target)
+    staging.rename(target)
+
+
+def _build_coredns(target: Path, progress: Progress) -> None:
+    go = go_binary()
+    work = _fresh_workdir(COREDNS_MODULE_DIR, target)
     log = work / "build.log"
     started = time.monotonic()
     _run([go, "mod", "tidy"], work, progress, log)
@@ -182,14 +201,7 @@ def _build_coredns(target: Path, progress: Progress) -> None:
         progress,
         log,
     )
-    if not (staging / COREDNS_COMMAND).exists():
-        raise ClusterError(f"go build did not produce {COREDNS_COMMAND}; see {log}")
-    (staging / _COMPLETE_MARKER).write_text(
-        json.dumps({"seconds": round(time.monotonic() - started, 1)}) + "\n"
-    )
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
+    _publish(staging, target, (COREDNS_COMMAND,), {"seconds": round(time.monotonic() - started, 1)}, log)
     progress(f"built {COREDNS_COMMAND} in {time.monotonic() - started:.0f}s -> {target}")
 
 
@@ -214,10 +226,7 @@ def _run(cmd: list[str], cwd: Path, progress: Progress, log: Path) -> str:
 def _build(target: Path, progress: Progress) -> None:
     go = go_binary()
     version = kubernetes_version()
-    work = cache_dir() / "gobuild" / target.name
-    if work.exists():
-        shutil.rmtree(work)
-    shutil.copytree(GO_MODULE_DIR, work)
+    work = _fresh_workdir(GO_MODULE_DIR, target)
     log = work / "build.log"
     started = time.monotonic()
 
@@ -246,19 +255,12 @@ def _build(target: Path, progress: Progress) -> None:
         log,
     )
 
-    # 3. Publish atomically: the bin dir appears complete or not at all.
-    for name in BINARIES:
-        if not (staging / name).exists():
-            raise ClusterError(f"go build did not produce {name}; see {log}")
-    (staging / _COMPLETE_MARKER).write_text(
-        json.dumps({"kubernetes": version, "seconds": round(time.monotonic() - started, 1)}) + "\n"
-    )
+    # 3. Publish atomically, with the generated module files beside the binaries.
     shutil.copy(work / "go.mod", staging / "go.mod.generated")
     if (work / "go.sum").exists():
         shutil.copy(work / "go.sum", staging / "go.sum")
-    if target.exists():
-        shutil.rmtree(target)
-    staging.rename(target)
+    marker = {"kubernetes": version, "seconds": round(time.monotonic() - started, 1)}
+    _publish(staging, target, BINARIES, marker, log)
     progress(f"built {', '.join(BINARIES)} in {time.monotonic() - started:.0f}s -> {target}")
 
 
