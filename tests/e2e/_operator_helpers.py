@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.testing import Kubectl, WaitTimeout, wait_for
 
@@ -30,6 +32,27 @@ def operator_for_prefix(kubectl: Kubectl, ns_prefix: str, log: Path) -> Iterator
         wait_watching_new_namespaces(kubectl, ns_prefix)
         yield op
     print(f"operator log: {log}")
+
+
+def operator_module_fixtures(ns_prefix: str) -> tuple[Any, Any, Any]:
+    """The `kubectl`, `operator` and `namespace` fixtures of an operator e2e module whose
+    namespaces start with `ns_prefix` (assign them at module level under those names)."""
+
+    @pytest.fixture(scope="module")
+    def kubectl(cluster: Any) -> Kubectl:
+        return kubectl_with_crd(cluster.kubeconfig)
+
+    @pytest.fixture(scope="module")
+    def operator(kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+        yield from operator_for_prefix(
+            kubectl, ns_prefix, tmp_path_factory.mktemp("operator") / "operator.log"
+        )
+
+    @pytest.fixture
+    def namespace(kubectl: Kubectl) -> Iterator[str]:
+        yield from new_namespace(kubectl, ns_prefix)
+
+    return kubectl, operator, namespace
 
 
 def new_namespace(kubectl: Kubectl, prefix: str) -> Iterator[str]:

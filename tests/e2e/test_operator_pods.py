@@ -28,7 +28,12 @@ import pytest
 from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.testing import wait_for
 
-from ._operator_helpers import ROOT, Kubectl, condition, kubectl_with_crd, new_namespace, operator_for_prefix
+from ._operator_helpers import (
+    ROOT,
+    Kubectl,
+    condition,
+    operator_module_fixtures,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -45,21 +50,7 @@ CHILD_KINDS = (
 )
 
 
-@pytest.fixture(scope="module")
-def kubectl(cluster) -> Kubectl:  # type: ignore[no-untyped-def]
-    return kubectl_with_crd(cluster.kubeconfig)
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster, kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:  # type: ignore[no-untyped-def]
-    yield from operator_for_prefix(kubectl, NS_PREFIX, tmp_path_factory.mktemp("operator") / "operator.log")
-
-
-@pytest.fixture
-def namespace(kubectl: Kubectl) -> Iterator[str]:
-    yield from new_namespace(kubectl, NS_PREFIX)
+kubectl, operator, namespace = operator_module_fixtures(NS_PREFIX)
 
 
 def _model(name: str, **spec: Any) -> dict[str, Any]:
