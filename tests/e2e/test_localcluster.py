@@ -184,6 +184,8 @@ def test_env_is_resolved_like_the_kubelet_does(kubectl: Kubectl, namespace: str)
         "MY_LABEL",
         "PATH",
         "KUBECONFIG",
+        "KUBERNETES_SERVICE_HOST",
+        "KUBERNETES_SERVICE_PORT",
     ]
     script = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))"
     container = {
@@ -202,7 +204,9 @@ def test_env_is_resolved_like_the_kubelet_does(kubectl: Kubectl, namespace: str)
     assert seen["MY_IP"] == seen["POD_IP"] == ip
     assert seen["TOKEN"] == "s3cret" and seen["MODE"] == "fast" and seen["COMBINED"] == "fast-envpod"
     assert seen["PATH"].split(":")[0] == str(Path(sys.executable).parent)
-    assert seen["KUBECONFIG"] and Path(seen["KUBECONFIG"]).name == "kubeconfig"
+    # in-cluster identity as on a cluster: the `kubernetes` Service's variables, no kubeconfig
+    assert seen["KUBECONFIG"] is None
+    assert seen["KUBERNETES_SERVICE_HOST"] and seen["KUBERNETES_SERVICE_PORT"].isdigit()
 
 
 def test_deletion_sends_sigterm_before_killing(kubectl: Kubectl, namespace: str) -> None:

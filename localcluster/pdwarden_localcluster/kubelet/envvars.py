@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 JSON = dict[str, Any]
 Lookup = Callable[[str, str], JSON | None]  # (namespace, name) -> object or None if absent
@@ -77,6 +78,19 @@ def base_env(host_env: Mapping[str, str], venv_bin: str) -> dict[str, str]:
     return env
 
 
+def service_env(server: str) -> dict[str, str]:
+    """The `kubernetes` Service's variables, as a kubelet sets them in every container."""
+    url = urlsplit(server)
+    host, port = url.hostname or "", str(url.port or 443)
+    return {
+        "KUBERNETES_SERVICE_HOST": host,
+        "KUBERNETES_SERVICE_PORT": port,
+        "KUBERNETES_SERVICE_PORT_HTTPS": port,
+        "KUBERNETES_PORT": f"tcp://{host}:{port}",
+        "KUBERNETES_PORT_443_TCP": f"tcp://{host}:{port}",
+    }
+
+
 _LABEL_REF = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 
 
@@ -105,7 +119,7 @@ def field_ref(ctx: PodContext, path: str) -> str:
     raise EnvError(f"unsupported fieldRef fieldPath {path!r}")
 
 
-def _resource_ref(container: JSON, ref: JSON) -> str:
+def resource_ref(container: JSON, ref: JSON) -> str:
     resource = str(ref.get("resource", ""))
     kind, _, name = resource.partition(".")
     value = ((container.get("resources") or {}).get(kind) or {}).get(name)
@@ -176,7 +190,7 @@ def resolve_env(
         if "fieldRef" in source:
             value = field_ref(ctx, str(source["fieldRef"].get("fieldPath", "")))
         elif "resourceFieldRef" in source:
-            value = _resource_ref(container, source["resourceFieldRef"])
+            value = resource_ref(container, source["resourceFieldRef"])
         elif "secretKeyRef" in source:
             value = _key_ref("Secret", source["secretKeyRef"], namespace, secrets)
         elif "configMapKeyRef" in source:

@@ -19,10 +19,11 @@ from typing import Any
 
 from pdwarden_localcluster import network
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
-from pdwarden_localcluster.kubelet import apirelay, dns, logserver, proxy, streaming
+from pdwarden_localcluster.kubelet import apirelay, cgroups, dns, logserver, proxy, streaming
+from pdwarden_localcluster.kubelet.backoff import BASE_S, CAP_S, BackOff
 from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.node import NodeAgent, NodeShape
-from pdwarden_localcluster.kubelet.podworker import KubeletConfig, PodWorker
+from pdwarden_localcluster.kubelet.podworker import KubeletConfig, PodWorker, cgroups_name
 from pdwarden_localcluster.paths import venv_bin
 
 JSON = dict[str, Any]
@@ -164,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         "--kube-proxy-ports", default="0,0", help="kube-proxy's healthz and metrics ports on loopback"
     )
     parser.add_argument("--coredns-binary", type=Path, default=None, help="CoreDNS; unset: no cluster DNS")
-    parser.add_argument("--backoff-base", type=float, default=2.0)
-    parser.add_argument("--backoff-cap", type=float, default=60.0)
+    parser.add_argument("--backoff-base", type=float, default=BASE_S)
+    parser.add_argument("--backoff-cap", type=float, default=CAP_S)
     args = parser.parse_args(argv)
     if not 1 <= args.nodes <= network.MAX_NODES:
         parser.error(f"--nodes must be between 1 and {network.MAX_NODES}")
@@ -184,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster_dns=args.coredns_binary is not None,
         ca_file=args.ca_file,
         host_env=dict(os.environ),
-        backoff_base=args.backoff_base,
-        backoff_cap=args.backoff_cap,
+        backoff=BackOff(args.backoff_base, args.backoff_cap),
     )
     base_shape = NodeShape(
         cpu=args.cpu,
@@ -249,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("stopping: killing pod processes")
     for loop in loops:
         loop.shutdown()
+    cgroups.Cgroups(cgroups_name(args.state_dir)).remove_all()
     if dns_proc is not None:
         streaming.stop_child(dns_proc, pods_dir, "coredns")
     if proxy_proc is not None:

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import base64
+import json
 import logging
 import shutil
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, KubeApi
-from pdwarden_localcluster.kubelet import dns, envvars, podnet, streaming
+from pdwarden_localcluster.kubelet import cgroups, dns, envvars, podnet, refusal, security, streaming, volumes
+from pdwarden_localcluster.kubelet.backoff import BackOff
 from pdwarden_localcluster.kubelet.container import ContainerRun, kill_recorded, utc_now
 from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.podstatus import pod_status, will_restart
@@ -26,8 +26,13 @@ JSON = dict[str, Any]
 log = logging.getLogger("pdwarden.kubelet")
 
 TICK = 0.25
-TOKEN_SECONDS = 3600
-TOKEN_REFRESH = 1800.0
+RETRY_S = 2.0  # a volume or config that is not there yet is looked at again this often
+# Paths a non-root container must be able to traverse to reach the project's interpreter and
+# venv (an image's own files would be readable by its user).
+TRAVERSABLE = ("/root",)
+NSENTER = "nsenter"
+BACKOFF = BackOff()
+SANDBOX = [sys.executable, "-m", "pdwarden_localcluster.kubelet.sandbox"]
 
 
 @dataclass(frozen=True)
@@ -38,12 +43,15 @@ class KubeletConfig:
     server: str
     ca_file: Path
     host_env: dict[str, str]
-    backoff_base: float = 2.0
-    backoff_cap: float = 60.0
-    backoff_reset_after: float = 60.0
+    backoff: BackOff = BACKOFF
     pod_server: str = ""  # the API server's URL as pods in their own namespaces reach it
     net: NetPlan | None = None  # None: pods share the host's network namespace
     cluster_dns: bool = False  # pods (dnsPolicy ClusterFirst) resolve through kube-dns
+
+
+def cgroups_name(state_dir: Path) -> str:
+    """The kubelet's cgroup, distinct per cluster (state dir)."""
+    return f"pdwarden-{state_dir.name}"
 
 
 def pod_dir_name(pod: JSON) -> str:
@@ -83,9 +91,15 @@ class PodWorker(threading.Thread):
         self.node_index = node_index
         self.net: podnet.PodNet | None = None
         self.start_time = (pod.get("status") or {}).get("startTime") or utc_now()
-        self.kubeconfig: Path | None = None
-        self.token_at = -1e9
         self.sandbox_error = ""
+        self.refused: list[refusal.Refusal] | None = None
+        self.volumes = volumes.PodVolumes(self.pod_dir, api.get_or_none, api.post, self._context(pod))
+        self.volume_error = ""
+        self.volume_retry_at = 0.0
+        self.cgroups = cgroups.Cgroups(cgroups_name(cfg.state_dir))
+        self.oom_at_start: dict[str, int] = {}
+        self._cgroup_procs: list[Path] = []
+        self.events_sent: set[str] = set()
         self.last_status: JSON | None = None
         self.terminating_since: float | None = None
         self.backoff_counts: dict[str, int] = {}
@@ -168,9 +182,23 @@ class PodWorker(threading.Thread):
     def _exec_prefix(self) -> list[str]:
         return self.net.exec_prefix() if self.net is not None else []
 
+    def _probe_prefix(self, run: ContainerRun) -> list[str]:
+        """An exec probe runs in the container's namespaces, as its user."""
+        if run.proc is None:
+            return self._exec_prefix()
+        creds = json.loads((self.pod_dir / f"{run.name}.sandbox.json").read_text())
+        return [
+            NSENTER,
+            f"--target={run.proc.pid}",
+            "--mount",
+            "--net",
+            f"--setuid={creds['uid']}",
+            f"--setgid={creds['gid']}",
+        ]
+
     # --- running ----------------------------------------------------------------------
     def _step(self, pod: JSON) -> None:
-        if not self._ensure_kubeconfig(pod):
+        if not self._admit(pod) or not self._ensure_volumes(pod):
             return
         restart_policy = (pod.get("spec") or {}).get("restartPolicy", "Always")
         if not self._run_init(pod, restart_policy):
@@ -201,11 +229,15 @@ class PodWorker(threading.Thread):
             self._start(pod, run, t, restart_policy)
 
     def _after_exit(self, run: ContainerRun, restart_policy: str, t: float) -> None:
+        term = run.terminated
+        oom = self.cgroups.oom_kills(self.uid, run.name) > self.oom_at_start.get(run.name, 0)
+        if term is not None and term.get("exitCode") == 137 and oom:
+            term["reason"] = "OOMKilled"
+            self._event("OOMKilled", f"container {run.name} was killed: over its memory limit", run)
         if will_restart(run, restart_policy):
             ran = t - run.started_mono if run.started_mono else 0.0
-            count = 0 if ran > self.cfg.backoff_reset_after else self.backoff_counts.get(run.name, 0)
-            delay = min(self.cfg.backoff_cap, self.cfg.backoff_base * (2**count))
-            self.backoff_counts[run.name] = count + 1
+            failures = self.backoff_counts.get(run.name, 0)
+            delay, self.backoff_counts[run.name] = self.cfg.backoff.next(failures, ran)
             run.backoff_until = t + delay
             run.waiting_reason = "CrashLoopBackOff"
             run.waiting_message = (
@@ -216,18 +248,18 @@ class PodWorker(threading.Thread):
             run.waiting_message = ""
 
     def _start(self, pod: JSON, run: ContainerRun, t: float, restart_policy: str) -> None:
-        ctx = envvars.PodContext(
-            pod=pod, pod_ip=self.pod_ip, host_ip=self.cfg.node_ip, node_name=self.node_name
-        )
+        ctx = self._context(pod)
         base = envvars.base_env(self.cfg.host_env, self.cfg.venv_bin)
-        if self.kubeconfig is not None:
-            base["KUBECONFIG"] = str(self.kubeconfig)
+        base.update(envvars.service_env(self._api_server()))
         try:
             env = envvars.resolve_env(ctx, run.spec, base, self._secret, self._configmap)
-        except envvars.EnvError as exc:
+            sandbox = self._sandbox_spec(pod, run)
+        except (envvars.EnvError, security.SecurityError, ValueError, OSError) as exc:
+            if run.waiting_reason != "CreateContainerConfigError" or run.waiting_message != str(exc):
+                self._event("Failed", f"Error: {exc}", run)
             run.waiting_reason = "CreateContainerConfigError"
             run.waiting_message = str(exc)
-            run.backoff_until = t + 2.0
+            run.backoff_until = t + RETRY_S
             return
         start_error = ""
         try:
@@ -249,7 +281,9 @@ class PodWorker(threading.Thread):
                 "finishedAt": utc_now(),
             }
         else:
-            run.start(argv, env, run.spec.get("workingDir"), prefix=self._exec_prefix())
+            self.oom_at_start[run.name] = self.cgroups.oom_kills(self.uid, run.name)
+            prefix = [*cgroups.join_prefix(self._cgroup_procs), *self._exec_prefix(), *sandbox]
+            run.start(argv, env, run.spec.get("workingDir"), prefix=prefix)
         if run.terminated is not None:  # the exec itself failed
             run.started_mono = t
             self._after_exit(run, restart_policy, t)
@@ -283,7 +317,9 @@ class PodWorker(threading.Thread):
         startup = run.probes.get("startup")
         if startup is not None and not run.started:
             if startup.due(t):
-                ok, msg = run_probe(startup.probe, run.spec, self.pod_ip, run.env, cwd, self._exec_prefix())
+                ok, msg = run_probe(
+                    startup.probe, run.spec, self.pod_ip, run.env, cwd, self._probe_prefix(run)
+                )
                 startup.record(ok, msg, now())
                 if startup.result is True:
                     run.started = True
@@ -293,7 +329,7 @@ class PodWorker(threading.Thread):
             return
         liveness = run.probes.get("liveness")
         if liveness is not None and liveness.due(t):
-            ok, msg = run_probe(liveness.probe, run.spec, self.pod_ip, run.env, cwd, self._exec_prefix())
+            ok, msg = run_probe(liveness.probe, run.spec, self.pod_ip, run.env, cwd, self._probe_prefix(run))
             liveness.record(ok, msg, now())
             if liveness.result is False:
                 probe_grace = liveness.probe.get("terminationGracePeriodSeconds")
@@ -304,7 +340,7 @@ class PodWorker(threading.Thread):
                 return
         readiness = run.probes.get("readiness")
         if readiness is not None and readiness.due(t):
-            ok, msg = run_probe(readiness.probe, run.spec, self.pod_ip, run.env, cwd, self._exec_prefix())
+            ok, msg = run_probe(readiness.probe, run.spec, self.pod_ip, run.env, cwd, self._probe_prefix(run))
             readiness.record(ok, msg, now())
             if readiness.result is not None:
                 run.ready = readiness.result
@@ -349,13 +385,18 @@ class PodWorker(threading.Thread):
             time.sleep(0.1)
         for run in runs:
             run.kill_now()
+        # a stopping kubelet leaves no mount nor cgroup behind either; a restarted one redoes them
+        self.cgroups.remove_pod(self.uid)
+        self.volumes.teardown()
         if self._gone.is_set():
             self._cleanup_dir()
 
     def _cleanup_dir(self) -> None:
-        # keep the logs (`pdwarden cluster logs`), drop the credentials and what exec reads
-        if self.kubeconfig is not None:
-            self.kubeconfig.unlink(missing_ok=True)
+        # keep the logs (`pdwarden cluster logs`), drop the volumes (credentials) and what exec reads
+        self.cgroups.remove_pod(self.uid)
+        self.volumes.teardown()
+        for spec_file in self.pod_dir.glob("*.sandbox.json"):
+            spec_file.unlink(missing_ok=True)
         (self.pod_dir / streaming.EXEC_INFO).unlink(missing_ok=True)
 
     # --- status -----------------------------------------------------------------------
@@ -372,6 +413,10 @@ class PodWorker(threading.Thread):
             for run in self.init_runs + self.runs:
                 if not run.running() and run.attempts == 0:
                     run.waiting_reason, run.waiting_message = "CreateContainerConfigError", self.sandbox_error
+        elif self.volume_error:
+            for run in self.init_runs + self.runs:
+                if not run.running() and run.attempts == 0:
+                    run.waiting_reason, run.waiting_message = "ContainerCreating", self.volume_error
         status = pod_status(
             previous,
             self.init_runs,
@@ -400,47 +445,101 @@ class PodWorker(threading.Thread):
             r.terminated is not None and r.terminated.get("exitCode") != 0 for r in self.init_runs
         )
 
-    # --- service account credentials ---------------------------------------------------
-    def _ensure_kubeconfig(self, pod: JSON) -> bool:
-        spec = pod.get("spec") or {}
-        if spec.get("automountServiceAccountToken") is False:
-            return True
-        if self.kubeconfig is not None and now() - self.token_at < TOKEN_REFRESH:
-            return True
-        if self.sandbox_error and now() - self.token_at < 2.0:
+    # --- admission, volumes, isolation ---------------------------------------------------
+    def _admit(self, pod: JSON) -> bool:
+        """Refuse, once and loudly, a pod asking for what this kubelet cannot honour."""
+        if self.refused is None:
+            self.refused = refusal.refusals(pod)
+            if self.refused:
+                message = "; ".join(str(r) for r in self.refused)
+                self.sandbox_error = f"the local kubelet cannot honour {message}"
+                self._event("Failed", f"Error: {self.sandbox_error}")
+                log.error("%s: %s", self.name, self.sandbox_error)
+        return not self.refused
+
+    def _ensure_volumes(self, pod: JSON) -> bool:
+        """Volumes set up (and refreshed); False while one cannot be (FailedMount)."""
+        self.volumes.ctx = self._context(pod)
+        if self.volume_error and now() < self.volume_retry_at:
             return False
-        sa = spec.get("serviceAccountName") or "default"
         try:
-            resp = self.api.post(
-                f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{sa}/token",
+            self.volumes.prepare()
+            self.volumes.refresh()
+        except (volumes.VolumeError, ApiError, OSError, ValueError) as exc:
+            message = f"MountVolume.SetUp failed: {exc}"
+            if message != self.volume_error:
+                self._event("FailedMount", message)
+            self.volume_error, self.volume_retry_at = message, now() + RETRY_S
+            return not any(r.attempts == 0 for r in self.init_runs + self.runs)
+        self.volume_error = ""
+        return True
+
+    def _sandbox_spec(self, pod: JSON, run: ContainerRun) -> list[str]:
+        """Write what the sandbox applies for `run`; the argv prefix that applies it."""
+        spec = pod.get("spec") or {}
+        kind = "initContainers" if run.init else "containers"
+        index = [c.get("name") for c in spec.get(kind) or []].index(run.name)
+        where = f"spec.{kind}[{index}]"
+        sec = security.effective(pod, run.spec, where)
+        plan = volumes.mount_plan(run.spec, spec.get("volumes") or [], self.volumes.sources, where)
+        self._cgroup_procs = self.cgroups.create(self.uid, run.name, cgroups.Limits.of(run.spec))
+        doc = {
+            "mounts": [m.to_json() for m in plan],
+            "readOnlyRoot": sec.read_only_root,
+            "uid": sec.uid,
+            "gid": sec.gid,
+            "groups": list(sec.groups),
+            "caps": [security.CAP_NUMBERS[c] for c in sec.caps],
+            "noNewPrivs": sec.no_new_privs,
+            "traversable": list(TRAVERSABLE),
+        }
+        path = self.pod_dir / f"{run.name}.sandbox.json"
+        path.write_text(json.dumps(doc) + "\n")
+        return [*SANDBOX, str(path), "--"]
+
+    def _context(self, pod: JSON) -> envvars.PodContext:
+        return envvars.PodContext(
+            pod=pod, pod_ip=self.pod_ip, host_ip=self.cfg.node_ip, node_name=self.node_name
+        )
+
+    def _event(self, reason: str, message: str, run: ContainerRun | None = None) -> None:
+        """A Warning Event on the pod, as a kubelet records one (best effort, once per message)."""
+        key = f"{reason}:{message}"
+        if key in self.events_sent:
+            return
+        self.events_sent.add(key)
+        involved: JSON = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "namespace": self.namespace,
+            "name": self.pod_name,
+            "uid": self.uid,
+        }
+        if run is not None:
+            kind = "initContainers" if run.init else "containers"
+            involved["fieldPath"] = f"spec.{kind}{{{run.name}}}"
+        stamp = utc_now()
+        try:
+            self.api.post(
+                f"/api/v1/namespaces/{self.namespace}/events",
                 {
-                    "apiVersion": "authentication.k8s.io/v1",
-                    "kind": "TokenRequest",
-                    "spec": {
-                        "expirationSeconds": TOKEN_SECONDS,
-                        "boundObjectRef": {
-                            "kind": "Pod",
-                            "apiVersion": "v1",
-                            "name": self.pod_name,
-                            "uid": self.uid,
-                        },
-                    },
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"generateName": f"{self.pod_name}.", "namespace": self.namespace},
+                    "involvedObject": involved,
+                    "reason": reason,
+                    "message": message,
+                    "type": "Warning",
+                    "source": {"component": "kubelet", "host": self.node_name},
+                    "reportingComponent": "kubelet",
+                    "reportingInstance": self.node_name,
+                    "firstTimestamp": stamp,
+                    "lastTimestamp": stamp,
+                    "count": 1,
                 },
             )
         except ApiError as exc:
-            self.token_at = now()
-            self.sandbox_error = f"cannot get a token for ServiceAccount {self.namespace}/{sa}: {exc.message}"
-            return self.kubeconfig is not None
-        token = resp["status"]["token"]
-        path = self.pod_dir / "kubeconfig"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(
-            yaml.safe_dump(pod_kubeconfig(self._api_server(), self.cfg.ca_file, token, self.namespace, sa))
-        )
-        tmp.chmod(0o600)
-        tmp.replace(path)
-        self.kubeconfig, self.token_at, self.sandbox_error = path, now(), ""
-        return True
+            log.warning("%s: cannot record event %s: %s", self.name, reason, exc)
 
     def _api_server(self) -> str:
         return self.cfg.pod_server if self.net is not None and self.cfg.pod_server else self.cfg.server
@@ -450,26 +549,6 @@ class PodWorker(threading.Thread):
 
     def _configmap(self, namespace: str, name: str) -> JSON | None:
         return self.api.get_or_none(f"/api/v1/namespaces/{namespace}/configmaps/{name}")
-
-
-def pod_kubeconfig(server: str, ca_file: Path, token: str, namespace: str, sa: str) -> JSON:
-    ca = base64.b64encode(ca_file.read_bytes()).decode()
-    user = f"system:serviceaccount:{namespace}:{sa}"
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "pdwarden-local", "cluster": {"server": server, "certificate-authority-data": ca}}
-        ],
-        "users": [{"name": user, "user": {"token": token}}],
-        "contexts": [
-            {
-                "name": "pdwarden-local",
-                "context": {"cluster": "pdwarden-local", "user": user, "namespace": namespace},
-            }
-        ],
-        "current-context": "pdwarden-local",
-    }
 
 
 def remove_pod_dir(path: Path) -> None:

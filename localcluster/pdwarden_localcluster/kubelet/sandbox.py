@@ -1,0 +1,208 @@
+"""A container's isolation, applied in the process itself before it execs the container's command.
+
+`python -m pdwarden_localcluster.kubelet.sandbox SPEC.json -- ARGV...` (after the pod's
+`ip netns exec`, after cgroups.join_prefix): a mount namespace of its own, the pod's
+volumes bind-mounted at their mount paths, a read-only view of the root when asked, then the
+user, groups, capabilities and no_new_privs, and exec. The pid stays the container's. Any
+failure exits 128 with the reason on stderr (the container's log), as a runtime's start error.
+
+Only the standard library: this runs once per container start.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import sys
+from typing import Any
+
+CLONE_NEWNS = 0x00020000
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_SLAVE = 0x80000
+PR_SET_KEEPCAPS = 8
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_RAISE = 2
+CAP_LAST = 40
+# Kernel mounts a read-only root leaves as they are (a runtime gives a container its own).
+KERNEL_MOUNTS = ("/proc", "/sys", "/dev")
+FLAG_NAMES = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+class SandboxError(Exception):
+    pass
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise SandboxError(f"{what}: {os.strerror(err)}")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    _check(
+        _libc.mount(
+            source.encode() if source else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            ctypes.c_ulong(flags),
+            data.encode() if data else None,
+        ),
+        f"mount {source or fstype} on {target}",
+    )
+
+
+def _mount_table() -> list[tuple[str, set[str]]]:
+    """(mount point, its per-mount options) of this namespace, in mount order."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            point = parts[4].encode().decode("unicode_escape")
+            out.append((point, set(parts[5].split(","))))
+    return out
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def _ensure_target(source: str, target: str) -> None:
+    if os.path.exists(target):
+        return
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    else:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "a"):
+            pass
+
+
+def _traversable(path: str) -> None:
+    """Give a non-root user a way through `path` (e.g. /root, 0700), as an image's own files would be.
+
+    A tmpfs (0711) goes over it, with each original entry bind-mounted back; entries keep
+    their own permissions.
+    """
+    if not os.path.isdir(path) or os.stat(path).st_mode & 0o011 == 0o011:
+        return
+    original = os.open(path, os.O_PATH | os.O_DIRECTORY)
+    entries = os.listdir(path)
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0711")
+    for name in entries:
+        src = f"/proc/self/fd/{original}/{name}"
+        dst = os.path.join(path, name)
+        if os.path.islink(src):
+            os.symlink(os.readlink(src), dst)
+            continue
+        _ensure_target(src, dst)
+        mount(src, dst, None, MS_BIND | MS_REC)
+    os.close(original)
+
+
+def _read_only_root(writable: list[str]) -> None:
+    for point, opts in _mount_table():
+        if _under(point, list(KERNEL_MOUNTS)) or _under(point, writable) or "ro" in opts:
+            continue
+        flags = MS_BIND | MS_REMOUNT | MS_RDONLY
+        for name, bit in FLAG_NAMES.items():
+            if name in opts:
+                flags |= bit
+        try:
+            mount(None, point, None, flags)
+        except SandboxError:
+            if os.path.exists(point):  # a mount point hidden by a later mount cannot be reached
+                raise
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def _drop_bounding(keep: list[int]) -> None:
+    for cap in range(CAP_LAST + 1):
+        if cap not in keep:
+            ret = _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+            if ret != 0 and ctypes.get_errno() != 22:  # EINVAL: the kernel does not know it
+                _check(ret, f"drop capability {cap} from the bounding set")
+
+
+def _set_caps(keep: list[int], non_root: bool) -> None:
+    """Permitted, effective and inheritable sets (after the user switch, which cleared effective)."""
+    mask = sum(1 << c for c in keep)
+    header = _CapHeader(0x20080522, 0)
+    data = (_CapData * 2)()
+    for i in range(2):
+        part = (mask >> (32 * i)) & 0xFFFFFFFF
+        data[i].effective = data[i].permitted = data[i].inheritable = part
+    _check(_libc.capset(ctypes.byref(header), data), "capset")
+    if non_root:  # a non-root user keeps added capabilities across exec only as ambient ones
+        for cap in keep:
+            _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0), f"ambient capability {cap}")
+
+
+def apply(spec: dict[str, Any]) -> None:
+    _check(_libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
+    # host mounts still reach the container; its own never reach the host
+    mount(None, "/", None, MS_REC | MS_SLAVE)
+    uid, gid = int(spec.get("uid", 0)), int(spec.get("gid", 0))
+    if uid != 0:
+        for path in spec.get("traversable") or []:
+            _traversable(path)
+    targets = []
+    for m in spec.get("mounts") or []:
+        _ensure_target(m["source"], m["target"])
+        mount(m["source"], m["target"], None, MS_BIND | MS_REC)
+        if m.get("readOnly"):
+            mount(None, m["target"], None, MS_BIND | MS_REMOUNT | MS_RDONLY)
+        targets.append(m["target"])
+    if spec.get("readOnlyRoot"):
+        _read_only_root([m["target"] for m in spec.get("mounts") or []])
+    keep = [int(c) for c in spec.get("caps", list(range(CAP_LAST + 1)))]
+    _drop_bounding(keep)
+    if uid != 0 or gid != 0 or spec.get("groups"):
+        _check(_libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "keep capabilities")
+        os.setgroups([int(g) for g in spec.get("groups") or []])
+        os.setgid(gid)
+        os.setuid(uid)
+    _set_caps(keep, uid != 0)
+    if spec.get("noNewPrivs"):
+        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        print("usage: sandbox SPEC.json -- ARGV...", file=sys.stderr)
+        return 128
+    try:
+        with open(argv[0]) as f:
+            spec = json.load(f)
+        apply(spec)
+        os.execvpe(argv[2], argv[2:], dict(os.environ))
+    except (OSError, SandboxError) as exc:
+        print(f"pdwarden sandbox: {exc}", file=sys.stderr)
+        return 128
+    return 0  # not reached: exec replaced the process
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
