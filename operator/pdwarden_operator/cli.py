@@ -193,6 +193,9 @@ async def _main(
         elector = leader.Elector(*lease)
         leader.set_elector(elector)
         await elector.acquire()  # a standby does nothing until it holds the Lease
+    # kopf names itself after the user unless POD_ID is set; a non-root uid with no passwd
+    # entry (a distroless or arbitrary-uid image) has no user name to give.
+    os.environ.setdefault("POD_ID", leader.default_identity())
     operator_task = asyncio.create_task(
         kopf.operator(standalone=True, clusterwide=clusterwide, namespaces=namespaces)
     )
