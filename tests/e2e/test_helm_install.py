@@ -163,6 +163,22 @@ def test_rbac_is_least_privilege_on_the_real_authorizer(kubeconfig: Path, namesp
         kubectl(kubeconfig, "delete", "-f", "-", "--wait=false", stdin=manifest)
 
 
+def assert_runs_as_the_chart_says(pod: dict[str, Any]) -> None:
+    """The operator's process (the local kubelet's containerID is its pid): the chart's
+    non-root user, a read-only root with /tmp writable, the API reached only through the
+    mounted ServiceAccount token."""
+    pid = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("pdwarden://"))
+    proc = Path(f"/proc/{pid}")
+    uids = next(ln for ln in (proc / "status").read_text().splitlines() if ln.startswith("Uid:"))
+    assert uids.split()[1:] == ["65532"] * 4
+    env = dict(e.split("=", 1) for e in (proc / "environ").read_text().split("\0") if "=" in e)
+    assert "KUBECONFIG" not in env and env["KUBERNETES_SERVICE_HOST"]
+    mounts = {ln.split()[4]: ln.split()[5].split(",") for ln in (proc / "mountinfo").read_text().splitlines()}
+    assert "ro" in mounts["/"] and "rw" in mounts["/tmp"]
+    # (/var/run may be a link to /run: the mount table names the resolved path)
+    assert "ro" in mounts[os.path.realpath("/var/run/secrets/kubernetes.io/serviceaccount")]
+
+
 @pytest.mark.parametrize("scope", ["cluster", "namespace"])  # cluster: the chart's default
 def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
     kubeconfig: Path, namespace: str, scope: str
@@ -194,6 +210,7 @@ def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
             # The operator runs as a pod with the chart's ServiceAccount (its token is its identity).
             assert pod["spec"]["serviceAccountName"] == f"{release}-pdwarden"
             assert pod["spec"]["containers"][0]["command"] == ["pdwarden", "operator", "run"]
+            assert_runs_as_the_chart_says(pod)
 
         def holder() -> Any:
             lease = get_json(kubeconfig, "leases.coordination.k8s.io", "pdwarden-operator", "-n", namespace)
