@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import sys
 import threading
@@ -252,8 +253,11 @@ class PodWorker(threading.Thread):
         base = envvars.base_env(self.cfg.host_env, self.cfg.venv_bin)
         base.update(envvars.service_env(self._api_server()))
         try:
+            sec = security.effective(pod, run.spec, self._field_path(pod, run))
+            if sec.uid != 0:
+                base["HOME"] = str(self._home(run, sec))
             env = envvars.resolve_env(ctx, run.spec, base, self._secret, self._configmap)
-            sandbox = self._sandbox_spec(pod, run)
+            sandbox = self._sandbox_spec(pod, run, sec)
         except (envvars.EnvError, security.SecurityError, ValueError, OSError) as exc:
             if run.waiting_reason != "CreateContainerConfigError" or run.waiting_message != str(exc):
                 self._event("Failed", f"Error: {exc}", run)
@@ -395,6 +399,7 @@ class PodWorker(threading.Thread):
         # keep the logs (`pdwarden cluster logs`), drop the volumes (credentials) and what exec reads
         self.cgroups.remove_pod(self.uid)
         self.volumes.teardown()
+        shutil.rmtree(self.pod_dir / "home", ignore_errors=True)
         for spec_file in self.pod_dir.glob("*.sandbox.json"):
             spec_file.unlink(missing_ok=True)
         (self.pod_dir / streaming.EXEC_INFO).unlink(missing_ok=True)
@@ -474,13 +479,25 @@ class PodWorker(threading.Thread):
         self.volume_error = ""
         return True
 
-    def _sandbox_spec(self, pod: JSON, run: ContainerRun) -> list[str]:
+    @staticmethod
+    def _field_path(pod: JSON, run: ContainerRun) -> str:
+        kind = "initContainers" if run.init else "containers"
+        names = [c.get("name") for c in (pod.get("spec") or {}).get(kind) or []]
+        return f"spec.{kind}[{names.index(run.name)}]"
+
+    def _home(self, run: ContainerRun, sec: security.Security) -> Path:
+        """A non-root user's own home (the host's HOME is root's): in the pod's state dir, so
+        it is read-only under readOnlyRootFilesystem like the rest of the root."""
+        home = self.pod_dir / "home" / run.name
+        home.mkdir(parents=True, exist_ok=True)
+        os.chown(home, sec.uid, sec.gid)
+        home.chmod(0o700)
+        return home
+
+    def _sandbox_spec(self, pod: JSON, run: ContainerRun, sec: security.Security) -> list[str]:
         """Write what the sandbox applies for `run`; the argv prefix that applies it."""
         spec = pod.get("spec") or {}
-        kind = "initContainers" if run.init else "containers"
-        index = [c.get("name") for c in spec.get(kind) or []].index(run.name)
-        where = f"spec.{kind}[{index}]"
-        sec = security.effective(pod, run.spec, where)
+        where = self._field_path(pod, run)
         plan = volumes.mount_plan(run.spec, spec.get("volumes") or [], self.volumes.sources, where)
         self._cgroup_procs = self.cgroups.create(self.uid, run.name, cgroups.Limits.of(run.spec))
         doc = {
