@@ -20,6 +20,7 @@ from typing import Any
 
 ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
+MAX_WEIGHT = {True: "10000", False: "262144"}  # cpu.weight (v2), cpu.shares (v1)
 _QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
 _SUFFIX = {
     "": 1,
@@ -89,13 +90,18 @@ class Cgroups:
 
     def create(self, uid: str, container: str, limits: Limits) -> list[Path]:
         """The container's groups with its limits set; their cgroup.procs files, to join."""
-        dirs = sorted({base / f"pod{uid}" / container for base in self.bases.values()})
+        bases = {c: b for c, b in self.bases.items() if c == "memory" or limits.cpu_millis or self.v2}
+        dirs = sorted({base / f"pod{uid}" / container for base in bases.values()})
         for d in dirs:
-            if self.v2:
-                for parent in (d.parent.parent, d.parent):
-                    parent.mkdir(exist_ok=True)
-                    _enable_controllers(parent)
-            d.mkdir(parents=True, exist_ok=True)
+            for level in (d.parent.parent, d.parent, d):
+                level.mkdir(exist_ok=True)
+                if self.v2 and level != d:  # a v2 group with processes cannot delegate
+                    _enable_controllers(level)
+                # grouping must not cost weight against the host's ungrouped processes: the
+                # limits cap a container, its share of an idle-enough machine stays whole
+                _write(
+                    level / ("cpu.weight" if self.v2 else "cpu.shares"), MAX_WEIGHT[self.v2], optional=True
+                )
         self._limit(uid, container, limits)
         return [d / "cgroup.procs" for d in dirs]
 
@@ -115,7 +121,7 @@ class Cgroups:
                     _write(d / "memory.memsw.limit_in_bytes", value, optional=True)
                     _write(d / "memory.limit_in_bytes", value)
         cpu = self.bases.get("cpu")
-        if cpu is not None:
+        if cpu is not None and (limits.cpu_millis or self.v2):
             d = cpu / f"pod{uid}" / container
             quota = limits.cpu_millis * CPU_PERIOD_US // 1000 if limits.cpu_millis else None
             if self.v2:
