@@ -261,3 +261,29 @@ def test_run_as_non_root_refuses_a_container_that_would_run_as_root(kubectl: Kub
         "CreateContainerConfigError",
     )
     assert "runAsNonRoot and image will run as root" in waiting["message"]
+
+
+SHM_PROBE = """
+import json
+fs = {ln.split()[4]: ln.split(" - ")[1].split()[0] for ln in open("/proc/self/mountinfo")}
+out = {"fs": fs.get("/dev/shm")}
+try:
+    with open("/dev/shm/blob", "wb") as f:
+        f.write(b"x" * (4 * 2**20))
+    out["write"] = "written"
+except OSError as exc:
+    out["write"] = exc.strerror
+print(json.dumps(out))
+"""
+
+
+def test_a_memory_empty_dir_is_a_tmpfs_of_its_size_limit(kubectl: Kubectl, namespace: str) -> None:
+    spec = {
+        "restartPolicy": "Never",
+        "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}],
+    }
+    mounts = [{"name": "shm", "mountPath": "/dev/shm"}]
+    kubectl.apply(pod("shm", [python("c", SHM_PROBE, volumeMounts=mounts)], **spec), namespace)
+    assert finished(kubectl, namespace, "shm") == "Succeeded"
+    seen = report("shm", namespace)
+    assert seen == {"fs": "tmpfs", "write": "No space left on device"}
