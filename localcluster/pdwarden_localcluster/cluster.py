@@ -28,7 +28,7 @@ import requests
 import urllib3
 import yaml
 
-from pdwarden_localcluster import build, network, procs, topology
+from pdwarden_localcluster import build, network, procs, provisioner, topology
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
 from pdwarden_localcluster.kubelet.container import kill_recorded
@@ -37,8 +37,8 @@ from pdwarden_localcluster.pki import Pki, ensure_pki
 
 Progress = Callable[[str], None]
 DEFAULT_PORT_BASE = 36000
-# Start order; `down` stops them in reverse (the kubelet first, so pods stop while the API is up).
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+# Start order; `down` stops them in reverse (the kubelet early, so pods stop while the API is up).
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "provisioner")
 
 
 def _stderr(msg: str) -> None:
@@ -125,6 +125,11 @@ class Layout:
     @property
     def pods(self) -> Path:
         return self.root / "pods"
+
+    @property
+    def volumes(self) -> Path:
+        """Directories of the local PersistentVolumes (`provisioner`)."""
+        return self.root / "volumes"
 
     @property
     def pki(self) -> Pki:
@@ -378,6 +383,17 @@ def _argv(name: str, lay: Layout, bins: Path, p: Ports, settings: Settings) -> l
             f"--coredns-binary={build.coredns_binary()}",
             f"--kube-proxy-ports={p.kube_proxy_healthz},{p.kube_proxy_metrics}",
         ]
+    if name == "provisioner":
+        return [
+            sys.executable,
+            "-m",
+            "pdwarden_localcluster.provisioner",
+            f"--server=https://127.0.0.1:{p.apiserver}",
+            f"--ca-file={pki.ca_cert}",
+            f"--cert-file={pki.client_cert('provisioner')}",
+            f"--key-file={pki.client_key('provisioner')}",
+            f"--volumes-dir={lay.volumes}",
+        ]
     raise ValueError(f"unknown component {name!r}")
 
 
@@ -401,6 +417,9 @@ def _wait_ready(name: str, lay: Layout, p: Ports, settings: Settings) -> None:
     elif name == "kubelet":
         for node in node_names(settings):
             _wait(lay, name, lambda n=node: _node_ready(api, n), 120, what=f"node {node} Ready")  # type: ignore[misc]
+    elif name == "provisioner":
+        path = f"/apis/storage.k8s.io/v1/storageclasses/{provisioner.CLASS_NAME}"
+        _wait(lay, name, lambda: _api_ok(api, path), 60, what=f"StorageClass {provisioner.CLASS_NAME}")
 
 
 @contextlib.contextmanager
@@ -504,7 +523,21 @@ def _apiserver_args(bins: Path, lay: Layout, pki: Pki, p: Ports) -> list[str]:
     ]
 
 
+def _grant(lay: Layout) -> None:
+    """The provisioner's ClusterRole and binding (idempotent; with the admin's credentials)."""
+    api = admin_api(lay)
+    for obj in provisioner.rbac():
+        kind = "clusterroles" if obj["kind"] == "ClusterRole" else "clusterrolebindings"
+        try:
+            api.post(f"/apis/rbac.authorization.k8s.io/v1/{kind}", obj)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise ClusterError(f"cannot grant the volume provisioner its role: {exc}") from exc
+
+
 def _spawn(lay: Layout, name: str, argv: list[str], progress: Progress) -> None:
+    if name == "provisioner":
+        _grant(lay)
     rec = procs.spawn_detached(name, argv, lay.log_file(name), lay.pid_file(name))
     if name == "kubelet":
         (lay.root / "kubelet.fingerprint").write_text(kubelet_fingerprint() + "\n")
@@ -593,6 +626,7 @@ def _reset_run_state(lay: Layout, progress: Progress) -> None:
         progress(f"removing etcd data of an earlier run ({lay.etcd_data})")
         shutil.rmtree(lay.etcd_data)
     shutil.rmtree(lay.pods, ignore_errors=True)
+    shutil.rmtree(lay.volumes, ignore_errors=True)  # their PersistentVolumes went with etcd's data
     lay.logs.mkdir(parents=True, exist_ok=True)
     for name in COMPONENTS:  # keep one previous log per component for post-mortems
         log = lay.log_file(name)

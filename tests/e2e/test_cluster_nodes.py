@@ -4,11 +4,12 @@ pods spread over nodes and talking across them, the scheduler's refusals."""
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pdwarden_localcluster import topology
+from pdwarden_localcluster import provisioner, topology
 from pdwarden_localcluster.cluster import ClusterInfo, ports
 from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
 from tests.support.kube_objects import deployment
@@ -164,3 +165,82 @@ def test_replicas_spread_over_nodes_and_reach_each_other_and_a_service_across_th
     answer = wait_for(lambda: fetched(kubectl, namespace, "viasvc"), 90, "the answer through the Service")
     assert answer.removeprefix("served-by ") in {p["metadata"]["name"] for p in pods}
     assert (kubectl.get("pod", "direct", namespace) or {})["spec"]["nodeName"] == last
+
+
+# --- local PersistentVolumes --------------------------------------------------------------
+
+
+def test_a_claim_of_the_local_class_binds_on_its_first_pods_node_and_is_deleted_with_it(
+    kubectl: Kubectl, namespace: str, cluster: ClusterInfo
+) -> None:
+    classes = kubectl.json("get", "storageclass")["items"]
+    [default] = [
+        c
+        for c in classes
+        if (c["metadata"].get("annotations") or {}).get(provisioner.ANN_DEFAULT_CLASS) == "true"
+    ]
+    assert default["metadata"]["name"] == provisioner.CLASS_NAME
+    assert default["volumeBindingMode"] == "WaitForFirstConsumer"
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data"},  # no class: the default one
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "64Mi"}}},
+    }
+    kubectl.apply(claim, namespace)
+    pvc = wait_for(lambda: kubectl.get("pvc", "data", namespace), 30, "the claim")
+    assert pvc["spec"]["storageClassName"] == provisioner.CLASS_NAME
+    # late binding: no volume until a pod uses the claim
+    assert pvc["status"]["phase"] == "Pending" and not pvc["spec"].get("volumeName")
+
+    # a pod that may go to any node (GPU nodes included) and uses the claim
+    user = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "user"},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "tolerations": [GPU_TOLERATION],
+            "containers": [{"name": "c", "image": "x", "command": ["sleep", "3600"]}],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        },
+    }
+    kubectl.apply(user, namespace)
+    bound = wait_for(
+        lambda: (c := kubectl.get("pvc", "data", namespace)) and c["status"].get("phase") == "Bound" and c,
+        120,
+        "the claim Bound",
+    )
+    pv_name = bound["spec"]["volumeName"]
+    pv = kubectl.json("get", "pv", pv_name)
+    [term] = pv["spec"]["nodeAffinity"]["required"]["nodeSelectorTerms"]
+    [node] = term["matchExpressions"][0]["values"]
+    assert node in cluster.nodes
+    path = Path(pv["spec"]["local"]["path"])
+    assert path.is_dir() and path.parent == cluster.state_dir / "volumes"
+    scheduled = wait_for(
+        lambda: (p := kubectl.get("pod", "user", namespace)) and p["spec"].get("nodeName"),
+        120,
+        "the pod bound",
+    )
+    assert scheduled == node, "the pod runs where its volume is"
+
+    # a second pod of the claim goes to the same node, even one it could otherwise avoid
+    second = {**user, "metadata": {"name": "second"}}
+    kubectl.apply(second, namespace)
+    assert (
+        wait_for(
+            lambda: (p := kubectl.get("pod", "second", namespace)) and p["spec"].get("nodeName"),
+            120,
+            "the second pod bound",
+        )
+        == node
+    )
+
+    kubectl("delete", "pod", "user", "second", "-n", namespace, "--wait=true", timeout=120)
+    kubectl("delete", "pvc", "data", "-n", namespace, "--wait=true", timeout=120)
+    wait_for(
+        lambda: kubectl("get", "pv", pv_name, check=False).returncode != 0 and not path.exists(),
+        120,
+        "the volume and its directory deleted",
+    )
