@@ -28,7 +28,7 @@ import requests
 import urllib3
 import yaml
 
-from pdwarden_localcluster import build, network, procs, provisioner, topology
+from pdwarden_localcluster import build, network, procs, provisioner, teardown, topology
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
 from pdwarden_localcluster.kubelet.container import kill_recorded
@@ -446,6 +446,7 @@ def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
     begun = time.monotonic()
     settings.node_plan()  # a clear error for a bad count
     leftovers = _stop_recorded(lay, grace=5.0)
+    leftovers += teardown.clean(lay.root)
     if leftovers:
         progress(f"stopped leftovers of an earlier run: {', '.join(leftovers)}")
     bins = build.ensure_built(progress)
@@ -713,7 +714,9 @@ def down(progress: Progress = _stderr) -> list[str]:
     lay = layout()
     with _locked(lay):
         stopped = _stop_recorded(lay, grace=10.0)
-        removed = network.teardown(ports().net)
+        # what a killed kubelet could not clean: stray processes, its cgroups, mounts
+        removed = teardown.clean(lay.root)
+        removed += network.teardown(ports().net)
     if removed:
         progress(f"removed: {', '.join(removed)}")
     progress(f"stopped: {', '.join(stopped)}" if stopped else "the local cluster was not running")
