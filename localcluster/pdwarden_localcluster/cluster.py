@@ -252,33 +252,51 @@ def ensure_up(
         return _start(lay, settings, progress)
 
 
-def kubelet_fingerprint(python: str | None = None) -> str:
-    """Hash of the process kubelet's code and interpreter: a running kubelet from older code, or
-    from another checkout's virtualenv (whose code its pods would run), is restarted."""
+# The code each long-running Python component runs besides the standard library and the venv.
+CODE = {
+    "kubelet": ("kubelet/*.py", "kubeapi.py", "procs.py", "network.py", "topology.py", "errors.py"),
+    "provisioner": ("provisioner.py", "kubeapi.py", "pki.py"),
+}
+
+
+def code_fingerprint(component: str, python: str | None = None) -> str:
+    """Hash of a Python component's code and interpreter: one running older code, or from
+    another checkout's virtualenv (whose code its pods would run), is restarted."""
     digest = hashlib.sha256()
     digest.update(str(Path(python or sys.executable).absolute()).encode())
     package = Path(__file__).resolve().parent
-    for path in sorted(
-        [*package.glob("kubelet/*.py"), package / "kubeapi.py", package / "procs.py", package / "network.py"]
-    ):
+    for path in sorted({p for pattern in CODE[component] for p in package.glob(pattern)}):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
+def kubelet_fingerprint(python: str | None = None) -> str:
+    return code_fingerprint("kubelet", python)
+
+
+def _fingerprint_file(lay: Layout, component: str) -> Path:
+    return lay.root / f"{component}.fingerprint"
+
+
 def _upgrade_kubelet(lay: Layout, progress: Progress) -> None:
-    """Restart the kubelet if its code changed since it started (pods restart, keep their IPs)."""
-    stamp = lay.root / "kubelet.fingerprint"
-    try:
-        running = stamp.read_text().strip()
-    except OSError:
-        running = ""
-    if running == kubelet_fingerprint():
+    """Restart the kubelet (its pods restart, keep their IPs) or the provisioner if its code
+    changed since it started."""
+    stale = []
+    for component in CODE:
+        try:
+            running = _fingerprint_file(lay, component).read_text().strip()
+        except OSError:
+            running = ""
+        if running != code_fingerprint(component):
+            stale.append(component)
+    if not stale:
         return
     progress(
-        "the process kubelet's code or virtualenv changed since it started: restarting it (its pods restart)"
+        f"the code or virtualenv of {' and '.join(stale)} changed since it started: restarting it"
+        + (" (its pods restart)" if "kubelet" in stale else "")
     )
-    _stop_recorded(lay, grace=5.0, only=["kubelet"])
+    _stop_recorded(lay, grace=5.0, only=stale)
     _repair(lay, progress)
 
 
@@ -540,8 +558,8 @@ def _spawn(lay: Layout, name: str, argv: list[str], progress: Progress) -> None:
     if name == "provisioner":
         _grant(lay)
     rec = procs.spawn_detached(name, argv, lay.log_file(name), lay.pid_file(name))
-    if name == "kubelet":
-        (lay.root / "kubelet.fingerprint").write_text(kubelet_fingerprint() + "\n")
+    if name in CODE:
+        _fingerprint_file(lay, name).write_text(code_fingerprint(name) + "\n")
     progress(f"started {name} (pid {rec.pid}, log {lay.log_file(name)})")
 
 

@@ -108,3 +108,11 @@ def test_its_role_covers_what_it_does_and_no_more() -> None:
     assert binding["subjects"] == [
         {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": prov.USER}
     ]
+
+
+def test_a_running_provisioner_is_restarted_for_its_own_code_not_the_kubelets() -> None:
+    from pdwarden_localcluster.cluster import CODE, code_fingerprint
+
+    assert "provisioner.py" in CODE["provisioner"] and "provisioner.py" not in CODE["kubelet"]
+    assert code_fingerprint("provisioner") != code_fingerprint("kubelet")
+    assert code_fingerprint("provisioner", "/elsewhere/.venv/bin/python3") != code_fingerprint("provisioner")
