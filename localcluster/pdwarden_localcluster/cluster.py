@@ -28,7 +28,7 @@ import requests
 import urllib3
 import yaml
 
-from pdwarden_localcluster import build, network, procs
+from pdwarden_localcluster import build, network, procs, provisioner, teardown, topology
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
 from pdwarden_localcluster.kubelet.container import kill_recorded
@@ -37,8 +37,8 @@ from pdwarden_localcluster.pki import Pki, ensure_pki
 
 Progress = Callable[[str], None]
 DEFAULT_PORT_BASE = 36000
-# Start order; `down` stops them in reverse (the kubelet first, so pods stop while the API is up).
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+# Start order; `down` stops them in reverse (the kubelet early, so pods stop while the API is up).
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "provisioner")
 
 
 def _stderr(msg: str) -> None:
@@ -127,6 +127,11 @@ class Layout:
         return self.root / "pods"
 
     @property
+    def volumes(self) -> Path:
+        """Directories of the local PersistentVolumes (`provisioner`)."""
+        return self.root / "volumes"
+
+    @property
     def pki(self) -> Pki:
         return Pki(self.root / "pki")
 
@@ -172,8 +177,8 @@ def layout() -> Layout:
     return Layout(state_dir())
 
 
-def node_names(count: int) -> list[str]:
-    return [f"pdwarden-node-{i}" for i in range(count)]
+def node_names(settings: Settings) -> list[str]:
+    return [n.name for n in settings.node_plan()]
 
 
 @contextlib.contextmanager
@@ -222,45 +227,76 @@ def _healthy(lay: Layout) -> bool:
 # --- up ---------------------------------------------------------------------------------
 
 
-def ensure_up(nodes: int = 1, gpus: int = 8, progress: Progress = _stderr) -> ClusterInfo:
-    """The running cluster, started first if it is not up. `started` says which."""
+def ensure_up(
+    nodes: int | None = None,
+    gpus: int = topology.DEFAULT_GPUS,
+    progress: Progress = _stderr,
+    cpu_nodes: int | None = None,
+) -> ClusterInfo:
+    """The running cluster, started first if it is not up. `started` says which.
+
+    `nodes` and `cpu_nodes` default to PDWARDEN_CLUSTER_NODES and PDWARDEN_CLUSTER_CPU_NODES
+    (`topology`); a running cluster is reused as it is.
+    """
     lay = layout()
+    nodes = topology.default_nodes() if nodes is None else nodes
+    cpu_nodes = topology.default_cpu_nodes(nodes) if cpu_nodes is None else cpu_nodes
+    settings = Settings(nodes=nodes, gpus=gpus, cpu_nodes=cpu_nodes)
+    settings.node_plan()  # a bad count is an error before anything runs
     with _locked(lay):
         if _healthy(lay):
             _upgrade_kubelet(lay, progress)
             return _info(lay, started=False)
         if _repair(lay, progress):
             return _info(lay, started=False)
-        return _start(lay, Settings(nodes=nodes, gpus=gpus), progress)
+        return _start(lay, settings, progress)
 
 
-def kubelet_fingerprint(python: str | None = None) -> str:
-    """Hash of the process kubelet's code and interpreter: a running kubelet from older code, or
-    from another checkout's virtualenv (whose code its pods would run), is restarted."""
+# The code each long-running Python component runs besides the standard library and the venv.
+CODE = {
+    "kubelet": ("kubelet/*.py", "kubeapi.py", "procs.py", "network.py", "topology.py", "errors.py"),
+    "provisioner": ("provisioner.py", "kubeapi.py", "pki.py"),
+}
+
+
+def code_fingerprint(component: str, python: str | None = None) -> str:
+    """Hash of a Python component's code and interpreter: one running older code, or from
+    another checkout's virtualenv (whose code its pods would run), is restarted."""
     digest = hashlib.sha256()
     digest.update(str(Path(python or sys.executable).absolute()).encode())
     package = Path(__file__).resolve().parent
-    for path in sorted(
-        [*package.glob("kubelet/*.py"), package / "kubeapi.py", package / "procs.py", package / "network.py"]
-    ):
+    for path in sorted({p for pattern in CODE[component] for p in package.glob(pattern)}):
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
 
 
+def kubelet_fingerprint(python: str | None = None) -> str:
+    return code_fingerprint("kubelet", python)
+
+
+def _fingerprint_file(lay: Layout, component: str) -> Path:
+    return lay.root / f"{component}.fingerprint"
+
+
 def _upgrade_kubelet(lay: Layout, progress: Progress) -> None:
-    """Restart the kubelet if its code changed since it started (pods restart, keep their IPs)."""
-    stamp = lay.root / "kubelet.fingerprint"
-    try:
-        running = stamp.read_text().strip()
-    except OSError:
-        running = ""
-    if running == kubelet_fingerprint():
+    """Restart the kubelet (its pods restart, keep their IPs) or the provisioner if its code
+    changed since it started."""
+    stale = []
+    for component in CODE:
+        try:
+            running = _fingerprint_file(lay, component).read_text().strip()
+        except OSError:
+            running = ""
+        if running != code_fingerprint(component):
+            stale.append(component)
+    if not stale:
         return
     progress(
-        "the process kubelet's code or virtualenv changed since it started: restarting it (its pods restart)"
+        f"the code or virtualenv of {' and '.join(stale)} changed since it started: restarting it"
+        + (" (its pods restart)" if "kubelet" in stale else "")
     )
-    _stop_recorded(lay, grace=5.0, only=["kubelet"])
+    _stop_recorded(lay, grace=5.0, only=stale)
     _repair(lay, progress)
 
 
@@ -290,8 +326,12 @@ def _info(lay: Layout, started: bool, seconds: float = 0.0) -> ClusterInfo:
 class Settings:
     """What `up` was asked for; saved so a repair restarts the kubelet the same way."""
 
-    nodes: int = 1
-    gpus: int = 8
+    nodes: int = topology.DEFAULT_NODES
+    gpus: int = topology.DEFAULT_GPUS
+    cpu_nodes: int = topology.DEFAULT_CPU_NODES
+
+    def node_plan(self) -> list[topology.NodeSpec]:
+        return topology.plan(self.nodes, self.cpu_nodes, self.gpus)
 
 
 def _save_settings(lay: Layout, settings: Settings) -> None:
@@ -301,7 +341,9 @@ def _save_settings(lay: Layout, settings: Settings) -> None:
 def _load_settings(lay: Layout) -> Settings:
     try:
         data = json.loads((lay.root / "settings.json").read_text())
-        return Settings(nodes=int(data["nodes"]), gpus=int(data["gpus"]))
+        return Settings(
+            nodes=int(data["nodes"]), gpus=int(data["gpus"]), cpu_nodes=int(data.get("cpu_nodes", 0))
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return Settings()
 
@@ -349,6 +391,7 @@ def _argv(name: str, lay: Layout, bins: Path, p: Ports, settings: Settings) -> l
             f"--key-file={pki.client_key('kubelet')}",
             f"--state-dir={lay.root}",
             f"--nodes={settings.nodes}",
+            f"--cpu-nodes={settings.cpu_nodes}",
             f"--gpus={settings.gpus}",
             f"--kubelet-version={build.kubernetes_version()}",
             f"--kubelet-port={p.kubelet}",
@@ -357,6 +400,17 @@ def _argv(name: str, lay: Layout, bins: Path, p: Ports, settings: Settings) -> l
             f"--kube-proxy-binary={bins / 'kube-proxy'}",
             f"--coredns-binary={build.coredns_binary()}",
             f"--kube-proxy-ports={p.kube_proxy_healthz},{p.kube_proxy_metrics}",
+        ]
+    if name == "provisioner":
+        return [
+            sys.executable,
+            "-m",
+            "pdwarden_localcluster.provisioner",
+            f"--server=https://127.0.0.1:{p.apiserver}",
+            f"--ca-file={pki.ca_cert}",
+            f"--cert-file={pki.client_cert('provisioner')}",
+            f"--key-file={pki.client_key('provisioner')}",
+            f"--volumes-dir={lay.volumes}",
         ]
     raise ValueError(f"unknown component {name!r}")
 
@@ -379,8 +433,11 @@ def _wait_ready(name: str, lay: Layout, p: Ports, settings: Settings) -> None:
     elif name == "kube-scheduler":
         _wait(lay, name, lambda: _http_ok(f"https://127.0.0.1:{p.scheduler}/healthz"), 120)
     elif name == "kubelet":
-        for node in node_names(settings.nodes):
+        for node in node_names(settings):
             _wait(lay, name, lambda n=node: _node_ready(api, n), 120, what=f"node {node} Ready")  # type: ignore[misc]
+    elif name == "provisioner":
+        path = f"/apis/storage.k8s.io/v1/storageclasses/{provisioner.CLASS_NAME}"
+        _wait(lay, name, lambda: _api_ok(api, path), 60, what=f"StorageClass {provisioner.CLASS_NAME}")
 
 
 @contextlib.contextmanager
@@ -405,14 +462,14 @@ def _stop_on_failure(lay: Layout, names: list[str]) -> Iterator[None]:
 
 def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
     begun = time.monotonic()
-    if not 1 <= settings.nodes <= network.MAX_NODES:
-        raise ClusterError(f"--nodes must be between 1 and {network.MAX_NODES} (got {settings.nodes})")
+    settings.node_plan()  # a clear error for a bad count
     leftovers = _stop_recorded(lay, grace=5.0)
+    leftovers += teardown.clean(lay.root)
     if leftovers:
         progress(f"stopped leftovers of an earlier run: {', '.join(leftovers)}")
     bins = build.ensure_built(progress)
     p = ports()
-    _check_ports_free(p, settings.nodes)
+    _check_ports_free(p, settings.nodes, progress)
     _reset_run_state(lay, progress)
     network.ensure(p.net, settings.nodes)
     ensure_pki(lay.root / "pki", [p.net.host_addr, p.net.kubernetes_service_ip])
@@ -485,10 +542,24 @@ def _apiserver_args(bins: Path, lay: Layout, pki: Pki, p: Ports) -> list[str]:
     ]
 
 
+def _grant(lay: Layout) -> None:
+    """The provisioner's ClusterRole and binding (idempotent; with the admin's credentials)."""
+    api = admin_api(lay)
+    for obj in provisioner.rbac():
+        kind = "clusterroles" if obj["kind"] == "ClusterRole" else "clusterrolebindings"
+        try:
+            api.post(f"/apis/rbac.authorization.k8s.io/v1/{kind}", obj)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise ClusterError(f"cannot grant the volume provisioner its role: {exc}") from exc
+
+
 def _spawn(lay: Layout, name: str, argv: list[str], progress: Progress) -> None:
+    if name == "provisioner":
+        _grant(lay)
     rec = procs.spawn_detached(name, argv, lay.log_file(name), lay.pid_file(name))
-    if name == "kubelet":
-        (lay.root / "kubelet.fingerprint").write_text(kubelet_fingerprint() + "\n")
+    if name in CODE:
+        _fingerprint_file(lay, name).write_text(code_fingerprint(name) + "\n")
     progress(f"started {name} (pid {rec.pid}, log {lay.log_file(name)})")
 
 
@@ -550,20 +621,34 @@ def _node_ready(api: KubeApi, name: str) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
-def _check_ports_free(p: Ports, nodes: int) -> None:
-    wanted = p.all() | {f"kubelet of node {i}": p.kubelet + i for i in range(nodes)}
-    for what, port in wanted.items():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                raise ClusterError(
-                    f"port {port} on 127.0.0.1 (for {what}) is in use by another process: stop it "
-                    "(`ss -ltnp | grep {port}` shows which), or run `pdwarden cluster down` if it is a "
-                    "leftover local cluster, or pick other ports with PDWARDEN_CLUSTER_PORT_BASE=<n> "
-                    f"(now {p.base})".replace("{port}", str(port))
-                ) from None
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _check_ports_free(p: Ports, nodes: int, progress: Progress) -> None:
+    """The control plane's ports must be free. A node's endpoint port (`kubectl logs`/`exec`)
+    may be held for a while by another process's connection (it lies in the ephemeral range):
+    the kubelet binds it once it is free, so that is only said."""
+    for i in range(nodes):
+        if not _port_free(p.kubelet + i):
+            progress(
+                f"port {p.kubelet + i} (kubelet endpoint of node {i}) is in use: `kubectl logs` and "
+                "`exec` on that node work once it is free (`pdwarden cluster logs` works now)"
+            )
+    for what, port in p.all().items():
+        if not _port_free(port):
+            raise ClusterError(
+                f"port {port} on 127.0.0.1 (for {what}) is in use by another process: stop it "
+                "(`ss -ltnp | grep {port}` shows which), or run `pdwarden cluster down` if it is a "
+                "leftover local cluster, or pick other ports with PDWARDEN_CLUSTER_PORT_BASE=<n> "
+                f"(now {p.base})".replace("{port}", str(port))
+            ) from None
 
 
 def _reset_run_state(lay: Layout, progress: Progress) -> None:
@@ -574,6 +659,7 @@ def _reset_run_state(lay: Layout, progress: Progress) -> None:
         progress(f"removing etcd data of an earlier run ({lay.etcd_data})")
         shutil.rmtree(lay.etcd_data)
     shutil.rmtree(lay.pods, ignore_errors=True)
+    shutil.rmtree(lay.volumes, ignore_errors=True)  # their PersistentVolumes went with etcd's data
     lay.logs.mkdir(parents=True, exist_ok=True)
     for name in COMPONENTS:  # keep one previous log per component for post-mortems
         log = lay.log_file(name)
@@ -646,7 +732,9 @@ def down(progress: Progress = _stderr) -> list[str]:
     lay = layout()
     with _locked(lay):
         stopped = _stop_recorded(lay, grace=10.0)
-        removed = network.teardown(ports().net)
+        # what a killed kubelet could not clean: stray processes, its cgroups, mounts
+        removed = teardown.clean(lay.root)
+        removed += network.teardown(ports().net)
     if removed:
         progress(f"removed: {', '.join(removed)}")
     progress(f"stopped: {', '.join(stopped)}" if stopped else "the local cluster was not running")

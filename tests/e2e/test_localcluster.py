@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.ports import free_port_base
 from pdwarden_localcluster import build, network, procs
 from pdwarden_localcluster.cluster import ClusterInfo, Ports, admin_api, ports
 from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
+from tests.support.clusters import free_cluster_base
 from tests.support.kube_objects import deployment
 
 pytestmark = pytest.mark.e2e
@@ -263,10 +263,12 @@ def test_up_twice_is_harmless(cluster: ClusterInfo) -> None:
     assert info["processes"]["kube-apiserver"] == cluster.processes["kube-apiserver"]
 
 
+OTHER_NODES = ["pdwarden-node-0", "pdwarden-node-1"]  # a CPU node and a GPU node
+
+
 def other_cluster_base() -> int:
-    """A port base whose every control-plane and kubelet port is free now (one node)."""
-    p = Ports(0)
-    return free_port_base([*p.all().values(), p.kubelet])
+    """A port base whose every control-plane and kubelet port is free now (two nodes)."""
+    return free_cluster_base(len(OTHER_NODES))
 
 
 def _other_cluster_env(tmp_path: Path, base: int) -> dict[str, str]:
@@ -274,6 +276,8 @@ def _other_cluster_env(tmp_path: Path, base: int) -> dict[str, str]:
         **os.environ,
         "PDWARDEN_STATE_DIR": str(tmp_path / "state"),
         "PDWARDEN_CLUSTER_PORT_BASE": str(base),
+        "PDWARDEN_CLUSTER_NODES": str(len(OTHER_NODES)),
+        "PDWARDEN_CLUSTER_CPU_NODES": "1",
     }
 
 
@@ -309,7 +313,7 @@ def test_up_after_a_killed_run_recovers_and_down_leaves_nothing(cluster: Cluster
         assert second.returncode == 0, second.stderr
         assert "stopped leftovers" in second.stderr and "removing etcd data" in second.stderr
         new = json.loads(second.stdout)
-        assert new["started"] is True and new["nodes"] == ["pdwarden-node-0"]
+        assert new["started"] is True and new["nodes"] == OTHER_NODES
         assert not any(procs.start_time(pid) for pid in pids.values() if pid not in new["processes"].values())
     finally:
         down = subprocess.run(
