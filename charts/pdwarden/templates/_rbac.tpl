@@ -28,9 +28,10 @@ they use hostPath, hostNetwork or RDMA).
   verbs: ["get", "patch", "update"]
 # Children (server-side apply, watched for drift): prefill/decode/router Deployments, the
 # router's Service, its ServiceAccount and the Role(Binding) that lets it discover pods,
-# and a PodDisruptionBudget per role.
+# a PodDisruptionBudget per role; for multi-node replicas a StatefulSet per group and a
+# headless Service per role.
 - apiGroups: ["apps"]
-  resources: ["deployments"]
+  resources: ["deployments", "statefulsets"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
