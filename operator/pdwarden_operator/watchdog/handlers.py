@@ -25,7 +25,7 @@ from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
 from pdwarden_operator.status_writer import WRITER
-from pdwarden_operator.watchdog import ladder
+from pdwarden_operator.watchdog import gangs, ladder
 from pdwarden_operator.watchdog.brake import BRAKE, BrakeState
 from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
 from pdwarden_operator.watchdog.history import Histories, Observation
@@ -122,11 +122,13 @@ class ModelWatchdog:
         pod_objs = await kube_pods.list_runtime_pods(ns, name)
         views = {}
         targets = []
+        paired = []
         for obj in pod_objs:
             view = pod_view(obj)
             if view is None:
                 continue
             views[view.uid] = view
+            paired.append((view, obj))
             url = metrics_url(obj)
             if url is not None and (view.ready or self._seen(view.uid)):
                 # a pod that has never been Ready nor answered is starting, not unobserved
@@ -147,6 +149,12 @@ class ModelWatchdog:
 
         now = time.time()
         desired = {role: spec.role(role).replicas for role in contract.RUNTIME_ROLES}
+        # Multi-node replicas are judged and remediated as groups (gangs.py): from here on a
+        # group is one entry, and its pods are acted on together.
+        nodes = {role: spec.role(role).nodes_per_replica for role in contract.RUNTIME_ROLES}
+        found = gangs.groups_of(paired, name, nodes)
+        views, verdicts = gangs.fold(views, verdicts, found, now)
+        self.executor.groups = gangs.members(found)
         BRAKE.report((ns, name), sum(1 for v in verdicts.values() if v.troubled))
         brake = BRAKE.evaluate()
         await self._announce_brake(brake)
