@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from pdwarden_localcluster import cluster as local
+from pdwarden_localcluster import topology
 from pdwarden_localcluster.errors import ClusterError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,13 +49,33 @@ def cluster() -> None:
 
 
 @cluster.command()
-@click.option("--nodes", default=1, show_default=True, help="Nodes the process kubelet registers.")
-@click.option("--gpus", default=8, show_default=True, help="nvidia.com/gpu capacity of each node.")
+@click.option(
+    "--nodes",
+    type=int,
+    default=None,
+    help="Nodes the process kubelet registers "
+    f"[default: $PDWARDEN_CLUSTER_NODES or {topology.DEFAULT_NODES}].",
+)
+@click.option(
+    "--cpu-nodes",
+    type=int,
+    default=None,
+    help="How many of them are untainted CPU-only nodes; the rest are tainted GPU nodes "
+    f"[default: $PDWARDEN_CLUSTER_CPU_NODES or {topology.DEFAULT_CPU_NODES}].",
+)
+@click.option(
+    "--gpus",
+    default=topology.DEFAULT_GPUS,
+    show_default=True,
+    help="nvidia.com/gpu capacity of each GPU node.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what runs as one JSON line.")
 @friendly
-def up(nodes: int, gpus: int, as_json: bool) -> None:
-    """Build if needed, start the cluster (or reuse the running one) and wait for a Ready node."""
-    info = local.ensure_up(nodes=nodes, gpus=gpus, progress=lambda m: click.echo(m, err=True))
+def up(nodes: int | None, cpu_nodes: int | None, gpus: int, as_json: bool) -> None:
+    """Build if needed, start the cluster (or reuse the running one) and wait for its nodes Ready."""
+    info = local.ensure_up(
+        nodes=nodes, gpus=gpus, cpu_nodes=cpu_nodes, progress=lambda m: click.echo(m, err=True)
+    )
     if as_json:
         click.echo(json.dumps(info.as_dict()))
         return

@@ -28,7 +28,7 @@ import requests
 import urllib3
 import yaml
 
-from pdwarden_localcluster import build, network, procs
+from pdwarden_localcluster import build, network, procs, provisioner, topology
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
 from pdwarden_localcluster.kubelet.container import kill_recorded
@@ -37,8 +37,8 @@ from pdwarden_localcluster.pki import Pki, ensure_pki
 
 Progress = Callable[[str], None]
 DEFAULT_PORT_BASE = 36000
-# Start order; `down` stops them in reverse (the kubelet first, so pods stop while the API is up).
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+# Start order; `down` stops them in reverse (the kubelet early, so pods stop while the API is up).
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "provisioner")
 
 
 def _stderr(msg: str) -> None:
@@ -127,6 +127,11 @@ class Layout:
         return self.root / "pods"
 
     @property
+    def volumes(self) -> Path:
+        """Directories of the local PersistentVolumes (`provisioner`)."""
+        return self.root / "volumes"
+
+    @property
     def pki(self) -> Pki:
         return Pki(self.root / "pki")
 
@@ -172,8 +177,8 @@ def layout() -> Layout:
     return Layout(state_dir())
 
 
-def node_names(count: int) -> list[str]:
-    return [f"pdwarden-node-{i}" for i in range(count)]
+def node_names(settings: Settings) -> list[str]:
+    return [n.name for n in settings.node_plan()]
 
 
 @contextlib.contextmanager
@@ -222,16 +227,29 @@ def _healthy(lay: Layout) -> bool:
 # --- up ---------------------------------------------------------------------------------
 
 
-def ensure_up(nodes: int = 1, gpus: int = 8, progress: Progress = _stderr) -> ClusterInfo:
-    """The running cluster, started first if it is not up. `started` says which."""
+def ensure_up(
+    nodes: int | None = None,
+    gpus: int = topology.DEFAULT_GPUS,
+    progress: Progress = _stderr,
+    cpu_nodes: int | None = None,
+) -> ClusterInfo:
+    """The running cluster, started first if it is not up. `started` says which.
+
+    `nodes` and `cpu_nodes` default to PDWARDEN_CLUSTER_NODES and PDWARDEN_CLUSTER_CPU_NODES
+    (`topology`); a running cluster is reused as it is.
+    """
     lay = layout()
+    nodes = topology.default_nodes() if nodes is None else nodes
+    cpu_nodes = topology.default_cpu_nodes(nodes) if cpu_nodes is None else cpu_nodes
+    settings = Settings(nodes=nodes, gpus=gpus, cpu_nodes=cpu_nodes)
+    settings.node_plan()  # a bad count is an error before anything runs
     with _locked(lay):
         if _healthy(lay):
             _upgrade_kubelet(lay, progress)
             return _info(lay, started=False)
         if _repair(lay, progress):
             return _info(lay, started=False)
-        return _start(lay, Settings(nodes=nodes, gpus=gpus), progress)
+        return _start(lay, settings, progress)
 
 
 def kubelet_fingerprint(python: str | None = None) -> str:
@@ -290,8 +308,12 @@ def _info(lay: Layout, started: bool, seconds: float = 0.0) -> ClusterInfo:
 class Settings:
     """What `up` was asked for; saved so a repair restarts the kubelet the same way."""
 
-    nodes: int = 1
-    gpus: int = 8
+    nodes: int = topology.DEFAULT_NODES
+    gpus: int = topology.DEFAULT_GPUS
+    cpu_nodes: int = topology.DEFAULT_CPU_NODES
+
+    def node_plan(self) -> list[topology.NodeSpec]:
+        return topology.plan(self.nodes, self.cpu_nodes, self.gpus)
 
 
 def _save_settings(lay: Layout, settings: Settings) -> None:
@@ -301,7 +323,9 @@ def _save_settings(lay: Layout, settings: Settings) -> None:
 def _load_settings(lay: Layout) -> Settings:
     try:
         data = json.loads((lay.root / "settings.json").read_text())
-        return Settings(nodes=int(data["nodes"]), gpus=int(data["gpus"]))
+        return Settings(
+            nodes=int(data["nodes"]), gpus=int(data["gpus"]), cpu_nodes=int(data.get("cpu_nodes", 0))
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return Settings()
 
@@ -349,6 +373,7 @@ def _argv(name: str, lay: Layout, bins: Path, p: Ports, settings: Settings) -> l
             f"--key-file={pki.client_key('kubelet')}",
             f"--state-dir={lay.root}",
             f"--nodes={settings.nodes}",
+            f"--cpu-nodes={settings.cpu_nodes}",
             f"--gpus={settings.gpus}",
             f"--kubelet-version={build.kubernetes_version()}",
             f"--kubelet-port={p.kubelet}",
@@ -357,6 +382,17 @@ def _argv(name: str, lay: Layout, bins: Path, p: Ports, settings: Settings) -> l
             f"--kube-proxy-binary={bins / 'kube-proxy'}",
             f"--coredns-binary={build.coredns_binary()}",
             f"--kube-proxy-ports={p.kube_proxy_healthz},{p.kube_proxy_metrics}",
+        ]
+    if name == "provisioner":
+        return [
+            sys.executable,
+            "-m",
+            "pdwarden_localcluster.provisioner",
+            f"--server=https://127.0.0.1:{p.apiserver}",
+            f"--ca-file={pki.ca_cert}",
+            f"--cert-file={pki.client_cert('provisioner')}",
+            f"--key-file={pki.client_key('provisioner')}",
+            f"--volumes-dir={lay.volumes}",
         ]
     raise ValueError(f"unknown component {name!r}")
 
@@ -379,8 +415,11 @@ def _wait_ready(name: str, lay: Layout, p: Ports, settings: Settings) -> None:
     elif name == "kube-scheduler":
         _wait(lay, name, lambda: _http_ok(f"https://127.0.0.1:{p.scheduler}/healthz"), 120)
     elif name == "kubelet":
-        for node in node_names(settings.nodes):
+        for node in node_names(settings):
             _wait(lay, name, lambda n=node: _node_ready(api, n), 120, what=f"node {node} Ready")  # type: ignore[misc]
+    elif name == "provisioner":
+        path = f"/apis/storage.k8s.io/v1/storageclasses/{provisioner.CLASS_NAME}"
+        _wait(lay, name, lambda: _api_ok(api, path), 60, what=f"StorageClass {provisioner.CLASS_NAME}")
 
 
 @contextlib.contextmanager
@@ -405,8 +444,7 @@ def _stop_on_failure(lay: Layout, names: list[str]) -> Iterator[None]:
 
 def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
     begun = time.monotonic()
-    if not 1 <= settings.nodes <= network.MAX_NODES:
-        raise ClusterError(f"--nodes must be between 1 and {network.MAX_NODES} (got {settings.nodes})")
+    settings.node_plan()  # a clear error for a bad count
     leftovers = _stop_recorded(lay, grace=5.0)
     if leftovers:
         progress(f"stopped leftovers of an earlier run: {', '.join(leftovers)}")
@@ -485,7 +523,21 @@ def _apiserver_args(bins: Path, lay: Layout, pki: Pki, p: Ports) -> list[str]:
     ]
 
 
+def _grant(lay: Layout) -> None:
+    """The provisioner's ClusterRole and binding (idempotent; with the admin's credentials)."""
+    api = admin_api(lay)
+    for obj in provisioner.rbac():
+        kind = "clusterroles" if obj["kind"] == "ClusterRole" else "clusterrolebindings"
+        try:
+            api.post(f"/apis/rbac.authorization.k8s.io/v1/{kind}", obj)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise ClusterError(f"cannot grant the volume provisioner its role: {exc}") from exc
+
+
 def _spawn(lay: Layout, name: str, argv: list[str], progress: Progress) -> None:
+    if name == "provisioner":
+        _grant(lay)
     rec = procs.spawn_detached(name, argv, lay.log_file(name), lay.pid_file(name))
     if name == "kubelet":
         (lay.root / "kubelet.fingerprint").write_text(kubelet_fingerprint() + "\n")
@@ -574,6 +626,7 @@ def _reset_run_state(lay: Layout, progress: Progress) -> None:
         progress(f"removing etcd data of an earlier run ({lay.etcd_data})")
         shutil.rmtree(lay.etcd_data)
     shutil.rmtree(lay.pods, ignore_errors=True)
+    shutil.rmtree(lay.volumes, ignore_errors=True)  # their PersistentVolumes went with etcd's data
     lay.logs.mkdir(parents=True, exist_ok=True)
     for name in COMPONENTS:  # keep one previous log per component for post-mortems
         log = lay.log_file(name)

@@ -4,7 +4,7 @@
 - apiserver serving cert for 127.0.0.1 / localhost and the given cluster addresses.
 - client certs: admin (O=system:masters), the kubelet (system:masters: it mints pod tokens
   and runs several Nodes from one process), controller-manager and scheduler (their own
-  built-in RBAC identities).
+  built-in RBAC identities), the local volume provisioner (a user of its own ClusterRole).
 - the ServiceAccount token signing key pair.
 """
 
@@ -29,6 +29,8 @@ CLIENTS: dict[str, tuple[str, str | None]] = {
     "kubelet": ("pdwarden-kubelet", "system:masters"),
     "controller-manager": ("system:kube-controller-manager", None),
     "scheduler": ("system:kube-scheduler", None),
+    # the local volume provisioner: a plain user, given only its ClusterRole (provisioner.rbac)
+    "provisioner": ("system:pdwarden-local-provisioner", None),
 }
 
 

@@ -248,6 +248,23 @@ def container_security_context(add: tuple[str, ...] = ()) -> Obj:
     return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
 
 
+# GPU nodes are tainted like this (the NVIDIA GPU operator's and the clouds' convention); pods
+# that request GPUs tolerate it, so they may land there while CPU pods stay off.
+GPU_TOLERATION: Obj = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def gpu_tolerations(gpus: int, fragment: Obj | None) -> list[Obj]:
+    """The GPU toleration for a pod that requests GPUs, unless its podTemplate says otherwise:
+    a template toleration for the same key replaces it (appended lists would keep both), and
+    `tolerations: null` drops every toleration."""
+    if gpus <= 0:
+        return []
+    own = ((fragment or {}).get("spec") or {}).get("tolerations") or []
+    if any(isinstance(t, dict) and t.get("key") == GPU_RESOURCE for t in own):
+        return []
+    return [dict(GPU_TOLERATION)]
+
+
 def _spread(model: str, role: str) -> list[Obj]:
     """Same-role replicas prefer different nodes (a preference: never leaves a pod Pending)."""
     return [
@@ -374,6 +391,9 @@ def runtime_pod_template(
     }
     if volumes:
         pod_spec["volumes"] = volumes
+    tolerations = gpu_tolerations(role_spec.gpus, role_spec.pod_template)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     if spec.transfer.host_network:
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"

@@ -259,10 +259,13 @@ def test_up_twice_is_harmless(cluster: ClusterInfo) -> None:
     assert info["processes"]["kube-apiserver"] == cluster.processes["kube-apiserver"]
 
 
+OTHER_NODES = ["pdwarden-node-0", "pdwarden-node-1"]  # a CPU node and a GPU node
+
+
 def other_cluster_base() -> int:
-    """A port base whose every control-plane and kubelet port is free now (one node)."""
+    """A port base whose every control-plane and kubelet port is free now (two nodes)."""
     p = Ports(0)
-    return free_port_base([*p.all().values(), p.kubelet])
+    return free_port_base([*p.all().values(), *(p.kubelet + i for i in range(len(OTHER_NODES)))])
 
 
 def _other_cluster_env(tmp_path: Path, base: int) -> dict[str, str]:
@@ -270,6 +273,8 @@ def _other_cluster_env(tmp_path: Path, base: int) -> dict[str, str]:
         **os.environ,
         "PDWARDEN_STATE_DIR": str(tmp_path / "state"),
         "PDWARDEN_CLUSTER_PORT_BASE": str(base),
+        "PDWARDEN_CLUSTER_NODES": str(len(OTHER_NODES)),
+        "PDWARDEN_CLUSTER_CPU_NODES": "1",
     }
 
 
@@ -305,7 +310,7 @@ def test_up_after_a_killed_run_recovers_and_down_leaves_nothing(cluster: Cluster
         assert second.returncode == 0, second.stderr
         assert "stopped leftovers" in second.stderr and "removing etcd data" in second.stderr
         new = json.loads(second.stdout)
-        assert new["started"] is True and new["nodes"] == ["pdwarden-node-0"]
+        assert new["started"] is True and new["nodes"] == OTHER_NODES
         assert not any(procs.start_time(pid) for pid in pids.values() if pid not in new["processes"].values())
     finally:
         down = subprocess.run(

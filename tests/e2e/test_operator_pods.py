@@ -195,12 +195,20 @@ TAINT = "nvidia.com/gpu=present:NoSchedule"
 
 @pytest.fixture
 def tainted_nodes(kubectl: Kubectl) -> Iterator[None]:
-    """Every node tainted the way GPU nodes usually are (removed afterwards, whatever happens)."""
-    kubectl.run("taint", "nodes", "--all", TAINT, "--overwrite")
+    """Every node tainted the way GPU nodes are: the CPU nodes get the GPU nodes' taint for the
+    test (and lose it afterwards, whatever happens); the GPU nodes keep theirs."""
+    untainted = [
+        n["metadata"]["name"]
+        for n in kubectl.json("get", "nodes")["items"]
+        if not any(t.get("key") == "nvidia.com/gpu" for t in n["spec"].get("taints") or [])
+    ]
+    for node in untainted:
+        kubectl.run("taint", "nodes", node, TAINT, "--overwrite")
     try:
         yield
     finally:
-        kubectl.run("taint", "nodes", "--all", "nvidia.com/gpu:NoSchedule-", check=False)
+        for node in untainted:
+            kubectl.run("taint", "nodes", node, "nvidia.com/gpu:NoSchedule-", check=False)
 
 
 @pytest.fixture

@@ -443,3 +443,40 @@ def test_network_policy_admits_router_peers_and_scrapers_only() -> None:
     assert metrics["ports"] == [{"protocol": "TCP", "port": "metrics"}]
     assert len(metrics["from"]) == 2
     assert ("NetworkPolicy", "m1-runtime") not in _by_key(_render("synthetic-basic"))
+
+
+def test_gpu_pods_tolerate_the_gpu_taint_and_cpu_pods_do_not() -> None:
+    objs = _by_key(_render("sglang-gpu"))
+    gpu_toleration = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    assert _pod(objs, "prefill")["tolerations"] == [gpu_toleration]
+    assert "tolerations" not in _pod(objs, "router"), "the router needs no GPU node"
+    cpu = _by_key(_render("synthetic-basic"))
+    assert all("tolerations" not in _pod(cpu, role) for role in ("prefill", "decode", "router"))
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        # a template toleration for the GPU key replaces the default one (no duplicate)
+        (
+            {"spec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "h100"}]}},
+            [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "h100"}],
+        ),
+        # other tolerations are appended to it
+        (
+            {"spec": {"tolerations": [{"key": "pool", "operator": "Exists"}]}},
+            [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "pool", "operator": "Exists"},
+            ],
+        ),
+        # null drops every toleration
+        ({"spec": {"tolerations": None}}, None),
+    ],
+)
+def test_a_pod_template_overrides_the_gpu_toleration(template: dict[str, Any], expected: Any) -> None:
+    spec = {"model": {"path": "m"}, "engine": "sglang", "prefill": {"gpus": 1, "podTemplate": template}}
+    pod = _pod(
+        _by_key(render_children(Owner(name="m1", namespace="ns1", uid=UID), parse_spec(spec))), "prefill"
+    )
+    assert pod.get("tolerations") == expected

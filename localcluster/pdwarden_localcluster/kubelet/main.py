@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pdwarden_localcluster import network
+from pdwarden_localcluster import network, topology
+from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
 from pdwarden_localcluster.kubelet import apirelay, dns, logserver, proxy, streaming
 from pdwarden_localcluster.kubelet.ipam import IpAllocator
@@ -127,6 +128,45 @@ class NodeLoop:
             worker.join(timeout=15)
 
 
+def _serve_endpoint(
+    port: int, pods_dir: Path, pki_dir: Path, stop: threading.Event, stream_addr: tuple[str, int] | None
+) -> bool:
+    try:
+        logserver.serve(port, pods_dir, pki_dir, stop, stream_addr)
+    except OSError as exc:
+        log.error("cannot serve the kubelet endpoint on 127.0.0.1:%d: %s; retrying", port, exc)
+        return False
+    return True
+
+
+def _endpoint_later(
+    agent: NodeAgent,
+    port: int,
+    pods_dir: Path,
+    pki_dir: Path,
+    stop: threading.Event,
+    stream_addr: tuple[str, int] | None,
+) -> None:
+    """Bind the node's endpoint once its port is free (the port lies in the ephemeral range, so
+    another process's outgoing connection may hold it for a while), then publish it: until
+    then `kubectl logs`/`exec` for that node fail, and `pdwarden cluster logs` still works."""
+    while not stop.wait(2.0):
+        try:
+            logserver.serve(port, pods_dir, pki_dir, stop, stream_addr)
+        except OSError:
+            continue
+        agent.shape = dataclasses.replace(agent.shape, kubelet_port=port)
+        while not stop.is_set():
+            try:
+                agent.heartbeat()
+                log.info("node %s: kubelet endpoint on 127.0.0.1:%d", agent.name, port)
+                return
+            except ApiError as exc:
+                log.warning("node %s: publishing its endpoint: %s; retrying", agent.name, exc)
+                stop.wait(2.0)
+        return
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pdwarden-kubelet", description=__doc__)
     parser.add_argument("--server", required=True)
@@ -135,11 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--key-file", required=True, type=Path)
     parser.add_argument("--state-dir", required=True, type=Path)
     parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--node-prefix", default="pdwarden-node")
+    parser.add_argument("--cpu-nodes", type=int, default=0, help="the first N nodes: CPU only, untainted")
+    parser.add_argument("--node-prefix", default=topology.NODE_PREFIX)
     parser.add_argument("--cpu", default="32")
     parser.add_argument("--memory", default="256Gi")
     parser.add_argument("--max-pods", default="110")
-    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--gpus", type=int, default=topology.DEFAULT_GPUS, help="per GPU node")
     parser.add_argument("--kubelet-version", default="v0.0.0")
     parser.add_argument(
         "--kubelet-port",
@@ -167,8 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backoff-base", type=float, default=2.0)
     parser.add_argument("--backoff-cap", type=float, default=60.0)
     args = parser.parse_args(argv)
-    if not 1 <= args.nodes <= network.MAX_NODES:
-        parser.error(f"--nodes must be between 1 and {network.MAX_NODES}")
+    try:
+        nodes = topology.plan(args.nodes, args.cpu_nodes, args.gpus, args.node_prefix)
+    except ClusterError as exc:
+        parser.error(str(exc))
     net = network.plan(args.network_base)
     api_port = int(args.server.rsplit(":", 1)[1])
 
@@ -211,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kube_proxy_binary is not None:
         healthz, metrics = (int(x) for x in args.kube_proxy_ports.split(","))
         creds = (args.server, args.ca_file, args.cert_file, args.key_file)
-        node0 = f"{args.node_prefix}-0"
+        node0 = nodes[0].name
         proxy_proc = proxy.start(args.kube_proxy_binary, args.state_dir, creds, node0, net, healthz, metrics)
     dns_proc = None
     if args.coredns_binary is not None:
@@ -221,17 +264,22 @@ def main(argv: list[str] | None = None) -> int:
             target=dns.publish_forever, args=(api, net, stop), name="kube-dns", daemon=True
         ).start()
     loops: list[NodeLoop] = []
-    for i in range(args.nodes):
+    for spec in nodes:
+        i = spec.index
         ips = IpAllocator(net.node_subnet(i))
         port = args.kubelet_port + i if args.kubelet_port else 0
-        if port:
-            try:
-                logserver.serve(port, pods_dir, args.state_dir / "pki", stop, stream_addr)
-            except OSError as exc:  # logs via `pdwarden cluster logs` still work
-                log.error("cannot serve the kubelet endpoint on 127.0.0.1:%d: %s", port, exc)
-                port = 0
-        shape = dataclasses.replace(base_shape, kubelet_port=port)
-        agent = NodeAgent(api, f"{args.node_prefix}-{i}", NODE_IP, shape)
+        serving = port > 0 and _serve_endpoint(port, pods_dir, args.state_dir / "pki", stop, stream_addr)
+        shape = dataclasses.replace(
+            base_shape, kubelet_port=port if serving else 0, gpus=spec.gpus, pod_cidr=net.node_subnet(i)
+        )
+        agent = NodeAgent(api, spec.name, NODE_IP, shape)
+        if port and not serving:
+            threading.Thread(
+                target=_endpoint_later,
+                args=(agent, port, pods_dir, args.state_dir / "pki", stop, stream_addr),
+                name=f"endpoint-{agent.name}",
+                daemon=True,
+            ).start()
         while not stop.is_set():
             try:
                 agent.register()

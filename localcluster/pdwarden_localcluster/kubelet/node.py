@@ -7,6 +7,7 @@ import platform
 from dataclasses import dataclass
 from typing import Any
 
+from pdwarden_localcluster import topology
 from pdwarden_localcluster.kubeapi import ApiError, KubeApi
 
 JSON = dict[str, Any]
@@ -18,8 +19,9 @@ class NodeShape:
     cpu: str = "32"
     memory: str = "256Gi"
     pods: str = "110"
-    gpus: int = 8
-    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    gpus: int = 8  # 0: a CPU node (untainted, no GPU labels)
+    gpu_product: str = topology.GPU_PRODUCT
+    pod_cidr: str = ""  # the node's /24 of the cluster's pod range (spec.podCIDR)
     kubelet_version: str = "v0.0.0"
     kubelet_port: int = 0  # the node's HTTPS endpoint for `kubectl logs`; 0 = none
 
@@ -33,18 +35,41 @@ def seconds_time() -> str:
 
 
 def node_labels(name: str, shape: NodeShape) -> dict[str, str]:
-    """Labels a GPU node carries (GPU feature discovery style), so selectors behave."""
-    return {
+    """A node's labels; a GPU node's are those of the NVIDIA device plugin and GPU feature
+    discovery, so selectors written for a GPU cluster behave the same here."""
+    labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
         "kubernetes.io/arch": "amd64",
-        "node.kubernetes.io/instance-type": "pdwarden-local-gpu",
         "topology.kubernetes.io/zone": "local",
+        topology.LOCAL_NODE_LABEL: "true",
+    }
+    if shape.gpus <= 0:
+        return labels | {
+            "node.kubernetes.io/instance-type": "pdwarden-local-cpu",
+            "node-role.kubernetes.io/cpu": "",
+        }
+    return labels | {
+        "node.kubernetes.io/instance-type": "pdwarden-local-gpu",
+        "node-role.kubernetes.io/gpu": "",
         "nvidia.com/gpu.present": "true",
         "nvidia.com/gpu.count": str(shape.gpus),
         "nvidia.com/gpu.product": shape.gpu_product,
-        "pdwarden.io/local-node": "true",
+        "nvidia.com/gpu.family": "hopper",
+        "nvidia.com/gpu.memory": "81559",
+        "nvidia.com/gpu.machine": "pdwarden-local",
     }
+
+
+def node_spec(shape: NodeShape) -> JSON:
+    """The spec a node registers with: its pod CIDR and, on a GPU node, the GPU taint (set at
+    registration only, like a kubelet's --register-with-taints: an admin may remove it)."""
+    spec: JSON = {}
+    if shape.pod_cidr:
+        spec |= {"podCIDR": shape.pod_cidr, "podCIDRs": [shape.pod_cidr]}
+    if shape.gpus > 0:
+        spec["taints"] = [topology.gpu_taint()]
+    return spec
 
 
 def node_status(name: str, node_ip: str, shape: NodeShape, ready_since: str) -> JSON:
@@ -53,8 +78,9 @@ def node_status(name: str, node_ip: str, shape: NodeShape, ready_since: str) -> 
         "memory": shape.memory,
         "pods": shape.pods,
         "ephemeral-storage": "100Gi",
-        "nvidia.com/gpu": str(shape.gpus),
     }
+    if shape.gpus > 0:
+        resources[topology.GPU_RESOURCE] = str(shape.gpus)
     beat = seconds_time()
 
     def cond(ctype: str, status: str, reason: str, message: str) -> JSON:
@@ -119,7 +145,7 @@ class NodeAgent:
                         "apiVersion": "v1",
                         "kind": "Node",
                         "metadata": {"name": self.name, "labels": node_labels(self.name, self.shape)},
-                        "spec": {},
+                        "spec": node_spec(self.shape),
                     },
                 )
             except ApiError as exc:
