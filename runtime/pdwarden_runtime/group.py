@@ -28,8 +28,10 @@ from typing import Final
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S: Final = 1.0
-# A peer silent this long is gone (several heartbeats: a loaded node may be late).
-DEAD_AFTER_S: Final = 10.0
+# A peer silent this long is gone. Generous: a starting leader's event loop can be held for many
+# seconds by its engine's start (KV pool, NIXL registration); a crashed peer is seen at once
+# anyway, by its connection closing.
+DEAD_AFTER_S: Final = 60.0
 # How long a worker keeps trying to reach its leader (its name may not resolve yet).
 JOIN_TIMEOUT_S: Final = 600.0
 CONNECT_RETRY_S: Final = 0.5

@@ -22,7 +22,14 @@ T_LATE = "2027-01-15T08:05:00Z"
 
 
 def _pod(
-    role: str, group: int, rank: int, *, ready: bool = True, restarts: int = 0, created: str = T0
+    role: str,
+    group: int,
+    rank: int,
+    *,
+    ready: bool = True,
+    restarts: int = 0,
+    created: str = T0,
+    finished: str = T0,
 ) -> tuple[PodView, dict[str, Any]]:
     name = f"m-{role}-{group}-{rank}"
     obj: dict[str, Any] = {
@@ -40,7 +47,11 @@ def _pod(
             "containerStatuses": [
                 {
                     "restartCount": restarts,
-                    "lastState": {"terminated": {"reason": "Error", "exitCode": 1}} if restarts else {},
+                    "lastState": (
+                        {"terminated": {"reason": "Error", "exitCode": 1, "finishedAt": finished}}
+                        if restarts
+                        else {}
+                    ),
                 }
             ]
         },
@@ -84,7 +95,7 @@ def test_whole_groups_are_one_healthy_entry_each_and_single_pods_stay_as_they_ar
         (
             [_pod("decode", 0, 0), _pod("decode", 0, 1, restarts=1)],
             1,
-            "crashed and restarted 1x (Error, exit code 1)",
+            "crashed (Error, exit code 1)",
         ),
         ([_pod("decode", 0, 0), _pod("decode", 0, 1, created=T_LATE)], 1, "was replaced alone"),
         ([_pod("decode", 0, 0)], 1, "rank 1 is missing"),
@@ -151,3 +162,10 @@ def test_a_restarted_group_is_a_new_entry_so_the_open_remediation_settles() -> N
     )
     after = gangs.groups_of([renamed, _pod("decode", 0, 1)], "m", NODES)
     assert before["m-decode-0"].uid != after["m-decode-0"].uid
+
+
+def test_the_rank_that_went_down_first_is_named_not_the_one_that_followed_it() -> None:
+    killed = _pod("decode", 0, 1, restarts=1, finished="2027-01-15T08:01:00Z")
+    followed = _pod("decode", 0, 0, restarts=1, finished="2027-01-15T08:01:02Z")
+    _, verdicts, found = _fold([followed, killed])
+    assert "rank 1 (pod m-decode-0-1) crashed" in verdicts[found["m-decode-0"].uid].reason

@@ -17,6 +17,7 @@ from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.kube.status import DM_API_VERSION
 from pdwarden_operator.leader import still_leading
 from pdwarden_operator.metrics import OperatorMetrics
+from pdwarden_operator.watchdog.gangs import GROUP_UID_PREFIX
 from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_runtime import contract
@@ -48,6 +49,7 @@ class Executor:
         # Group uid -> its ranks' (pod name, uid), leader first (gangs.members), set each round:
         # an action on a group acts on all of them together.
         self.groups: Mapping[str, Sequence[tuple[str, str]]] = {}
+        self.group_names: frozenset[str] = frozenset()
 
     async def perform(self, plan: Plan) -> list[ActionResult]:
         results = []
@@ -185,5 +187,6 @@ class Executor:
             message,
             kind,
         )
-        if pod:
+        if pod and not pod_uid.startswith(GROUP_UID_PREFIX) and pod not in self.group_names:
+            # (a group is no Pod: its one Event is the model's)
             await events.post_event(events.involved("v1", "Pod", ns, pod, pod_uid), reason, message, kind)

@@ -36,8 +36,9 @@ class Rank:
     pod: PodView
     rank: int
     created: float  # epoch seconds
-    restarts: int
+    restarts: int  # container restarts, plus 1 while a container is down (terminated)
     last_exit: str  # the last terminated state's reason and exit code, "" when none
+    exited_at: float = 0.0  # when that happened (epoch seconds; 0 unknown)
 
 
 @dataclass(frozen=True)
@@ -69,14 +70,17 @@ def _epoch(stamp: Any) -> float:
         return 0.0
 
 
-def _restarts(pod: Mapping[str, Any]) -> tuple[int, str]:
-    count, last = 0, ""
+def _restarts(pod: Mapping[str, Any]) -> tuple[int, str, float]:
+    count, last, at = 0, "", 0.0
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         count += int(status.get("restartCount") or 0)
-        term = (status.get("lastState") or {}).get("terminated") or {}
+        now = (status.get("state") or {}).get("terminated") or {}
+        count += 1 if now else 0
+        term = now or (status.get("lastState") or {}).get("terminated") or {}
         if term:
             last = f"{term.get('reason') or 'exited'}, exit code {term.get('exitCode')}"
-    return count, last
+            at = _epoch(term.get("finishedAt"))
+    return count, last, at
 
 
 def _rank(pod: Mapping[str, Any]) -> int | None:
@@ -100,9 +104,11 @@ def groups_of(
         group, rank = labels.get(contract.LABEL_GROUP), _rank(obj)
         if nodes.get(view.role, 1) <= 1 or group is None or rank is None:
             continue
-        restarts, last_exit = _restarts(obj)
+        restarts, last_exit, exited_at = _restarts(obj)
         created = _epoch((obj.get("metadata") or {}).get("creationTimestamp"))
-        members.setdefault((view.role, str(group)), []).append(Rank(view, rank, created, restarts, last_exit))
+        members.setdefault((view.role, str(group)), []).append(
+            Rank(view, rank, created, restarts, last_exit, exited_at)
+        )
     out = {}
     for (role, group), ranks in members.items():
         name = f"{model}-{role}-{group}"
@@ -113,10 +119,13 @@ def groups_of(
 def broken(group: Group, now: float) -> tuple[int, str] | None:
     """(rank, why) when the group cannot serve as it is; None when it is whole (or starting)."""
     live = [r for r in group.ranks if not r.pod.terminating]
-    for r in live:
-        if r.restarts > 0:
-            why = f" ({r.last_exit})" if r.last_exit else ""
-            return r.rank, f"rank {r.rank} (pod {r.pod.name}) crashed and restarted {r.restarts}x{why}"
+    # The rank that went down first is the cause: the others follow it (a leader exits when a
+    # rank leaves, a worker when its leader goes).
+    crashed = sorted((r for r in live if r.restarts > 0), key=lambda r: (r.exited_at or float("inf"), r.rank))
+    if crashed:
+        r = crashed[0]
+        why = f" ({r.last_exit})" if r.last_exit else ""
+        return r.rank, f"rank {r.rank} (pod {r.pod.name}) crashed{why}"
     if live:
         oldest = min(r.created for r in live)
         for r in live:

@@ -155,6 +155,7 @@ class ModelWatchdog:
         found = gangs.groups_of(paired, name, nodes)
         views, verdicts = gangs.fold(views, verdicts, found, now)
         self.executor.groups = gangs.members(found)
+        self.executor.group_names = frozenset(found)
         BRAKE.report((ns, name), sum(1 for v in verdicts.values() if v.troubled))
         brake = BRAKE.evaluate()
         await self._announce_brake(brake)
