@@ -153,6 +153,17 @@ def test_groups_are_ready_spread_serve_restart_as_a_whole_and_scale_by_groups(
     assert "1/1 groups, 2/2 pods" in printed and "2/2 groups, 4/4 pods" in printed, printed
 
     # every group's ranks on different nodes, labelled with their group and rank
+    wait_for(
+        lambda: all(
+            p["metadata"]["labels"].get(contract.LABEL_RANK)
+            == p["metadata"]["labels"][contract.LABEL_POD_INDEX]
+            for p in _pods(kubectl, ns)
+            if contract.LABEL_GROUP in p["metadata"]["labels"]
+        ),
+        60,
+        "every group pod labelled with its rank",
+        2.0,
+    )
     for group in ("grp-prefill-0", "grp-decode-0", "grp-decode-1"):
         pods = _group_pods(kubectl, ns, group)
         assert [p["metadata"]["labels"][contract.LABEL_POD_INDEX] for p in pods] == ["0", "1"], group

@@ -169,3 +169,9 @@ def test_the_rank_that_went_down_first_is_named_not_the_one_that_followed_it() -
     followed = _pod("decode", 0, 0, restarts=1, finished="2027-01-15T08:01:02Z")
     _, verdicts, found = _fold([followed, killed])
     assert "rank 1 (pod m-decode-0-1) crashed" in verdicts[found["m-decode-0"].uid].reason
+
+
+def test_group_pods_without_their_rank_label_are_found_once() -> None:
+    pods = [_pod("decode", 0, 0)[1], _pod("decode", 0, 1)[1], {"metadata": {"name": "single", "uid": "u"}}]
+    pods[0]["metadata"]["labels"][contract.LABEL_RANK] = "0"
+    assert gangs.unlabelled_ranks(pods) == [("m-decode-0-1", "uid-m-decode-0-1", "1")]

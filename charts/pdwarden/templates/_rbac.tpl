@@ -49,10 +49,11 @@ they use hostPath, hostNetwork or RDMA).
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-# Watchdog: find runtime pods (their IPs to scrape) and remediate a wedged one.
+# Watchdog: find runtime pods (their IPs to scrape) and remediate a wedged one; label each
+# pod of a multi-node replica with its rank (patch).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]

@@ -184,3 +184,19 @@ def _group_verdict(group: Group, verdicts: Mapping[str, Verdict], now: float) ->
 def members(groups: Mapping[str, Group]) -> dict[str, tuple[tuple[str, str], ...]]:
     """Group uid -> (pod name, pod uid) of each rank, leader first: what a group action acts on."""
     return {g.uid: tuple((r.pod.name, r.pod.uid) for r in g.ranks) for g in groups.values()}
+
+
+def unlabelled_ranks(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """(pod name, uid, rank) of group pods whose `pdwarden.io/rank` label is missing or wrong.
+    A StatefulSet's template is the same for every ordinal, so the operator adds the rank label
+    (the pod-index label's value) to each pod once."""
+    out = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        index = labels.get(contract.LABEL_POD_INDEX)
+        if contract.LABEL_GROUP not in labels or index is None or meta.get("deletionTimestamp"):
+            continue
+        if labels.get(contract.LABEL_RANK) != index and meta.get("name") and meta.get("uid"):
+            out.append((str(meta["name"]), str(meta["uid"]), str(index)))
+    return out

@@ -120,6 +120,7 @@ class ModelWatchdog:
         self.histories.set_keep_seconds(settings.stuck_after_seconds + 3 * settings.scrape_interval_seconds)
 
         pod_objs = await kube_pods.list_runtime_pods(ns, name)
+        await self._label_ranks(pod_objs)
         views = {}
         targets = []
         paired = []
@@ -200,6 +201,18 @@ class ModelWatchdog:
             await self._write_status(body, spec, findings, now)
         self._update_gauges(views, verdicts, self.state)
         return settings.scrape_interval_seconds
+
+    async def _label_ranks(self, pod_objs: list[dict[str, Any]]) -> None:
+        """`pdwarden.io/rank` on each group pod (its StatefulSet ordinal), once; a failure is
+        logged and tried again next round (the label is for people and selectors: nothing
+        here depends on it)."""
+        for pod, uid, rank in gangs.unlabelled_ranks(pod_objs):
+            try:
+                await kube_pods.label_pod(self.model.namespace, pod, uid, {contract.LABEL_RANK: rank})
+            except KubeApiError as exc:
+                log.info(
+                    "%s/%s: labelling %s with its rank: %s", self.model.namespace, self.model.name, pod, exc
+                )
 
     async def _write_status(
         self,
