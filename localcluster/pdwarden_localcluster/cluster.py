@@ -28,7 +28,7 @@ import requests
 import urllib3
 import yaml
 
-from pdwarden_localcluster import build, network, procs, provisioner, topology
+from pdwarden_localcluster import build, network, procs, provisioner, teardown, topology
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
 from pdwarden_localcluster.kubelet.container import kill_recorded
@@ -446,11 +446,12 @@ def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
     begun = time.monotonic()
     settings.node_plan()  # a clear error for a bad count
     leftovers = _stop_recorded(lay, grace=5.0)
+    leftovers += teardown.clean(lay.root)
     if leftovers:
         progress(f"stopped leftovers of an earlier run: {', '.join(leftovers)}")
     bins = build.ensure_built(progress)
     p = ports()
-    _check_ports_free(p, settings.nodes)
+    _check_ports_free(p, settings.nodes, progress)
     _reset_run_state(lay, progress)
     network.ensure(p.net, settings.nodes)
     ensure_pki(lay.root / "pki", [p.net.host_addr, p.net.kubernetes_service_ip])
@@ -602,20 +603,34 @@ def _node_ready(api: KubeApi, name: str) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
-def _check_ports_free(p: Ports, nodes: int) -> None:
-    wanted = p.all() | {f"kubelet of node {i}": p.kubelet + i for i in range(nodes)}
-    for what, port in wanted.items():
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                raise ClusterError(
-                    f"port {port} on 127.0.0.1 (for {what}) is in use by another process: stop it "
-                    "(`ss -ltnp | grep {port}` shows which), or run `pdwarden cluster down` if it is a "
-                    "leftover local cluster, or pick other ports with PDWARDEN_CLUSTER_PORT_BASE=<n> "
-                    f"(now {p.base})".replace("{port}", str(port))
-                ) from None
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _check_ports_free(p: Ports, nodes: int, progress: Progress) -> None:
+    """The control plane's ports must be free. A node's endpoint port (`kubectl logs`/`exec`)
+    may be held for a while by another process's connection (it lies in the ephemeral range):
+    the kubelet binds it once it is free, so that is only said."""
+    for i in range(nodes):
+        if not _port_free(p.kubelet + i):
+            progress(
+                f"port {p.kubelet + i} (kubelet endpoint of node {i}) is in use: `kubectl logs` and "
+                "`exec` on that node work once it is free (`pdwarden cluster logs` works now)"
+            )
+    for what, port in p.all().items():
+        if not _port_free(port):
+            raise ClusterError(
+                f"port {port} on 127.0.0.1 (for {what}) is in use by another process: stop it "
+                "(`ss -ltnp | grep {port}` shows which), or run `pdwarden cluster down` if it is a "
+                "leftover local cluster, or pick other ports with PDWARDEN_CLUSTER_PORT_BASE=<n> "
+                f"(now {p.base})".replace("{port}", str(port))
+            ) from None
 
 
 def _reset_run_state(lay: Layout, progress: Progress) -> None:
@@ -699,7 +714,9 @@ def down(progress: Progress = _stderr) -> list[str]:
     lay = layout()
     with _locked(lay):
         stopped = _stop_recorded(lay, grace=10.0)
-        removed = network.teardown(ports().net)
+        # what a killed kubelet could not clean: stray processes, its cgroups, mounts
+        removed = teardown.clean(lay.root)
+        removed += network.teardown(ports().net)
     if removed:
         progress(f"removed: {', '.join(removed)}")
     progress(f"stopped: {', '.join(stopped)}" if stopped else "the local cluster was not running")

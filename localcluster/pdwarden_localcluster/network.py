@@ -159,6 +159,11 @@ def _route_owner(cidr: str) -> str | None:
     return out[out.index("dev") + 1] if "dev" in out else None
 
 
+def slot_in_use(p: NetPlan) -> bool:
+    """True while another cluster's routes hold this plan's address slot."""
+    return any(_route_owner(cidr) not in (None, p.host_link) for cidr in (p.pod_cidr, p.service_cidr))
+
+
 def ensure(p: NetPlan, nodes: int) -> None:
     """Create (afresh) the gateway namespace, its bridges, the host link and routes."""
     if not 1 <= nodes <= MAX_NODES:

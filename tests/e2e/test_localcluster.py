@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.ports import free_port_base
 from pdwarden_localcluster import build, network, procs
 from pdwarden_localcluster.cluster import ClusterInfo, Ports, admin_api, ports
 from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
+from tests.support.clusters import free_cluster_base
 from tests.support.kube_objects import deployment
 
 pytestmark = pytest.mark.e2e
@@ -264,8 +264,7 @@ OTHER_NODES = ["pdwarden-node-0", "pdwarden-node-1"]  # a CPU node and a GPU nod
 
 def other_cluster_base() -> int:
     """A port base whose every control-plane and kubelet port is free now (two nodes)."""
-    p = Ports(0)
-    return free_port_base([*p.all().values(), *(p.kubelet + i for i in range(len(OTHER_NODES)))])
+    return free_cluster_base(len(OTHER_NODES))
 
 
 def _other_cluster_env(tmp_path: Path, base: int) -> dict[str, str]:
