@@ -763,8 +763,8 @@ class DisaggregatedModelStatus(_Base):
         description="Ready, Progressing, Degraded, Wedged and FleetBrake.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    prefill: ReplicaStatus | None = Field(None, description="Prefill Deployment replicas.")
-    decode: ReplicaStatus | None = Field(None, description="Decode Deployment replicas.")
+    prefill: ReplicaStatus | None = Field(None, description="Prefill replicas (pods, or groups).")
+    decode: ReplicaStatus | None = Field(None, description="Decode replicas (pods, or groups).")
     router: ReplicaStatus | None = Field(None, description="Router Deployment replicas.")
     watchdog: dict[str, Any] | None = Field(
         None,
