@@ -42,6 +42,7 @@ KOPF_PREFIX = f"kopf.{GROUP}"
 # (group, version, plural, apiVersion, kind) of every child kind pdwarden creates.
 CHILD_KINDS = (
     ("apps", "v1", "deployments", "apps/v1", "Deployment"),
+    ("apps", "v1", "statefulsets", "apps/v1", "StatefulSet"),
     ("", "v1", "services", "v1", "Service"),
     ("", "v1", "serviceaccounts", "v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io", "v1", "roles", "rbac.authorization.k8s.io/v1", "Role"),

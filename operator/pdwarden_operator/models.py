@@ -413,17 +413,39 @@ class RoleSpec(_Base):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             cel(
-                "self.tensorParallel <= (self.gpus > 0 ? self.gpus : 1)",
-                "tensorParallel must not exceed the GPUs requested per pod (gpus; 1 without GPUs)",
+                "self.tensorParallel <= (self.gpus > 0 ? self.gpus : 1) * self.nodesPerReplica",
+                "tensorParallel must not exceed the GPUs of one replica "
+                "(gpus x nodesPerReplica; gpus counts as 1 without GPUs)",
                 ".tensorParallel",
-            )
+            ),
+            cel(
+                "self.nodesPerReplica == 1 || self.tensorParallel % self.nodesPerReplica == 0",
+                "with nodesPerReplica > 1, tensorParallel must be a multiple of nodesPerReplica "
+                "(SGLang gives every node tensorParallel / nodesPerReplica ranks)",
+                ".tensorParallel",
+            ),
         )
     )
 
-    replicas: int = Field(1, description="Number of pods of this role.", ge=0, le=512)
+    replicas: int = Field(
+        1,
+        description="Number of replicas of this role: pods, or groups of nodesPerReplica pods.",
+        ge=0,
+        le=512,
+    )
+    nodes_per_replica: int = Field(
+        1,
+        description="Pods (nodes) per replica. 1: one pod per replica (a Deployment). N > 1: each "
+        "replica is a group of N pods, rank 0 (the leader, which serves HTTP and KV transfers) and "
+        "N-1 workers, each with `gpus`, started as one StatefulSet per group on distinct nodes "
+        "(SGLang's --nnodes, --node-rank, --dist-init-addr); the group is restarted as a whole.",
+        ge=1,
+        le=64,
+    )
     tensor_parallel: int = Field(
         1,
-        description="Tensor-parallel size (--tp) of each pod: a power of two, at most `gpus`.",
+        description="Tensor-parallel size (--tp) of each replica: a power of two, at most "
+        "gpus x nodesPerReplica.",
         ge=1,
         le=64,
         json_schema_extra=_rules(
@@ -470,15 +492,38 @@ class RoleSpec(_Base):
             raise ValueError("env names must be unique")
         if self.tensor_parallel not in TENSOR_PARALLEL_SIZES:
             raise ValueError("tensorParallel must be a power of two between 1 and 64")
-        if self.tensor_parallel > max(self.gpus, 1):
-            raise ValueError("tensorParallel must not exceed the GPUs requested per pod (gpus)")
+        if self.tensor_parallel > max(self.gpus, 1) * self.nodes_per_replica:
+            raise ValueError(
+                "tensorParallel must not exceed the GPUs of one replica (gpus x nodesPerReplica)"
+            )
+        if self.nodes_per_replica > 1 and self.tensor_parallel % self.nodes_per_replica:
+            raise ValueError("with nodesPerReplica > 1, tensorParallel must be a multiple of nodesPerReplica")
         return self
+
+    @property
+    def grouped(self) -> bool:
+        """Whether a replica spans several pods (a group)."""
+        return self.nodes_per_replica > 1
 
 
 class RouterSpec(_Base):
     """The sglang-router in front: discovers prefill and decode pods and routes requests."""
 
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.nodesPerReplica == 1",
+                "the router runs as single pods: nodesPerReplica must be 1 (only prefill and decode "
+                "replicas span several nodes)",
+                ".nodesPerReplica",
+            )
+        )
+    )
+
     replicas: int = Field(1, description="Number of router pods.", ge=0, le=64)
+    nodes_per_replica: int = Field(
+        1, description="Always 1: a router replica is one pod (prefill and decode may span nodes).", ge=1
+    )
     policy: Literal["random", "round_robin", "cache_aware", "power_of_two"] = Field(
         "cache_aware", description="Load-balancing policy for both prefill and decode."
     )
@@ -498,6 +543,12 @@ class RouterSpec(_Base):
         default_factory=list, description="Extra sglang-router arguments.", max_length=64
     )
     pod_template: RouterPodTemplate | None = Field(None)
+
+    @model_validator(mode="after")
+    def _single_pods(self) -> RouterSpec:
+        if self.nodes_per_replica != 1:
+            raise ValueError("nodesPerReplica: the router runs as single pods: nodesPerReplica must be 1")
+        return self
 
 
 # The runtime's self-heal comes first (default inflightDeadlineSeconds 300): the operator's
@@ -688,9 +739,16 @@ class Condition(_Base):
 class ReplicaStatus(_Base):
     """Replica counts of one workload."""
 
-    replicas: int = Field(0, description="Desired pods.")
-    ready_replicas: int = Field(0, description="Pods that pass their readiness probe.")
-    summary: str = Field("0/0", description="readyReplicas/replicas, for kubectl get.")
+    replicas: int = Field(0, description="Desired replicas (pods, or groups of nodesPerReplica pods).")
+    ready_replicas: int = Field(0, description="Ready replicas (a group is ready when all its pods are).")
+    summary: str = Field(
+        "0/0",
+        description="readyReplicas/replicas for kubectl get; with groups also the ready pods "
+        "(`1/2 groups, 3/4 pods`).",
+    )
+    groups: int | None = Field(None, description="Desired groups (roles with nodesPerReplica > 1).")
+    ready_groups: int | None = Field(None, description="Groups whose every pod is ready.")
+    ready_pods: int | None = Field(None, description="Ready pods of the role's groups.")
 
 
 class DisaggregatedModelStatus(_Base):
@@ -705,8 +763,8 @@ class DisaggregatedModelStatus(_Base):
         description="Ready, Progressing, Degraded, Wedged and FleetBrake.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    prefill: ReplicaStatus | None = Field(None, description="Prefill Deployment replicas.")
-    decode: ReplicaStatus | None = Field(None, description="Decode Deployment replicas.")
+    prefill: ReplicaStatus | None = Field(None, description="Prefill replicas (pods, or groups).")
+    decode: ReplicaStatus | None = Field(None, description="Decode replicas (pods, or groups).")
     router: ReplicaStatus | None = Field(None, description="Router Deployment replicas.")
     watchdog: dict[str, Any] | None = Field(
         None,

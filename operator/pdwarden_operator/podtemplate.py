@@ -58,6 +58,7 @@ RESERVED_ENV: Final = (
     contract.ENV_POD_NAMESPACE,
     contract.ENV_ROLE,
     contract.ENV_MODEL,
+    contract.ENV_NODE_RANK,
 )
 # Fields of the main container (`runtime` or `router`) that pdwarden owns, and where to say
 # instead what one wants.
@@ -81,7 +82,7 @@ OWNED_POD_FIELDS: Final[dict[str, dict[str, str]]] = {
     },
 }
 # The Deployment's selector and the router's discovery match these.
-OWNED_LABELS: Final = (contract.LABEL_MODEL, contract.LABEL_ROLE)
+OWNED_LABELS: Final = (contract.LABEL_MODEL, contract.LABEL_ROLE, contract.LABEL_GROUP, contract.LABEL_RANK)
 # sglang-router reads the prefill bootstrap port from this annotation.
 OWNED_ANNOTATIONS: Final = (contract.ANNOTATION_BOOTSTRAP_PORT,)
 OWNED_VOLUMES: Final = (SHM_VOLUME, MODEL_VOLUME, CACHE_VOLUME)

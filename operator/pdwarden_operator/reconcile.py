@@ -31,9 +31,9 @@ from pdwarden_operator.render import (
     render_children,
     spec_field,
 )
-from pdwarden_operator.status import ROLES, Observed, observe_deployment
+from pdwarden_operator.status import ROLES, Observed, observe_deployment, observe_groups
 from pdwarden_operator.status_writer import WRITER
-from pdwarden_runtime.contract import LABEL_MODEL
+from pdwarden_runtime.contract import LABEL_MODEL, LABEL_ROLE, RUNTIME_ROLES
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -98,11 +98,21 @@ async def _invalid(body: Mapping[str, Any], exc: ValidationError) -> InvalidSpec
     return InvalidSpec(message)
 
 
-def _observed(body: Mapping[str, Any], children: Mapping[tuple[str, str], Obj], **error: str) -> Observed:
+def _observed(
+    body: Mapping[str, Any],
+    spec: DisaggregatedModelSpec,
+    children: Mapping[tuple[str, str], Obj],
+    **error: str,
+) -> Observed:
     name = body["metadata"]["name"]
     workloads = {
         role: observe_deployment(children.get(("Deployment", child_name(name, role)))) for role in ROLES
     }
+    for role in RUNTIME_ROLES:
+        role_spec = spec.role(role)
+        if role_spec.grouped:
+            sets = [o for (kind, _), o in children.items() if kind == "StatefulSet" and _role_of(o) == role]
+            workloads[role] = observe_groups(sets, role_spec.nodes_per_replica, role_spec.replicas)
     return Observed(
         generation=_generation(body),
         workloads=workloads,
@@ -111,11 +121,15 @@ def _observed(body: Mapping[str, Any], children: Mapping[tuple[str, str], Obj], 
     )
 
 
+def _role_of(obj: Obj) -> str | None:
+    return ((obj.get("metadata") or {}).get("labels") or {}).get(LABEL_ROLE)
+
+
 async def _reject(
     body: Mapping[str, Any], spec: DisaggregatedModelSpec, reason: str, message: str
 ) -> InvalidSpec:
     """Status for children the API server refused: retrying will not help until the spec changes."""
-    await _guarded(WRITER.observed(body, spec, _observed(body, {}, reason=reason, message=message)))
+    await _guarded(WRITER.observed(body, spec, _observed(body, spec, {}, reason=reason, message=message)))
     return InvalidSpec(message)
 
 
@@ -170,7 +184,7 @@ async def _finish(
     """Hand the observation to the status writer (it writes when the status changed). When
     pods have waited long to run, ask the scheduler's view why first (one pod list)."""
     deployments = [o for (kind, _), o in children.items() if kind == "Deployment"]
-    observed = replace(_observed(body, children), blocked=scheduling.refused(deployments))
+    observed = replace(_observed(body, spec, children), blocked=scheduling.refused(deployments))
     if _waiting_long(WRITER.preview(body, spec, observed)):
         pods = await _pods(body)
         if pods is not None:

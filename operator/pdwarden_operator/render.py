@@ -11,7 +11,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdwarden_operator import podtemplate
+from pdwarden_operator import groups, podtemplate
 from pdwarden_operator.models import (
     GPU_RESOURCE,
     ROUTER_DEFAULT_RESOURCES,
@@ -116,8 +116,11 @@ def served_name(owner: Owner, spec: DisaggregatedModelSpec) -> str:
 # --- runtime (prefill / decode) -------------------------------------------------------------
 
 
-def runtime_command(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> list[str]:
-    """The command every runtime pod runs (parsed by ``pdwarden_runtime.cli``'s ``serve``)."""
+def runtime_command(
+    owner: Owner, spec: DisaggregatedModelSpec, role: str, group: int | None = None
+) -> list[str]:
+    """The command every runtime pod runs (parsed by ``pdwarden_runtime.cli``'s ``serve``);
+    a group's pods also get the multi-node flags, which the runtime hands on to SGLang."""
     role_spec = spec.role(role)
     cmd = [
         "pdwarden",
@@ -142,6 +145,9 @@ def runtime_command(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> li
     ]
     if owner.allow_fault_injection:
         cmd.append("--allow-fault-injection")
+    if group is not None:
+        port = spec.transfer.port(contract.DEFAULT_DIST_INIT_PORT)
+        cmd += groups.group_args(owner.name, role, group, role_spec.nodes_per_replica, port)
     if spec.engine == "synthetic":
         return cmd + list(role_spec.args)
     rdma = spec.transfer.rdma
@@ -329,15 +335,19 @@ def _runtime_probes(spec: DisaggregatedModelSpec) -> Obj:
     }
 
 
-def _runtime_ports(spec: DisaggregatedModelSpec) -> list[Obj]:
-    """The contract's ports; with hostNetwork, shifted by hostPortOffset and declared as host
-    ports, so that the scheduler never places two pods whose ports clash on one node."""
+def _runtime_ports(spec: DisaggregatedModelSpec, grouped: bool = False) -> list[Obj]:
+    """The contract's ports (a group's pods add the rendezvous port); with hostNetwork, shifted
+    by hostPortOffset and declared as host ports, so that the scheduler never places two pods
+    whose ports clash on one node."""
     ports = []
-    for name, base in (
+    named = [
         (contract.PORT_NAME_HTTP, contract.DEFAULT_HTTP_PORT),
         (contract.PORT_NAME_BOOTSTRAP, contract.DEFAULT_BOOTSTRAP_PORT),
         (contract.PORT_NAME_METRICS, contract.DEFAULT_METRICS_PORT),
-    ):
+    ]
+    if grouped:
+        named.append((contract.PORT_NAME_DIST, contract.DEFAULT_DIST_INIT_PORT))
+    for name, base in named:
         port: Obj = {"name": name, "containerPort": spec.transfer.port(base), "protocol": "TCP"}
         if spec.transfer.host_network:
             port["hostPort"] = port["containerPort"]
@@ -345,7 +355,10 @@ def _runtime_ports(spec: DisaggregatedModelSpec) -> list[Obj]:
     return ports
 
 
-def runtime_deployment(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> Obj:
+def runtime_pod_template(
+    owner: Owner, spec: DisaggregatedModelSpec, role: str, group: int | None = None
+) -> Obj:
+    """The role's pod template, the role's podTemplate merged in (`group`: for that group's pods)."""
     role_spec: RoleSpec = spec.role(role)
     pod_annotations = {
         # sglang-router's service discovery reads the prefill bootstrap port from here.
@@ -356,9 +369,9 @@ def runtime_deployment(owner: Owner, spec: DisaggregatedModelSpec, role: str) ->
     container: Obj = {
         "name": RUNTIME_CONTAINER,
         "image": spec.image,
-        "command": runtime_command(owner, spec, role),
-        "ports": _runtime_ports(spec),
-        "env": runtime_env(owner, spec, role),
+        "command": runtime_command(owner, spec, role, group),
+        "ports": _runtime_ports(spec, group is not None),
+        "env": runtime_env(owner, spec, role) + ([groups.rank_env()] if group is not None else []),
         "resources": _resources(
             role_spec.resources, role_spec.gpus, {rdma.resource_name: rdma.count} if rdma else None
         ),
@@ -388,23 +401,55 @@ def runtime_deployment(owner: Owner, spec: DisaggregatedModelSpec, role: str) ->
         "metadata": {"labels": labels(owner.name, role), "annotations": pod_annotations},
         "spec": pod_spec,
     }
+    return podtemplate.merge(template, role_spec.pod_template)
+
+
+def runtime_deployment(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> Obj:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _metadata(owner, child_name(owner.name, role), role),
         "spec": {
-            "replicas": role_spec.replicas,
+            "replicas": spec.role(role).replicas,
             "selector": {"matchLabels": selector_labels(owner.name, role)},
-            "template": podtemplate.merge(template, role_spec.pod_template),
+            "template": runtime_pod_template(owner, spec, role),
         },
     }
+
+
+def runtime_workloads(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> list[Obj]:
+    """One Deployment, or (nodesPerReplica > 1) one StatefulSet per group and the headless
+    Service naming the leaders. Scaling `replicas` adds or removes whole groups: the resync
+    deletes the StatefulSets of groups no longer rendered."""
+    role_spec = spec.role(role)
+    if not role_spec.grouped:
+        return [runtime_deployment(owner, spec, role)]
+    meta = _metadata(owner, child_name(owner.name, role), role)
+    port = spec.transfer.port(contract.DEFAULT_DIST_INIT_PORT)
+    return [
+        *(
+            groups.statefulset(
+                meta,
+                runtime_pod_template(owner, spec, role, g),
+                model=owner.name,
+                role=role,
+                group=g,
+                nodes=role_spec.nodes_per_replica,
+            )
+            for g in range(role_spec.replicas)
+        ),
+        groups.ranks_service(meta, model=owner.name, role=role, port=port),
+    ]
 
 
 # --- router -----------------------------------------------------------------------------------
 
 
-def _selector_args(model: str, role: str) -> list[str]:
-    return [f"{k}={v}" for k, v in selector_labels(model, role).items()]
+def _selector_args(model: str, role: str, grouped: bool = False) -> list[str]:
+    """The router discovers a group by its leader (rank 0: the StatefulSet's ordinal 0), which
+    is ready only once every rank of its group has joined."""
+    leader = {contract.LABEL_POD_INDEX: "0"} if grouped else {}
+    return [f"{k}={v}" for k, v in {**selector_labels(model, role), **leader}.items()]
 
 
 def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
@@ -427,9 +472,9 @@ def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
         "--service-discovery-port",
         str(spec.transfer.port(contract.DEFAULT_HTTP_PORT)),
         "--prefill-selector",
-        *_selector_args(owner.name, contract.ROLE_PREFILL),
+        *_selector_args(owner.name, contract.ROLE_PREFILL, spec.prefill.grouped),
         "--decode-selector",
-        *_selector_args(owner.name, contract.ROLE_DECODE),
+        *_selector_args(owner.name, contract.ROLE_DECODE, spec.decode.grouped),
         "--prometheus-host",
         pod_ip,
         "--prometheus-port",
@@ -598,10 +643,12 @@ def network_policy(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
 ROLES = (contract.ROLE_PREFILL, contract.ROLE_DECODE, contract.ROLE_ROUTER)
 # Kinds rendered only when the spec asks for them: one that is observed but no longer rendered
 # is deleted.
-OPTIONAL_KINDS = ("NetworkPolicy",)
+# (A group's StatefulSet after a scale-down, a role's Deployment or ranks Service after its
+# nodesPerReplica changed.)
+OPTIONAL_KINDS = ("NetworkPolicy", "StatefulSet", "Deployment", "Service")
 # Kinds whose content the spec shapes freely (a pod template, NetworkPolicy peers): the API
 # server dry-runs them before anything is applied.
-USER_SHAPED_KINDS = ("Deployment", "NetworkPolicy")
+USER_SHAPED_KINDS = ("Deployment", "StatefulSet", "NetworkPolicy")
 
 
 def spec_field(obj: Obj) -> str:
@@ -609,7 +656,7 @@ def spec_field(obj: Obj) -> str:
     role = obj["metadata"]["labels"].get(contract.LABEL_ROLE, "")
     if obj["kind"] == "NetworkPolicy":
         return "spec.networkPolicy"
-    if obj["kind"] == "Deployment" and role in ROLES:
+    if obj["kind"] in ("Deployment", "StatefulSet") and role in ROLES:
         return f"spec.{role} (podTemplate, resources, env, image)"
     return "spec"
 
@@ -617,8 +664,8 @@ def spec_field(obj: Obj) -> str:
 def render_children(owner: Owner, spec: DisaggregatedModelSpec) -> list[Obj]:
     """Every child of one DisaggregatedModel; `kube.apply.apply_all` applies them all at once."""
     return [
-        runtime_deployment(owner, spec, contract.ROLE_PREFILL),
-        runtime_deployment(owner, spec, contract.ROLE_DECODE),
+        *runtime_workloads(owner, spec, contract.ROLE_PREFILL),
+        *runtime_workloads(owner, spec, contract.ROLE_DECODE),
         router_service_account(owner),
         router_role(owner),
         router_role_binding(owner),

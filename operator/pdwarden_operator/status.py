@@ -30,6 +30,10 @@ class Workload:
     updated: int = 0
     up_to_date: bool = False  # the Deployment controller has seen the latest template
     stalled: bool = False  # the Deployment controller gave up (ProgressDeadlineExceeded)
+    # Multi-node replicas (observe_groups): the counts above are groups; these are pods.
+    grouped: bool = False
+    ready_pods: int = 0
+    pods_per_group: int = 1
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,43 @@ def observe_deployment(obj: Mapping[str, Any] | None) -> Workload:
         updated=int(st.get("updatedReplicas") or 0),
         up_to_date=int(st.get("observedGeneration") or 0) >= int(meta.get("generation") or 0),
         stalled=stalled,
+    )
+
+
+def _group_ready(st: Mapping[str, Any], nodes: int, generation: int) -> bool:
+    return (
+        int(st.get("readyReplicas") or 0) >= nodes
+        and int(st.get("updatedReplicas") or 0) >= nodes
+        and int(st.get("observedGeneration") or 0) >= generation
+    )
+
+
+def observe_groups(objs: Iterable[Mapping[str, Any]], nodes: int, want: int) -> Workload:
+    """A grouped role from its groups' StatefulSets: a group counts as ready only when every
+    one of its `nodes` pods is ready and up to date (a group with a missing or unready rank
+    serves nothing)."""
+    present = ready = updated = replicas = ready_pods = 0
+    up_to_date = True
+    for obj in objs:
+        meta, st = obj.get("metadata") or {}, obj.get("status") or {}
+        generation = int(meta.get("generation") or 0)
+        present += 1
+        replicas += int(st.get("replicas") or 0) > 0
+        ready_pods += int(st.get("readyReplicas") or 0)
+        ok = _group_ready(st, nodes, generation)
+        ready += ok
+        updated += ok or int(st.get("updatedReplicas") or 0) >= nodes
+        up_to_date = up_to_date and int(st.get("observedGeneration") or 0) >= generation
+    return Workload(
+        present=present > 0 or want == 0,
+        spec_replicas=present,
+        replicas=replicas,
+        ready=ready,
+        updated=updated,
+        up_to_date=up_to_date,
+        grouped=True,
+        ready_pods=ready_pods,
+        pods_per_group=nodes,
     )
 
 
@@ -247,8 +288,16 @@ def compute_status(
     }
     for role in ROLES:
         want = desired_replicas(spec, role)
-        ready = observed.workload(role).ready
-        status[role] = {"replicas": want, "readyReplicas": ready, "summary": f"{ready}/{want}"}
+        w = observed.workload(role)
+        status[role] = {"replicas": want, "readyReplicas": w.ready, "summary": f"{w.ready}/{want}"}
+        if w.grouped:
+            pods = want * w.pods_per_group
+            status[role].update(
+                summary=f"{w.ready}/{want} groups, {w.ready_pods}/{pods} pods",
+                groups=want,
+                readyGroups=w.ready,
+                readyPods=w.ready_pods,
+            )
     return status
 
 

@@ -23,6 +23,7 @@ from typing import Any
 import click
 
 from pdwarden_runtime import contract as c
+from pdwarden_runtime.group import GroupOptions
 from pdwarden_runtime.hardening.config import (
     DEFAULT_INFLIGHT_DEADLINE,
     DEFAULT_RACE_WINDOW,
@@ -53,6 +54,17 @@ class ServeOptions:
     aux_slots: int
     chunk_pages: int
     compute_ms: float
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+
+    def group(self) -> GroupOptions | None:
+        """The replica's group (None: a single-pod replica); raises ValueError when malformed."""
+        if self.nnodes == 1:
+            return None
+        if not self.dist_init_addr:
+            raise ValueError("--nnodes > 1 needs --dist-init-addr (the leader's HOST:PORT)")
+        return GroupOptions(self.nnodes, self.node_rank, self.dist_init_addr)
 
 
 class LazyGroup(click.Group):
@@ -132,6 +144,12 @@ def _deadline(value: str) -> float | None:
               help="Synthetic prefill: pages per chunk sent.")
 @click.option("--compute-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Synthetic prefill: simulated compute time between chunks.")
+@click.option("--nnodes", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Nodes (pods) of this replica; > 1: a group whose rank 0 serves (SGLang's --nnodes).")
+@click.option("--node-rank", type=click.IntRange(0, 63), default=0, show_default=True,
+              help="This pod's rank in its group (SGLang's --node-rank).")
+@click.option("--dist-init-addr", default=None,
+              help="HOST:PORT where the group's ranks rendezvous at rank 0 (SGLang's --dist-init-addr).")
 @click.option("--log-level", default="WARNING", show_default=True)
 @click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)
 def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, **kwargs: Any) -> None:
@@ -144,6 +162,10 @@ def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, 
     options = ServeOptions(inflight_deadline=deadline, compute_ms=kwargs.pop("compute_ms"), **kwargs)
     if options.page_bytes % 8:
         raise click.BadParameter("must be a multiple of 8", param_hint="--page-bytes")
+    try:
+        options.group()
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
     if options.engine == "sglang":
         from pdwarden_runtime.engines.sglang_engine import serve as serve_sglang
 
@@ -154,8 +176,24 @@ def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, 
     sys.exit(_serve_synthetic(options))
 
 
+def _exit_failed(err: Exception) -> None:
+    print(f"pdwarden runtime serve: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)  # SGLang's NIXL threads are not daemons: never hang on exit
+
+
 def _serve_synthetic(options: ServeOptions) -> int:
     import asyncio
+
+    group = options.group()
+    if group is not None and not group.leader:
+        from pdwarden_runtime.group_worker import run_worker
+
+        try:
+            asyncio.run(run_worker(options.role, options.host, options.port, options.metrics_port, group))
+        except Exception as err:
+            _exit_failed(err)
+        return 0
 
     from pdwarden_runtime.engines.synthetic import SyntheticOptions, build_engine
     from pdwarden_runtime.hardening import HardeningConfig
@@ -177,11 +215,9 @@ def _serve_synthetic(options: ServeOptions) -> int:
         aux_slots=options.aux_slots, chunk_pages=options.chunk_pages,
         compute_ms_per_chunk=options.compute_ms), hardening)
     try:
-        asyncio.run(run_synthetic(engine, allow_fault_injection=options.allow_fault_injection))
+        asyncio.run(run_synthetic(engine, allow_fault_injection=options.allow_fault_injection, group=group))
     except Exception as err:
-        print(f"pdwarden runtime serve: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(1)  # SGLang's NIXL threads are not daemons: never hang on exit
+        _exit_failed(err)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

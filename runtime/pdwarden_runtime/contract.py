@@ -29,6 +29,11 @@ MANAGED_BY: Final = "pdwarden"
 LABEL_APP_NAME: Final = "app.kubernetes.io/name"
 LABEL_APP_INSTANCE: Final = "app.kubernetes.io/instance"
 LABEL_APP_COMPONENT: Final = "app.kubernetes.io/component"
+# Multi-node replicas: the group (its index within the role) and the pod's rank in it (0: the
+# leader). Kubernetes' StatefulSet controller labels each pod with its ordinal (= the rank).
+LABEL_GROUP: Final = "pdwarden.io/group"
+LABEL_RANK: Final = "pdwarden.io/rank"
+LABEL_POD_INDEX: Final = "apps.kubernetes.io/pod-index"
 # sglang-router's service discovery reads the prefill bootstrap port from this annotation.
 ANNOTATION_BOOTSTRAP_PORT: Final = "sglang.ai/bootstrap-port"
 # Testing only: on a DisaggregatedModel, makes the operator start runtime pods with
@@ -42,6 +47,9 @@ PORT_NAME_METRICS: Final = "metrics"
 DEFAULT_HTTP_PORT: Final = 30000
 DEFAULT_BOOTSTRAP_PORT: Final = 8998
 DEFAULT_METRICS_PORT: Final = 9400
+# A group's ranks rendezvous at the leader on this port (SGLang's --dist-init-addr).
+PORT_NAME_DIST: Final = "dist"
+DEFAULT_DIST_INIT_PORT: Final = 5757
 ROUTER_HTTP_PORT: Final = 8000
 ROUTER_METRICS_PORT: Final = 29000
 METRICS_PATH: Final = "/metrics"
@@ -64,6 +72,8 @@ ENV_POD_NAME: Final = "POD_NAME"
 ENV_POD_NAMESPACE: Final = "POD_NAMESPACE"
 ENV_ROLE: Final = "PDWARDEN_ROLE"
 ENV_MODEL: Final = "PDWARDEN_MODEL"
+# A group pod's rank (its StatefulSet ordinal, from the pod-index label).
+ENV_NODE_RANK: Final = "PDWARDEN_NODE_RANK"
 
 # --- Metrics (runtime -> operator and alerts) ----------------------------------------
 METRIC_INFLIGHT_REQUESTS: Final = "pdwarden_inflight_requests"

@@ -25,6 +25,7 @@ from aiohttp import web
 from pdwarden_runtime import contract as c
 from pdwarden_runtime.engines.synthetic import RequestFailed, SyntheticEngine
 from pdwarden_runtime.engines.synthetic_pattern import BadRequest
+from pdwarden_runtime.group import GroupError, GroupOptions, Leader
 from pdwarden_runtime.hardening import installed_versions
 from pdwarden_runtime.hardening.config import ConfigError
 from pdwarden_runtime.kvpoll import KVPoll
@@ -42,16 +43,25 @@ def _error(status: int, message: str) -> web.Response:
 class RuntimeServer:
     """The aiohttp apps (HTTP port and metrics port) of one synthetic runtime."""
 
-    def __init__(self, engine: SyntheticEngine, *, allow_fault_injection: bool = False) -> None:
+    def __init__(self, engine: SyntheticEngine, *, allow_fault_injection: bool = False,
+                 group: Leader | None = None) -> None:
         self.engine = engine
         self.allow_fault_injection = allow_fault_injection
+        self.group = group  # a multi-node replica's leader: ready only once every rank joined
         self._runners: list[web.AppRunner] = []
         self._sglang_version = installed_versions().get("sglang")  # package metadata: read once
 
     # --- handlers ------------------------------------------------------------------------
+    def _group_missing(self) -> str | None:
+        if self.group is None or self.group.complete:
+            return None
+        return f"waiting for the group's ranks: {self.group.describe()}"
+
     async def generate(self, request: web.Request) -> web.Response:
         if not self.engine.ready:
             return _error(503, "engine is starting")
+        if (missing := self._group_missing()) is not None:
+            return _error(503, missing)
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
@@ -67,6 +77,8 @@ class RuntimeServer:
         return web.json_response(result)
 
     async def health(self, request: web.Request) -> web.Response:
+        if (missing := self._group_missing()) is not None:
+            return web.Response(text=missing, status=503)
         ok, why = self.engine.healthy()
         return web.Response(text=why, status=200 if ok else 503)
 
@@ -175,10 +187,16 @@ class RuntimeServer:
             await runner.cleanup()
 
 
-async def run_synthetic(engine: SyntheticEngine, *, allow_fault_injection: bool) -> None:
-    """Serve until SIGTERM/SIGINT. The HTTP port answers /health 503 until the engine is up."""
+async def run_synthetic(engine: SyntheticEngine, *, allow_fault_injection: bool,
+                        group: GroupOptions | None = None) -> None:
+    """Serve until SIGTERM/SIGINT. The HTTP port answers /health 503 until the engine is up
+    (and, for a group's leader, until every rank has joined). A group's leader raises
+    GroupError when a rank leaves: the group cannot go on without it."""
     o = engine.options
-    server = RuntimeServer(engine, allow_fault_injection=allow_fault_injection)
+    leader = Leader(group, o.host) if group is not None else None
+    if leader is not None:
+        await leader.start()
+    server = RuntimeServer(engine, allow_fault_injection=allow_fault_injection, group=leader)
     await server.start(o.host, o.port, o.metrics_port)
     log.info("%s synthetic runtime: http %s:%s metrics :%s bootstrap :%s", o.role, o.host, o.port,
              o.metrics_port, o.bootstrap_port)
@@ -188,6 +206,15 @@ async def run_synthetic(engine: SyntheticEngine, *, allow_fault_injection: bool)
         loop.add_signal_handler(sig, stop.set)
     await engine.start()
     log.info("%s synthetic runtime ready", o.role)
-    await stop.wait()
-    await server.stop()
-    await engine.close()
+    waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(stop.wait())}
+    if leader is not None:
+        waits.add(leader.lost)
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        if leader is not None and leader.lost.done() and not stop.is_set():
+            raise GroupError(leader.lost.result())
+    finally:
+        if leader is not None:
+            await leader.close()
+        await server.stop()
+        await engine.close()

@@ -152,6 +152,26 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         },
         {},
     ),
+    # Multi-node replicas: a synthetic model with 2-pod groups, and SGLang over 4 nodes.
+    "groups-2-synthetic": (
+        {
+            "model": {"path": "synthetic/tiny"},
+            "engine": "synthetic",
+            "prefill": {"replicas": 1, "nodesPerReplica": 2, "tensorParallel": 2},
+            "decode": {"replicas": 2, "nodesPerReplica": 2, "tensorParallel": 2},
+        },
+        {},
+    ),
+    "groups-4-sglang": (
+        {
+            "model": {"path": "deepseek-ai/DeepSeek-V3", "servedName": "dsv3"},
+            "engine": "sglang",
+            "prefill": {"replicas": 1, "nodesPerReplica": 4, "gpus": 8, "tensorParallel": 32},
+            "decode": {"replicas": 1, "nodesPerReplica": 2, "gpus": 8, "tensorParallel": 16},
+            "transfer": {"hostNetwork": True, "hostPortOffset": 100},
+        },
+        {},
+    ),
 }
 
 
@@ -162,7 +182,9 @@ def _render(name: str) -> list[dict[str, Any]]:
 
 
 def _pod(objs: dict[tuple[str, str], dict[str, Any]], role: str) -> dict[str, Any]:
-    return dict(objs[("Deployment", f"m1-{role}")]["spec"]["template"]["spec"])
+    """The role's pod spec: its Deployment's, or its first group's StatefulSet's."""
+    obj = objs.get(("Deployment", f"m1-{role}")) or objs[("StatefulSet", f"m1-{role}-0")]
+    return dict(obj["spec"]["template"]["spec"])
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -28,9 +28,10 @@ they use hostPath, hostNetwork or RDMA).
   verbs: ["get", "patch", "update"]
 # Children (server-side apply, watched for drift): prefill/decode/router Deployments, the
 # router's Service, its ServiceAccount and the Role(Binding) that lets it discover pods,
-# and a PodDisruptionBudget per role.
+# a PodDisruptionBudget per role; for multi-node replicas a StatefulSet per group and a
+# headless Service per role.
 - apiGroups: ["apps"]
-  resources: ["deployments"]
+  resources: ["deployments", "statefulsets"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
@@ -48,10 +49,11 @@ they use hostPath, hostNetwork or RDMA).
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-# Watchdog: find runtime pods (their IPs to scrape) and remediate a wedged one.
+# Watchdog: find runtime pods (their IPs to scrape) and remediate a wedged one; label each
+# pod of a multi-node replica with its rank (patch).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]

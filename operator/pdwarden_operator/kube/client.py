@@ -70,6 +70,7 @@ class ResourceType:
 # (apiVersion, kind) -> where it lives. Only the kinds the operator touches.
 RESOURCE_TYPES: dict[tuple[str, str], ResourceType] = {
     ("apps/v1", "Deployment"): ResourceType("deployments"),
+    ("apps/v1", "StatefulSet"): ResourceType("statefulsets"),
     ("v1", "Service"): ResourceType("services"),
     ("v1", "ServiceAccount"): ResourceType("serviceaccounts"),
     ("v1", "Pod"): ResourceType("pods"),

@@ -52,6 +52,16 @@ async def delete_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
     return "done"
 
 
+async def label_pod(namespace: str, name: str, uid: str, labels: dict[str, str]) -> None:
+    """Add labels to the pod if it is still the one with `uid` (a 409 otherwise)."""
+    await get_client().request(
+        "PATCH",
+        resource_path("v1", "Pod", namespace, name),
+        body={"metadata": {"uid": uid, "labels": labels}},
+        content_type="application/merge-patch+json",
+    )
+
+
 class EvictionRefused(Exception):
     """The Eviction API answered 429: `outcome` says why; `retry_after` when it said when."""
 

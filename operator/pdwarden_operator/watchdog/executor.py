@@ -8,7 +8,7 @@ exceptions, so one bad call cannot stop the watchdog.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,6 +17,7 @@ from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.kube.status import DM_API_VERSION
 from pdwarden_operator.leader import still_leading
 from pdwarden_operator.metrics import OperatorMetrics
+from pdwarden_operator.watchdog.gangs import GROUP_UID_PREFIX
 from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_runtime import contract
@@ -45,6 +46,10 @@ class Executor:
         self.model = model
         self.metrics = metrics
         self.may_act = may_act
+        # Group uid -> its ranks' (pod name, uid), leader first (gangs.members), set each round:
+        # an action on a group acts on all of them together.
+        self.groups: Mapping[str, Sequence[tuple[str, str]]] = {}
+        self.group_names: frozenset[str] = frozenset()
 
     async def perform(self, plan: Plan) -> list[ActionResult]:
         results = []
@@ -63,6 +68,10 @@ class Executor:
         try:
             if action.kind == "alert":
                 result = ActionResult(action, Outcome.ALERTED)
+            elif action.uid in self.groups:
+                done = await self._restart_group(action, self.groups[action.uid])
+                ok = Outcome.DELETED if action.kind == "restart" else Outcome.EVICTED
+                result = ActionResult(action, ok if done == "done" else Outcome.POD_GONE)
             elif action.kind == "restart":
                 done = await pods.delete_pod(ns, action.pod, action.uid)
                 result = ActionResult(action, Outcome.DELETED if done == "done" else Outcome.POD_GONE)
@@ -80,6 +89,21 @@ class Executor:
         self.metrics.remediations.labels(ns, self.model.name, action.kind, result.outcome.value).inc()
         await self._announce_result(result)
         return result
+
+    async def _restart_group(self, action: Action, ranks: Sequence[tuple[str, str]]) -> str:
+        """Every rank of the group goes at once (its StatefulSet starts them again together: a
+        lone rank never rejoins a stale group). `evict` asks the Eviction API for the leader
+        first, so the PodDisruptionBudget is honoured for the group; the other ranks cannot
+        serve without it and are deleted."""
+        ns = self.model.namespace
+        first = "gone"
+        for i, (name, uid) in enumerate(ranks):
+            if action.kind == "evict" and i == 0:
+                done = await pods.evict_pod(ns, name, uid)
+            else:
+                done = await pods.delete_pod(ns, name, uid)
+            first = "done" if done == "done" else first
+        return first
 
     async def _announce_result(self, result: ActionResult) -> None:
         a = result.action
@@ -129,6 +153,13 @@ class Executor:
                 "Warning",
             ),
         }
+        if a.uid in self.groups and result.outcome in (Outcome.DELETED, Outcome.EVICTED):
+            what[result.outcome] = (
+                "GroupRestarted",
+                f"restarted {a.role} group {a.pod} as a whole ({len(self.groups[a.uid])} pods "
+                f"{'evicted and ' if a.kind == 'evict' else ''}deleted together){resumed}: {a.reason}",
+                "Warning",
+            )
         reason, message, kind = what[result.outcome]
         log.warning("%s/%s: %s: %s", self.model.namespace, self.model.name, reason, message)
         await self._post(a.pod, a.uid, reason, message, kind)
@@ -156,5 +187,6 @@ class Executor:
             message,
             kind,
         )
-        if pod:
+        if pod and not pod_uid.startswith(GROUP_UID_PREFIX) and pod not in self.group_names:
+            # (a group is no Pod: its one Event is the model's)
             await events.post_event(events.involved("v1", "Pod", ns, pod, pod_uid), reason, message, kind)

@@ -25,7 +25,7 @@ from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
 from pdwarden_operator.status_writer import WRITER
-from pdwarden_operator.watchdog import ladder
+from pdwarden_operator.watchdog import gangs, ladder
 from pdwarden_operator.watchdog.brake import BRAKE, BrakeState
 from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
 from pdwarden_operator.watchdog.history import Histories, Observation
@@ -120,13 +120,16 @@ class ModelWatchdog:
         self.histories.set_keep_seconds(settings.stuck_after_seconds + 3 * settings.scrape_interval_seconds)
 
         pod_objs = await kube_pods.list_runtime_pods(ns, name)
+        await self._label_ranks(pod_objs)
         views = {}
         targets = []
+        paired = []
         for obj in pod_objs:
             view = pod_view(obj)
             if view is None:
                 continue
             views[view.uid] = view
+            paired.append((view, obj))
             url = metrics_url(obj)
             if url is not None and (view.ready or self._seen(view.uid)):
                 # a pod that has never been Ready nor answered is starting, not unobserved
@@ -147,6 +150,13 @@ class ModelWatchdog:
 
         now = time.time()
         desired = {role: spec.role(role).replicas for role in contract.RUNTIME_ROLES}
+        # Multi-node replicas are judged and remediated as groups (gangs.py): from here on a
+        # group is one entry, and its pods are acted on together.
+        nodes = {role: spec.role(role).nodes_per_replica for role in contract.RUNTIME_ROLES}
+        found = gangs.groups_of(paired, name, nodes)
+        views, verdicts = gangs.fold(views, verdicts, found, now)
+        self.executor.groups = gangs.members(found)
+        self.executor.group_names = frozenset(found)
         BRAKE.report((ns, name), sum(1 for v in verdicts.values() if v.troubled))
         brake = BRAKE.evaluate()
         await self._announce_brake(brake)
@@ -191,6 +201,18 @@ class ModelWatchdog:
             await self._write_status(body, spec, findings, now)
         self._update_gauges(views, verdicts, self.state)
         return settings.scrape_interval_seconds
+
+    async def _label_ranks(self, pod_objs: list[dict[str, Any]]) -> None:
+        """`pdwarden.io/rank` on each group pod (its StatefulSet ordinal), once; a failure is
+        logged and tried again next round (the label is for people and selectors: nothing
+        here depends on it)."""
+        for pod, uid, rank in gangs.unlabelled_ranks(pod_objs):
+            try:
+                await kube_pods.label_pod(self.model.namespace, pod, uid, {contract.LABEL_RANK: rank})
+            except KubeApiError as exc:
+                log.info(
+                    "%s/%s: labelling %s with its rank: %s", self.model.namespace, self.model.name, pod, exc
+                )
 
     async def _write_status(
         self,

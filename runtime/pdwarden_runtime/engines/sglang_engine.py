@@ -30,6 +30,7 @@ from typing import Any, Final, Protocol
 import click
 
 from pdwarden_runtime import contract as c
+from pdwarden_runtime.group import GroupOptions
 
 TRANSFER_BACKEND: Final = "nixl"
 SGLANG_MODULE: Final = "sglang.launch_server"
@@ -43,6 +44,10 @@ MANAGED_FLAGS: Final[dict[str, tuple[str, ...]]] = {
     "disaggregation_bootstrap_port": ("--disaggregation-bootstrap-port",),
     "host": ("--host",),
     "port": ("--port",),
+    # Only for a multi-node replica (`serve --nnodes N`); otherwise the user's, untouched.
+    "nnodes": ("--nnodes",),
+    "node_rank": ("--node-rank",),
+    "dist_init_addr": ("--dist-init-addr", "--nccl-init-addr"),
 }
 # Boolean flags pdwarden turns on; the user may give them too (no value to disagree on).
 MANAGED_SWITCHES: Final[dict[str, tuple[str, ...]]] = {
@@ -57,7 +62,7 @@ FORBIDDEN_FLAGS: Final[dict[str, str]] = {
 # "--dp" are argparse abbreviations SGLang resolves uniquely (the operator renders "--tp").
 TP_FLAGS: Final = ("--tp-size", "--tensor-parallel-size", "--tp")
 DP_FLAGS: Final = ("--dp-size", "--data-parallel-size", "--dp")
-_INT_DESTS: Final = frozenset({"disaggregation_bootstrap_port", "port"})
+_INT_DESTS: Final = frozenset({"disaggregation_bootstrap_port", "port", "nnodes", "node_rank"})
 
 
 class SglangArgumentError(ValueError):
@@ -192,8 +197,10 @@ def _positive_int(what: str, raw: str | None) -> int:
     return value
 
 
-def pdwarden_sglang_flags(role: str, host: str, port: int, bootstrap_port: int) -> dict[str, str]:
-    """pdwarden's value for every managed flag (by dest)."""
+def pdwarden_sglang_flags(
+    role: str, host: str, port: int, bootstrap_port: int, group: GroupOptions | None = None
+) -> dict[str, str]:
+    """pdwarden's value for every managed flag (by dest); the group's flags only for a group."""
     if role not in c.RUNTIME_ROLES:
         raise SglangArgumentError(f"unknown role {role!r}; expected one of {c.RUNTIME_ROLES}")
     for name, p in (("port", port), ("bootstrap port", bootstrap_port)):
@@ -201,13 +208,18 @@ def pdwarden_sglang_flags(role: str, host: str, port: int, bootstrap_port: int) 
             raise SglangArgumentError(f"{name} must be in 1..65535, got {p}")
     if port == bootstrap_port:
         raise SglangArgumentError(f"port and bootstrap port must differ (both {port})")
-    return {
+    flags = {
         "disaggregation_mode": role,
         "disaggregation_transfer_backend": TRANSFER_BACKEND,
         "disaggregation_bootstrap_port": str(bootstrap_port),
         "host": host,
         "port": str(port),
     }
+    if group is not None:
+        flags.update(
+            nnodes=str(group.nnodes), node_rank=str(group.node_rank), dist_init_addr=group.dist_init_addr
+        )
+    return flags
 
 
 def plan_launch(
@@ -217,6 +229,7 @@ def plan_launch(
     bootstrap_port: int,
     user_args: Sequence[str],
     config_file_args: Sequence[str] = (),
+    group: GroupOptions | None = None,
 ) -> LaunchPlan:
     """Build SGLang's arguments for a pdwarden pod. Pure.
 
@@ -225,11 +238,13 @@ def plan_launch(
     pdwarden's (on the command line or in ``config_file_args``, the flags an SGLang
     ``--config`` file expands to) is an error naming both values.
     """
-    ours = pdwarden_sglang_flags(role, host, port, bootstrap_port)
+    ours = pdwarden_sglang_flags(role, host, port, bootstrap_port, group)
     scan = _scan([*user_args, *config_file_args])
     conflicts = []
     given = []
     for dest, occurrences in scan.values.items():
+        if dest not in ours:
+            continue  # a group flag of a single-pod replica: the user's own
         for flag, value in occurrences:
             if _same(dest, value, ours[dest]):
                 given.append(f"{flag} {value}")
@@ -241,7 +256,8 @@ def plan_launch(
             f"{role} pod: "
             + "; ".join(conflicts)
             + ". Set these through `pdwarden runtime serve` options (--role, --host, --port, "
-            "--bootstrap-port) instead; the transfer backend is always nixl."
+            "--bootstrap-port, and for a group --nnodes, --node-rank, --dist-init-addr) instead; the "
+            "transfer backend is always nixl."
         )
     added: list[str] = []
     for dest, value in ours.items():
@@ -260,6 +276,11 @@ def plan_launch(
         tp_size=_positive_int("--tp-size", scan.ints.get("tp")),
         dp_size=_positive_int("--dp-size", scan.ints.get("dp")),
     )
+
+
+def _group(options: Any) -> GroupOptions | None:
+    group = getattr(options, "group", None)
+    return group() if callable(group) else None
 
 
 def config_file_args(user_args: Sequence[str]) -> list[str]:
@@ -339,6 +360,7 @@ def serve(options: ServeOptions, sglang_args: Sequence[str]) -> int:
             options.bootstrap_port,
             sglang_args,
             config_file_args(sglang_args),
+            _group(options),
         )
     except SglangArgumentError as err:
         raise click.UsageError(str(err)) from None  # exit status 2, no traceback
