@@ -63,8 +63,9 @@ class RoomRuntime:
         self.rooms = RoomStatusMap(self.table)
         self.ledger = RoomLedger()
         self.reaper: DeadlineReaper | None = None
-        # Called (room) after every status write through the manager: lets an engine
-        # wake the request waiting on that room instead of polling on a timer.
+        # Called (room) after a status write through the manager that changed the room's
+        # status (a repeated write cannot satisfy a waiter): lets an engine wake the
+        # request waiting on that room instead of polling on a timer.
         self.status_listeners: list[Callable[[int], None]] = []
         self.metrics_server: MetricsServer | None = None
         # Hardening events beyond the contract (the doctor and tests read them).
