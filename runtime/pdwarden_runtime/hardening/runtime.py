@@ -59,6 +59,7 @@ class RoomRuntime:
                                       transfer_backend=TRANSFER_BACKEND,
                                       expire_on_scrape=deadline is not None,
                                       threads=self.threads, quarantined=self.quarantined_handles,
+                                      quarantine_endings=self.quarantine_endings,
                                       error_wheres=ERROR_WHERES)
         self.rooms = RoomStatusMap(self.table)
         self.ledger = RoomLedger()
@@ -100,6 +101,9 @@ class RoomRuntime:
 
     def quarantined_handles(self) -> int:
         return self.quarantine.count() if self.quarantine is not None else 0
+
+    def quarantine_endings(self) -> dict[str, int]:
+        return self.quarantine.ended() if self.quarantine is not None else {}
 
     def start(self) -> None:
         """Start the deadline reaper and, if configured, this manager's /metrics server."""
