@@ -107,6 +107,15 @@ METRIC_RUNTIME_ERRORS_BASE: Final = "pdwarden_runtime_errors"
 LABEL_METRIC_WHERE: Final = "where"
 # Transfer handles released at a deadline but possibly still writing (kept and polled).
 METRIC_KV_HANDLES_QUARANTINED: Final = "pdwarden_kv_handles_quarantined"
+# How quarantined handles ended, by `how`: the write finished (done), NIXL reported it
+# failed (error), or the peer's connection was torn down (peer_gone).
+METRIC_KV_QUARANTINE_ENDINGS_TOTAL: Final = "pdwarden_kv_quarantine_endings_total"
+METRIC_KV_QUARANTINE_ENDINGS_BASE: Final = "pdwarden_kv_quarantine_endings"
+LABEL_METRIC_HOW: Final = "how"
+QUARANTINE_ENDED_DONE: Final = "done"
+QUARANTINE_ENDED_ERROR: Final = "error"
+QUARANTINE_ENDED_PEER_GONE: Final = "peer_gone"
+QUARANTINE_ENDINGS: Final = (QUARANTINE_ENDED_DONE, QUARANTINE_ENDED_ERROR, QUARANTINE_ENDED_PEER_GONE)
 # Decode-side page verification failures (synthetic engine): corrupted KV pages seen.
 METRIC_KV_VERIFY_FAILURES_TOTAL: Final = "pdwarden_kv_verify_failures_total"
 METRIC_KV_VERIFY_FAILURES_BASE: Final = "pdwarden_kv_verify_failures"

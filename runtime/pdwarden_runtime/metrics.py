@@ -88,13 +88,16 @@ class RuntimeMetrics:
         expire_on_scrape: bool = True,
         threads: ThreadWatch | None = None,
         quarantined: Callable[[], int] | None = None,
+        quarantine_endings: Callable[[], dict[str, int]] | None = None,
         error_wheres: tuple[str, ...] = (),
     ) -> None:
         if role not in c.RUNTIME_ROLES:
             raise ValueError(f"unknown runtime role {role!r}; expected one of {c.RUNTIME_ROLES}")
         self.role = role
         self.registry = CollectorRegistry()
-        self._state = _StateCollector(role, table, tracker, expire_on_scrape, threads, quarantined)
+        self._state = _StateCollector(
+            role, table, tracker, expire_on_scrape, threads, quarantined, quarantine_endings
+        )
         self.registry.register(self._state)
         role_label = [c.LABEL_METRIC_ROLE]
         self._errors = Counter(
@@ -157,13 +160,15 @@ class _StateCollector(Collector):
     """Reads the table and the tracker at scrape time."""
 
     def __init__(self, role: str, table: RoomStatusTable, tracker: InflightTracker, expire: bool,
-                 threads: ThreadWatch | None, quarantined: Callable[[], int] | None) -> None:
+                 threads: ThreadWatch | None, quarantined: Callable[[], int] | None,
+                 quarantine_endings: Callable[[], dict[str, int]] | None = None) -> None:
         self._role = role
         self._table = table
         self._tracker = tracker
         self._expire = expire
         self._threads = threads
         self._quarantined = quarantined
+        self._quarantine_endings = quarantine_endings
 
     def describe(self) -> list[Metric]:
         return list(self._families())
@@ -211,6 +216,11 @@ class _StateCollector(Collector):
             "Transfer handles past the deadline that may still write, kept and polled until they end.",
             labels=[R],
         )
+        endings = CounterMetricFamily(
+            c.METRIC_KV_QUARANTINE_ENDINGS_BASE,
+            "Quarantined transfer handles that ended, by how (done, error, peer_gone).",
+            labels=[R, c.LABEL_METRIC_HOW],
+        )
         if with_samples:
             ages = self._table.oldest_in_state()
             for state in NON_TERMINAL:
@@ -222,6 +232,9 @@ class _StateCollector(Collector):
                     threads.add_metric([role, kind], alive.get(kind, 0))
                     threads_expected.add_metric([role, kind], count)
             quarantined.add_metric([role], self._quarantined() if self._quarantined is not None else 0)
+            ended = self._quarantine_endings() if self._quarantine_endings is not None else {}
+            for how in c.QUARANTINE_ENDINGS:
+                endings.add_metric([role, how], ended.get(how, 0))
             inflight.add_metric([role], self._tracker.count())
             oldest.add_metric([role], self._tracker.oldest_age())
             for state, count in self._table.counts().items():
@@ -232,7 +245,7 @@ class _StateCollector(Collector):
             for labels in REFUSAL_LABELS:
                 refused.add_metric([role, *labels], counted.get(labels, 0))
         yield from (inflight, oldest, rooms, transfers, refused, in_state)
-        yield from (threads, threads_expected, quarantined)
+        yield from (threads, threads_expected, quarantined, endings)
 
 
 # --- serving -------------------------------------------------------------------------------

@@ -24,18 +24,29 @@ from pdwarden_runtime.sglang_boot.prom_bridge import contract_registry, serve_co
 pytestmark = pytest.mark.integration
 
 RANK = r"""
-import sys, time
+import sys, threading, time
+from pdwarden_runtime.hardening.threads import ThreadWatch
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.metrics import RuntimeMetrics
 from pdwarden_runtime.sglang_boot.prom_bridge import bridge, multiprocess_mode_active
 from pdwarden_runtime.status import RoomStatusTable
 
-n_open, n_done, n_failed = (int(a) for a in sys.argv[1:4])
+n_open, n_done, n_failed, workers_dead = (int(a) for a in sys.argv[1:5])
 assert multiprocess_mode_active()
 table = RoomStatusTable(mode="sticky")
 tracker = InflightTracker(table)
-metrics = RuntimeMetrics("prefill", table, tracker, engine="sglang", transfer_backend="nixl")
+# two transfer workers per rank; ``workers_dead`` of them have ended
+watch = ThreadWatch()
+hold = threading.Event()
+for i in range(2):
+    target = (lambda: None) if i < workers_dead else hold.wait
+    worker = threading.Thread(target=target, name=f"Thread-{i} (transfer_worker)", daemon=True)
+    worker.start()
+    watch.watch(worker)
+    if i < workers_dead:
+        worker.join()
+metrics = RuntimeMetrics("prefill", table, tracker, engine="sglang", transfer_backend="nixl", threads=watch)
 b = bridge(metrics.registry)
 assert b is not None and bridge(metrics.registry) is b  # once per registry
 for room in range(n_open):
@@ -57,10 +68,10 @@ print("ok", flush=True)
 """
 
 
-def run_rank(prom_dir: str, n_open: int, n_done: int, n_failed: int) -> None:
+def run_rank(prom_dir: str, n_open: int, n_done: int, n_failed: int, workers_dead: int = 0) -> None:
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": prom_dir}
     done = subprocess.run(
-        [sys.executable, "-c", RANK, str(n_open), str(n_done), str(n_failed)],
+        [sys.executable, "-c", RANK, str(n_open), str(n_done), str(n_failed), str(workers_dead)],
         env=env,
         capture_output=True,
         text=True,
@@ -79,8 +90,9 @@ def value(found: list[Sample], name: str, **labels: str) -> float:
 def two_ranks(tmp_path) -> str:
     prom_dir = str(tmp_path)
     # rank 0: 5 rooms, 2 succeed (+1 later), 1 fails; rank 1: 3 rooms, 1 succeeds (+1 later)
+    # and one of its two transfer workers is dead
     run_rank(prom_dir, 5, 2, 1)
-    run_rank(prom_dir, 3, 1, 0)
+    run_rank(prom_dir, 3, 1, 0, workers_dead=1)
     return prom_dir
 
 
@@ -99,6 +111,16 @@ def test_contract_metrics_merge_over_ranks(two_ranks: str) -> None:
     info = [s for s in found if s.name == c.METRIC_RUNTIME_INFO]
     assert len(info) == 1 and "pid" not in info[0].labels
     assert info[0].value == 1
+
+
+def test_alive_threads_are_the_fewest_on_any_rank(two_ranks: str) -> None:
+    found = samples(generate_latest(contract_registry(two_ranks)).decode())
+    kind = "nixl_transfer_worker"
+    # rank 0 has both workers alive, rank 1 one: the pod has a dead worker
+    assert value(found, c.METRIC_RUNTIME_THREADS, thread=kind) == 1
+    assert value(found, c.METRIC_RUNTIME_THREADS_EXPECTED, thread=kind) == 2
+    alive = [s for s in found if s.name == c.METRIC_RUNTIME_THREADS]
+    assert alive and all("pid" not in s.labels for s in alive)
 
 
 def test_sglang_own_metrics_endpoint_shows_them_too(two_ranks: str) -> None:

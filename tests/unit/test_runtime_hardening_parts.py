@@ -57,7 +57,11 @@ def test_quarantine_holds_until_every_handle_ends_and_reports_how() -> None:
         q.stop()
     assert settled == [7] and q.count() == 0 and not q.holds(7)
     assert sorted(released) == ["a", "b"]  # a disconnected peer's handle is not released
-    assert q.ended() == {"done": 1, "err": 1, "peer_disconnected": 1}
+    assert q.ended() == {
+        c.QUARANTINE_ENDED_DONE: 1,
+        c.QUARANTINE_ENDED_ERROR: 1,
+        c.QUARANTINE_ENDED_PEER_GONE: 1,
+    }
 
 
 def test_disconnect_is_recognised_by_nixl_class_name_or_cause() -> None:
@@ -133,3 +137,44 @@ def test_new_metric_families_are_exported_with_their_contract_names() -> None:
     verify = [v for labels, v in fams[c.METRIC_KV_VERIFY_FAILURES_BASE] if labels == {"role": "prefill"}]
     assert verify[:1] == [3.0]
     assert c.METRIC_RUNTIME_THREADS in fams and c.METRIC_RUNTIME_THREADS_EXPECTED in fams
+
+
+def test_quarantine_endings_are_counted_by_how_at_scrape_time() -> None:
+    rt = RoomRuntime(HardeningConfig(inflight_deadline=None), "prefill")
+
+    def endings() -> dict[str, float]:
+        return {
+            labels[c.LABEL_METRIC_HOW]: v
+            for labels, v in _families(rt)[c.METRIC_KV_QUARANTINE_ENDINGS_BASE]
+            if c.LABEL_METRIC_HOW in labels
+        }
+
+    # every series exists at zero before any handle was quarantined
+    assert endings() == dict.fromkeys(c.QUARANTINE_ENDINGS, 0.0)
+    states = {"a": "PROC", "b": "PROC", "c": "PROC", "d": "PROC"}
+    settled = threading.Event()
+
+    def read(handle: str) -> str:
+        if states[handle] == "GONE":
+            raise nixlRemoteDisconnectError("peer disconnected")
+        return states[handle]
+
+    q = HandleQuarantine(read, lambda handle: None, lambda room: settled.set(), poll_s=0.001)
+    rt.quarantine = q
+    q.start()
+    try:
+        q.add(3, ["a", "b", "c", "d"])
+        states.update(a="DONE", b="DONE", c="ERR")
+        assert not settled.wait(0.1)
+        # a batch still holding a handle has ended nothing yet
+        assert endings() == dict.fromkeys(c.QUARANTINE_ENDINGS, 0.0)
+        states["d"] = "GONE"
+        assert settled.wait(5)
+    finally:
+        q.stop()
+    assert endings() == {
+        c.QUARANTINE_ENDED_DONE: 2.0,
+        c.QUARANTINE_ENDED_ERROR: 1.0,
+        c.QUARANTINE_ENDED_PEER_GONE: 1.0,
+    }
+    assert c.METRIC_KV_QUARANTINE_ENDINGS_TOTAL.startswith(c.METRIC_KV_QUARANTINE_ENDINGS_BASE)

@@ -232,6 +232,8 @@ class HardenedNixlKVManager(NixlKVManager):
 
     def update_status(self, bootstrap_room: int, status: Any) -> None:
         target = coerce(status)  # a bad status is SGLang's error: it propagates as before
+        table = self.pdwarden.table
+        before = table.get(bootstrap_room)
         try:
             self._pdw_update_status(bootstrap_room, target)  # dict lookup: per-chunk path
         except Exception:
@@ -239,9 +241,14 @@ class HardenedNixlKVManager(NixlKVManager):
             log.exception("pdwarden: status write %s -> %s failed; writing the table directly",
                           bootstrap_room, target.name)
             with self._pdw_guard(WHERE_STATUS_WRITE):
-                self.pdwarden.table.update(bootstrap_room, target)
+                table.update(bootstrap_room, target)
         finally:
-            self.pdwarden.notify(bootstrap_room)
+            # Listeners wake the request waiting on the room: only a write that changed
+            # its status can satisfy it. The transfer worker repeats Transferring once per
+            # chunk; waking the engine's event loop for each cost the worker a thread
+            # switch per chunk.
+            if table.get(bootstrap_room) is not before:
+                self.pdwarden.notify(bootstrap_room)
 
     def _pdw_update_status(self, room: int, target: KVPoll) -> None:
         table = self.pdwarden.table

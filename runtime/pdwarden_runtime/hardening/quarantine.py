@@ -17,13 +17,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pdwarden_runtime.contract import (
+    QUARANTINE_ENDED_DONE,
+    QUARANTINE_ENDED_ERROR,
+    QUARANTINE_ENDED_PEER_GONE,
+    QUARANTINE_ENDINGS,
+)
+
 log = logging.getLogger(__name__)
 
 POLL_S: Final = 0.02
-ENDED_DONE: Final = "done"
-ENDED_ERR: Final = "err"
-ENDED_PEER_GONE: Final = "peer_disconnected"
-ENDINGS: Final = (ENDED_DONE, ENDED_ERR, ENDED_PEER_GONE)
 
 # (handle) -> NIXL state string ("DONE", "ERR", "PROC", ...); may raise.
 StateReader = Callable[[Any], str]
@@ -61,7 +64,7 @@ class HandleQuarantine:
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._entries: list[_Entry] = []
-        self._ended: dict[str, int] = dict.fromkeys(ENDINGS, 0)
+        self._ended: dict[str, int] = dict.fromkeys(QUARANTINE_ENDINGS, 0)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="pdwarden-handle-quarantine", daemon=True)
@@ -90,7 +93,8 @@ class HandleQuarantine:
             return any(e.room == room for e in self._entries)
 
     def ended(self) -> dict[str, int]:
-        """How quarantined handles ended, by ending."""
+        """How quarantined handles ended, by ending (``pdwarden_kv_quarantine_endings_total``);
+        a handle is counted once its whole batch has ended."""
         with self._lock:
             return dict(self._ended)
 
@@ -118,15 +122,15 @@ class HandleQuarantine:
                 state = self._read_state(handle)
             except Exception as err:
                 if is_disconnect(err):
-                    entry.ended.append(ENDED_PEER_GONE)
+                    entry.ended.append(QUARANTINE_ENDED_PEER_GONE)
                     continue
                 still.append(handle)  # unreadable is not proof the write is over
                 continue
             if state == "DONE":
-                entry.ended.append(ENDED_DONE)
+                entry.ended.append(QUARANTINE_ENDED_DONE)
                 self._release_quietly(handle)
             elif state == "ERR":
-                entry.ended.append(ENDED_ERR)
+                entry.ended.append(QUARANTINE_ENDED_ERROR)
                 self._release_quietly(handle)
             else:
                 still.append(handle)

@@ -59,12 +59,14 @@ class RoomRuntime:
                                       transfer_backend=TRANSFER_BACKEND,
                                       expire_on_scrape=deadline is not None,
                                       threads=self.threads, quarantined=self.quarantined_handles,
+                                      quarantine_endings=self.quarantine_endings,
                                       error_wheres=ERROR_WHERES)
         self.rooms = RoomStatusMap(self.table)
         self.ledger = RoomLedger()
         self.reaper: DeadlineReaper | None = None
-        # Called (room) after every status write through the manager: lets an engine
-        # wake the request waiting on that room instead of polling on a timer.
+        # Called (room) after a status write through the manager that changed the room's
+        # status (a repeated write cannot satisfy a waiter): lets an engine wake the
+        # request waiting on that room instead of polling on a timer.
         self.status_listeners: list[Callable[[int], None]] = []
         self.metrics_server: MetricsServer | None = None
         # Hardening events beyond the contract (the doctor and tests read them).
@@ -99,6 +101,9 @@ class RoomRuntime:
 
     def quarantined_handles(self) -> int:
         return self.quarantine.count() if self.quarantine is not None else 0
+
+    def quarantine_endings(self) -> dict[str, int]:
+        return self.quarantine.ended() if self.quarantine is not None else {}
 
     def start(self) -> None:
         """Start the deadline reaper and, if configured, this manager's /metrics server."""

@@ -11,7 +11,9 @@ launcher sets that directory, so:
 - the state-derived series that ``RuntimeMetrics`` computes at scrape time (a custom
   collector, invisible to multiprocess mode) are mirrored into it by
   ``MultiprocessBridge`` every second: gauges as ``max`` gauges (with TP > 1 every rank
-  tracks the same rooms; the worst rank is the pod's truth), counters as counters
+  tracks the same rooms; the worst rank is the pod's truth), except the alive-thread
+  gauge, a ``min`` gauge (each rank runs its own NIXL threads: a thread dead on any rank
+  is dead for the pod, and the largest count would hide it), counters as counters
   (summed over processes). The bridge's periodic read also runs the inflight deadline
   that ``RuntimeMetrics`` enforces on scrape.
 
@@ -25,7 +27,7 @@ import atexit
 import logging
 import threading
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics import MetricWrapperBase
@@ -33,6 +35,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from pdwarden_runtime.contract import METRIC_RUNTIME_THREADS
 from pdwarden_runtime.metrics import MetricsServer, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,10 @@ log = logging.getLogger(__name__)
 CONTRACT_PREFIX: Final = "pdwarden_"
 BRIDGE_INTERVAL_SECONDS: Final = 1.0
 _PID_LABEL: Final = "pid"
+# How the ranks' values of a mirrored gauge combine into the pod's (default: the worst,
+# ``max``). Alive threads: the fewest alive on any rank ("min" keeps an exited rank's
+# last value too, so a rank that died with a dead thread is not forgotten).
+_GAUGE_MODES: Final[dict[str, Literal["min", "max"]]] = {METRIC_RUNTIME_THREADS: "min"}
 
 
 def multiprocess_mode_active() -> bool:
@@ -122,7 +129,7 @@ class MultiprocessBridge:
                     family.documentation,
                     list(sample.labels),
                     registry=None,
-                    multiprocess_mode="max",
+                    multiprocess_mode=_GAUGE_MODES.get(family.name, "max"),
                 )
             values = tuple(sample.labels.values())
             seen.add(values)
