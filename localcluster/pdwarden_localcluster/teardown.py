@@ -12,6 +12,7 @@ The kubelet's cgroup is `pdwarden-<state dir name>` under its own cgroup (see
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import subprocess
@@ -25,8 +26,10 @@ MOUNTINFO = Path("/proc/self/mountinfo")
 
 
 def cgroup_name(state_dir: Path) -> str:
-    """The kubelet's cgroup of the cluster whose state lives in `state_dir`."""
-    return f"pdwarden-{state_dir.name}"
+    """The kubelet's cgroup of the cluster whose state lives in `state_dir`: its last name for
+    a reader, a digest of the whole path so two clusters in `a/state` and `b/state` never share it."""
+    digest = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:8]
+    return f"pdwarden-{state_dir.name}-{digest}"
 
 
 def _unescape(field: str) -> str:

@@ -45,7 +45,8 @@ def test_a_process_belongs_to_the_cluster_only_if_a_program_of_it_names_the_stat
 
 def test_the_clusters_cgroups_are_found_at_any_depth_and_removed_deepest_first(tmp_path: Path) -> None:
     name = teardown.cgroup_name(Path("/x/wt-nodes"))
-    assert name == "pdwarden-wt-nodes"
+    assert name.startswith("pdwarden-wt-nodes-")
+    assert teardown.cgroup_name(Path("/y/wt-nodes")) != name, "two clusters' state dirs of one name"
     deep = tmp_path / "user.slice" / "session-1.scope" / name / "podabc" / "web"
     deep.mkdir(parents=True)
     (tmp_path / "system.slice" / "pdwarden-other").mkdir(parents=True)

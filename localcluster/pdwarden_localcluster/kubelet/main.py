@@ -24,8 +24,9 @@ from pdwarden_localcluster.kubelet import apirelay, cgroups, dns, logserver, pro
 from pdwarden_localcluster.kubelet.backoff import BASE_S, CAP_S, BackOff
 from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.node import NodeAgent, NodeShape
-from pdwarden_localcluster.kubelet.podworker import KubeletConfig, PodWorker, cgroups_name
+from pdwarden_localcluster.kubelet.podworker import KubeletConfig, PodWorker
 from pdwarden_localcluster.paths import venv_bin
+from pdwarden_localcluster.teardown import cgroup_name
 
 JSON = dict[str, Any]
 log = logging.getLogger("pdwarden.kubelet")
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("stopping: killing pod processes")
     for loop in loops:
         loop.shutdown()
-    cgroups.Cgroups(cgroups_name(args.state_dir)).remove_all()
+    cgroups.Cgroups(cgroup_name(args.state_dir)).remove_all()
     if dns_proc is not None:
         streaming.stop_child(dns_proc, pods_dir, "coredns")
     if proxy_proc is not None:

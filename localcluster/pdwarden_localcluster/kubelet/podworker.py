@@ -22,6 +22,7 @@ from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.podstatus import pod_status, will_restart
 from pdwarden_localcluster.kubelet.probes import ProbeState, now, run_probe
 from pdwarden_localcluster.network import NetPlan
+from pdwarden_localcluster.teardown import cgroup_name
 
 JSON = dict[str, Any]
 log = logging.getLogger("pdwarden.kubelet")
@@ -48,11 +49,6 @@ class KubeletConfig:
     pod_server: str = ""  # the API server's URL as pods in their own namespaces reach it
     net: NetPlan | None = None  # None: pods share the host's network namespace
     cluster_dns: bool = False  # pods (dnsPolicy ClusterFirst) resolve through kube-dns
-
-
-def cgroups_name(state_dir: Path) -> str:
-    """The kubelet's cgroup, distinct per cluster (state dir)."""
-    return f"pdwarden-{state_dir.name}"
 
 
 def pod_dir_name(pod: JSON) -> str:
@@ -97,7 +93,7 @@ class PodWorker(threading.Thread):
         self.volumes = volumes.PodVolumes(self.pod_dir, api.get_or_none, api.post, self._context(pod))
         self.volume_error = ""
         self.volume_retry_at = 0.0
-        self.cgroups = cgroups.Cgroups(cgroups_name(cfg.state_dir))
+        self.cgroups = cgroups.Cgroups(cgroup_name(cfg.state_dir))
         self.oom_at_start: dict[str, int] = {}
         self._cgroup_procs: list[Path] = []
         self.events_sent: set[str] = set()
