@@ -101,6 +101,16 @@ METRIC_KV_HANDLES_QUARANTINED: Final = "pdwarden_kv_handles_quarantined"
 METRIC_KV_VERIFY_FAILURES_TOTAL: Final = "pdwarden_kv_verify_failures_total"
 METRIC_KV_VERIFY_FAILURES_BASE: Final = "pdwarden_kv_verify_failures"
 
+# Per-peer transfer figures (bounded: a fixed number of peers, the rest under PEER_OTHER,
+# idle peers forgotten). `peer` is the peer pod's IP as the runtime knows it (prefill: the
+# decode endpoint in its transfer info; decode: the prefill's bootstrap host), which the
+# operator maps to a pod by status.podIP. Outcomes are OUTCOMES.
+METRIC_KV_PEER_INFLIGHT: Final = "pdwarden_kv_peer_inflight"
+METRIC_KV_PEER_TRANSFERS_TOTAL: Final = "pdwarden_kv_peer_transfers_total"
+METRIC_KV_PEER_TRANSFERS_BASE: Final = "pdwarden_kv_peer_transfers"
+LABEL_METRIC_PEER: Final = "peer"
+PEER_OTHER: Final = "other"
+
 LABEL_METRIC_ROLE: Final = "role"
 LABEL_METRIC_STATE: Final = "state"
 LABEL_METRIC_OUTCOME: Final = "outcome"

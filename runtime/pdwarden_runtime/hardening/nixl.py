@@ -78,12 +78,14 @@ from pdwarden_runtime.hardening.runtime import (
     WHERE_CHUNK_TAKEN,
     WHERE_DEADLINE,
     WHERE_ENQUEUE,
+    WHERE_PEERS,
     WHERE_QUARANTINE_SETTLED,
     WHERE_STATUS_NOTICE,
     WHERE_STATUS_WRITE,
     RoomRuntime,
 )
 from pdwarden_runtime.kvpoll import KVPoll, coerce
+from pdwarden_runtime.peers import peer_of_address
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +252,9 @@ class HardenedNixlKVManager(NixlKVManager):
         if target is KVPoll.WaitingForInput and is_prefill:
             # The bootstrap thread: decode's metadata for the room is complete.
             self.pdwarden.ledger.remember_targets(room, self._room_notify_targets(room))
+            with self._pdw_guard(WHERE_PEERS):
+                infos = (self.transfer_infos.get(room) or {}).values()
+                self.pdwarden.metrics.peers.bind(room, [i.endpoint for i in infos if not i.is_dummy])
         if current is None:
             if target is KVPoll.WaitingForInput and is_prefill and table.is_cleared(room):
                 self._pdw_metadata_after_end(room)
@@ -645,7 +650,16 @@ class HardenedNixlKVSender(NixlKVSender):
 
 
 class HardenedNixlKVReceiver(NixlKVReceiver):
-    """NixlKVReceiver (decode); its manager's table is already the sticky one."""
+    """NixlKVReceiver (decode); its manager's table is already the sticky one. Binds its
+    room to the prefill it reads from (the per-peer figures)."""
+
+    def __init__(self, mgr: Any, bootstrap_addr: str, bootstrap_room: int | None = None,
+                 *args: Any, **kwargs: Any) -> None:
+        super().__init__(mgr, bootstrap_addr, bootstrap_room, *args, **kwargs)
+        if isinstance(mgr, HardenedNixlKVManager) and bootstrap_room is not None \
+                and self.conclude_state is None:
+            with mgr._pdw_guard(WHERE_PEERS):
+                mgr.pdwarden.metrics.peers.bind(bootstrap_room, [peer_of_address(bootstrap_addr)])
 
 
 class HardenedNixlKVBootstrapServer(NixlKVBootstrapServer):
