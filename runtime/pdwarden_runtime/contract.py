@@ -56,7 +56,11 @@ FAULT_NONE: Final = "none"
 FAULT_EMULATED_PORT_RACE: Final = "emulated-maxstatus-port-race"
 FAULT_STALL: Final = "stall-transfers"
 FAULT_DROP_ABORT: Final = "drop-abort"
-FAULTS: Final = (FAULT_NONE, FAULT_EMULATED_PORT_RACE, FAULT_STALL, FAULT_DROP_ABORT)
+# Decode-side transfer stall: the decode keeps answering HTTP, but the KV of rooms it opens
+# from then on goes to a NIXL agent of its own that never progresses (a stalled agent or
+# NIC), so prefills sending to it see their handles stuck until their deadline.
+FAULT_STALL_KV_RECEIVE: Final = "stall-kv-receive"
+FAULTS: Final = (FAULT_NONE, FAULT_EMULATED_PORT_RACE, FAULT_STALL, FAULT_DROP_ABORT, FAULT_STALL_KV_RECEIVE)
 
 # --- Environment variables ------------------------------------------------------------
 ENV_POD_IP: Final = "POD_IP"
