@@ -225,3 +225,47 @@ def test_parse_reads_per_peer_figures() -> None:
 def test_garbage_per_peer_figures_leave_the_pod_observed_without_peer_evidence(junk: str) -> None:
     sample = parse_metrics(BASE + junk)
     assert sample.peers is None and sample.inflight == 1 and sample.transfers == 5
+
+
+def scripted(
+    steps: list[tuple[int, int, int]], peer: str = D0.ip, every: float = 5.0
+) -> tuple[Observation, ...]:
+    """Observations whose figures for `peer` move by (successes, bad, in flight) per interval;
+    the other decode keeps succeeding."""
+    good = bad = 0.0
+    out = [Observation(100.0, PodSample(1, 1, 0, peers=figures(0, {peer: (0, 0, 0), D1.ip: (1, 0, 0)})))]
+    for i, (g, b, inflight) in enumerate(steps, start=1):
+        good, bad = good + g, bad + b
+        peers = PeerFigures(
+            inflight={peer: float(inflight), D1.ip: 0.0},
+            outcomes={
+                peer: {c.OUTCOME_SUCCESS: good, c.OUTCOME_DEADLINE: bad},
+                D1.ip: {c.OUTCOME_SUCCESS: float(i)},
+            },
+        )
+        out.append(Observation(100.0 + i * every, PodSample(1, 1, float(i), peers=peers)))
+    return tuple(out)
+
+
+def test_intervals_without_traffic_to_the_peer_are_neutral() -> None:
+    sparse = scripted([(0, 1, 0), (0, 0, 0), (0, 1, 0), (0, 0, 0), (0, 1, 0)])
+    result = run({P0.uid: sparse, P1.uid: sparse})
+    assert [b.pod for b in result.blames] == [D0.name]
+    assert result.blames[0].pointers[0].bad == 3
+
+
+def test_a_success_with_the_peer_ends_the_case() -> None:
+    healed = scripted([(0, 1, 0), (0, 1, 0), (0, 1, 0), (0, 1, 0), (1, 0, 0)])
+    result = run({P0.uid: healed, P1.uid: healed})
+    assert result.blames == ()
+
+
+def test_stale_evidence_does_not_blame() -> None:
+    stale = scripted([(0, 1, 0), (0, 1, 0), (0, 1, 0), (0, 0, 0), (0, 0, 0)])
+    result = run({P0.uid: stale, P1.uid: stale})
+    assert result.blames == ()
+
+
+def test_a_single_stuck_room_in_flight_is_evidence_in_every_interval() -> None:
+    held = scripted([(0, 0, 1)] * 5)
+    assert [b.pod for b in run({P0.uid: held, P1.uid: held}).blames] == [D0.name]

@@ -5,13 +5,13 @@ restarting them spends the budget and fixes nothing. This rule reads the per-pee
 (``pdwarden_kv_peer_inflight``, ``pdwarden_kv_peer_transfers_total``; a peer is named by
 its pod IP) and moves the blame to the peer when the evidence of several pods agrees.
 
-A pod **points at** peer X over an interval between two consecutive scrapes when, in that
-interval, none of its rooms with X succeeded and either some room with X failed or ended
-at a deadline, or rooms with X are in flight at its end. It points at X over the last
-``stuck_after`` seconds when it did so in every interval of its latest samples spanning
-at least that long (and at least two scrapes). A pod that points at every one of its two
-or more peers is suspect itself (its own transfer side, not theirs): its pointing counts
-for nothing.
+A pod **points at** peer X when, going back from its latest scrape over the intervals
+between consecutive scrapes, no room of it with X succeeded for at least ``stuck_after``
+seconds (an interval without traffic to X is neutral; a success ends the case), and at
+least two of those intervals, one of them among the latest two, hold evidence: a room with
+X that failed or ended at a deadline, or rooms with X in flight. A pod that points at every
+one of its two or more peers is suspect itself (its own transfer side, not theirs): its
+pointing counts for nothing.
 
 X is **blamed** when at least ``MIN_POINTERS`` (2) pods point at it and they are a strict
 majority of the pods that reported figures for X, and X's IP is the IP of exactly one live
@@ -35,6 +35,8 @@ from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_runtime.contract import OUTCOME_DEADLINE, OUTCOME_FAILED, OUTCOME_SUCCESS, PEER_OTHER
 
 MIN_POINTERS: Final = 2
+# Intervals with evidence against a peer that one pod needs (one could be a blip).
+MIN_EVIDENCE: Final = 2
 _BAD_OUTCOMES: Final = (OUTCOME_FAILED, OUTCOME_DEADLINE)
 
 
@@ -103,37 +105,61 @@ def _count(figures: PeerFigures, peer: str, outcomes: Sequence[str]) -> float:
     return sum(by_outcome.get(o, 0.0) for o in outcomes)
 
 
-def _pointing(before: PeerFigures, after: PeerFigures, peer: str) -> tuple[bool, float] | None:
-    """(points at peer over the interval, rooms failed with it); None: no usable evidence
-    (a counter went down: the runtime restarted or forgot the peer)."""
+@dataclass(frozen=True)
+class _Step:
+    """One interval between consecutive scrapes, for one peer."""
+
+    good: float  # rooms with the peer that succeeded
+    bad: float  # rooms with the peer that failed or hit a deadline
+    inflight: float  # rooms with the peer in flight at the interval's end
+
+    @property
+    def evidence(self) -> bool:
+        return self.bad > 0 or self.inflight > 0
+
+
+def _step(before: PeerFigures, after: PeerFigures, peer: str) -> _Step | None:
+    """None: no usable evidence (a counter went down: the runtime restarted or forgot the peer)."""
     good = _count(after, peer, (OUTCOME_SUCCESS,)) - _count(before, peer, (OUTCOME_SUCCESS,))
     bad = _count(after, peer, _BAD_OUTCOMES) - _count(before, peer, _BAD_OUTCOMES)
     if good < 0 or bad < 0:
         return None
-    inflight = after.inflight.get(peer, 0.0)
-    return good == 0 and (bad > 0 or inflight > 0), bad
+    return _Step(good, bad, after.inflight.get(peer, 0.0))
+
+
+def _pointer(
+    pod: PodView, run: list[tuple[float, PeerFigures]], peer: str, stuck_after: float
+) -> Pointer | None:
+    """The pod's case against the peer: back from now, intervals in which no room with the
+    peer succeeded (an interval without traffic to it is neutral), spanning stuck_after, with
+    evidence (a failed room, or rooms in flight) in at least two of them and in one of the
+    latest two."""
+    now = run[-1][0]
+    bad_total, evidence, recent, start = 0.0, 0, False, len(run) - 1
+    while start > 0:
+        step = _step(run[start - 1][1], run[start][1], peer)
+        if step is None or step.good > 0:
+            break
+        if step.evidence:
+            evidence += 1
+            recent = recent or start >= len(run) - 2
+        bad_total += step.bad
+        start -= 1
+    span = now - run[start][0]
+    if evidence < MIN_EVIDENCE or not recent or span < stuck_after:
+        return None
+    return Pointer(pod.name, pod.role, bad_total, run[-1][1].inflight.get(peer, 0.0), span)
 
 
 def _pointers_of(
     pod: PodView, run: list[tuple[float, PeerFigures]], stuck_after: float
 ) -> tuple[dict[str, Pointer], set[str]]:
-    """The peers this pod points at (over at least stuck_after), and every peer it reported."""
+    """The peers this pod points at, and every peer it reported."""
     if len(run) < 2:
         return {}, set()
-    now, latest = run[-1]
+    latest = run[-1][1]
     reported = {p for p in (*latest.inflight, *latest.outcomes) if p != PEER_OTHER}
-    found: dict[str, Pointer] = {}
-    for peer in reported:
-        bad_total, start = 0.0, len(run) - 1
-        while start > 0:
-            verdict = _pointing(run[start - 1][1], run[start][1], peer)
-            if verdict is None or not verdict[0]:
-                break
-            bad_total += verdict[1]
-            start -= 1
-        span = now - run[start][0]
-        if start < len(run) - 1 and len(run) - start >= 2 and span >= stuck_after:
-            found[peer] = Pointer(pod.name, pod.role, bad_total, latest.inflight.get(peer, 0.0), span)
+    found = {peer: ptr for peer in reported if (ptr := _pointer(pod, run, peer, stuck_after)) is not None}
     if len(reported) >= 2 and set(found) == reported:
         return {}, reported  # points at everyone: the pod's own side is the suspect
     return found, reported
