@@ -669,8 +669,14 @@ class HardenedNixlKVManager(NixlKVManager):
             message[4], message[5] = stalled.name.encode("ascii"), stalled.metadata
         return message
 
-    def build_receiver_metadata_message(self, **kwargs: Any) -> list[bytes]:
-        message: list[bytes] = list(super().build_receiver_metadata_message(**kwargs))
+    def build_receiver_metadata_message(self, *, bootstrap_room: int, required_dst_info_num: int,
+                                        kv_indices: Any, aux_index: int | None, state_indices: Any,
+                                        decode_prefix_len: int | None, is_dummy: bool,
+                                        device_kv_indices: Any = None) -> list[bytes]:
+        message: list[bytes] = list(super().build_receiver_metadata_message(
+            bootstrap_room=bootstrap_room, required_dst_info_num=required_dst_info_num,
+            kv_indices=kv_indices, aux_index=aux_index, state_indices=state_indices,
+            decode_prefix_len=decode_prefix_len, is_dummy=is_dummy, device_kv_indices=device_kv_indices))
         stalled = self._pdw_stall_agent()
         if stalled is not None:  # [4] agent name
             message[4] = stalled.name.encode("ascii")
@@ -696,20 +702,19 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
     """NixlKVReceiver (decode); its manager's table is already the sticky one. Binds its
     room to the prefill it reads from (the per-peer figures)."""
 
-    def __init__(self, mgr: Any, bootstrap_addr: str, bootstrap_room: int | None = None,
-                 *args: Any, **kwargs: Any) -> None:
-        super().__init__(mgr, bootstrap_addr, bootstrap_room, *args, **kwargs)
+    def __init__(self, mgr: Any, bootstrap_addr: str, bootstrap_room: int | None = None) -> None:
+        super().__init__(mgr, bootstrap_addr, bootstrap_room)
         if isinstance(mgr, HardenedNixlKVManager) and bootstrap_room is not None \
                 and self.conclude_state is None:
             with mgr._pdw_guard(WHERE_PEERS):
                 mgr.pdwarden.metrics.peers.bind(bootstrap_room, [peer_of_address(bootstrap_addr)])
 
 
-    def init(self, *args: Any, **kwargs: Any) -> Any:
+    def init(self, prefill_dp_rank: int) -> None:
         mgr = self.kv_mgr
         if isinstance(mgr, HardenedNixlKVManager):
             mgr._pdw_stall_flip()
-        return super().init(*args, **kwargs)
+        super().init(prefill_dp_rank)
 
 
 class HardenedNixlKVBootstrapServer(NixlKVBootstrapServer):
