@@ -41,6 +41,7 @@ class PodView:
     role: str
     ready: bool
     terminating: bool
+    ip: str = ""  # status.podIP: how the runtimes' per-peer figures name this pod
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         role=str(role),
         ready=ready,
         terminating=bool(meta.get("deletionTimestamp")),
+        ip=str((pod.get("status") or {}).get("podIP") or ""),
     )
 
 

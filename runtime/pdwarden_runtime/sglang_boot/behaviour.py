@@ -35,7 +35,13 @@ PINNED_SIGNATURES: Final = {
         "self bootstrap_room kv_indices index_slice is_last_chunk aux_index= state_indices= "
         "num_kv_tokens= wait_event*= indices_event*= trace_ctx*="
     ),
+    ("NixlKVManager", "build_receiver_registration_message"): "self",
+    ("NixlKVManager", "build_receiver_metadata_message"): (
+        "self bootstrap_room* required_dst_info_num* kv_indices* aux_index* state_indices* "
+        "decode_prefix_len* is_dummy* device_kv_indices*="
+    ),
     ("NixlKVSender", "clear"): "self",
+    ("NixlKVReceiver", "init"): "self prefill_dp_rank",
 }
 CHECK_DEADLINE_S: Final = 0.5
 
