@@ -12,8 +12,10 @@
 - the optional NetworkPolicy appears and disappears with `networkPolicy.enabled`;
 - every example is accepted by the API server (server-side dry-run).
 
-What needs a kubelet that honours volumes and securityContext (/dev/shm and the model
-directory seen inside the pod, cache reuse across pod restarts) is not tested here.
+- inside the runtime container (read through /proc/<pid>, the local kubelet's container id):
+  /dev/shm is a tmpfs of the asked size, the weights are at /models read-only, and a
+  download cache on a PersistentVolumeClaim outlives the pod: its replacement finds what the
+  first pod's cache held.
 """
 
 from __future__ import annotations
@@ -191,6 +193,7 @@ def test_network_policy_follows_the_spec(kubectl: Kubectl, operator: OperatorPro
 
 
 TAINT = "nvidia.com/gpu=present:NoSchedule"
+WEIGHTS_CONFIG = '{"model_type": "tiny"}'
 
 
 @pytest.fixture
@@ -213,7 +216,10 @@ def tainted_nodes(kubectl: Kubectl) -> Iterator[None]:
 
 @pytest.fixture
 def weights_claim(kubectl: Kubectl, namespace: str, tmp_path: Path) -> Iterator[str]:
-    """A PersistentVolumeClaim bound (by the real PV controller) to a static PersistentVolume."""
+    """A PersistentVolumeClaim bound (by the real PV controller) to a static PersistentVolume
+    holding a model directory `tiny`."""
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(WEIGHTS_CONFIG)
     pv = f"{namespace}-weights"
     kubectl.apply(
         {
@@ -284,6 +290,79 @@ def test_gpu_taint_keeps_pods_pending_until_the_template_tolerates_it(
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
     assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    # What the runtime itself sees: /dev/shm a 1 GiB tmpfs, the claim's files at /models, read-only.
+    proc = _container_proc(pod)
+    mounts = _mounts(proc)
+    assert mounts["/dev/shm"][0] == "tmpfs" and "size=1048576k" in mounts["/dev/shm"][1], mounts["/dev/shm"]
+    assert "ro" in mounts["/models"][2].split(",")
+    assert (proc / "root/models/tiny/config.json").read_text() == WEIGHTS_CONFIG
+
+
+def _container_proc(pod: dict[str, Any]) -> Path:
+    """/proc of the pod's first container (the local kubelet's container id is its pid): its
+    root and mount table are the container's own."""
+    pid = int(pod["status"]["containerStatuses"][0]["containerID"].removeprefix("pdwarden://"))
+    return Path(f"/proc/{pid}")
+
+
+def _mounts(proc: Path) -> dict[str, tuple[str, str, str]]:
+    """Mount point -> (filesystem type, super options, mount options) from mountinfo."""
+    out = {}
+    for line in (proc / "mountinfo").read_text().splitlines():
+        fields = line.split()
+        tail = fields[fields.index("-") + 1 :]
+        out[fields[4]] = (tail[0], tail[2] if len(tail) > 2 else "", fields[5])
+    return out
+
+
+@pytest.fixture
+def cache_claim(kubectl: Kubectl, namespace: str) -> Iterator[str]:
+    """A claim of the cluster's default (local) StorageClass: the download cache's volume."""
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "hf-cache"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    kubectl.apply(claim, namespace)
+    try:
+        yield "hf-cache"
+    finally:
+        kubectl.run("delete", "pvc", "hf-cache", "-n", namespace, "--wait=false", check=False)
+
+
+def test_a_replacement_pod_finds_the_download_cache_of_the_pod_before_it(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str, cache_claim: str
+) -> None:
+    hf = {"cache": {"claimName": cache_claim}}
+    model = _model("cached", model={"path": "org/tiny", "huggingFace": hf}, prefill={"replicas": 1})
+    kubectl.apply(model, namespace)
+    selector = "pdwarden.io/model=cached,pdwarden.io/role=prefill"
+
+    def running(exclude: str = "") -> dict[str, Any] | None:
+        for pod in kubectl.items("pods", namespace, selector):
+            statuses = pod.get("status", {}).get("containerStatuses") or []
+            if pod["metadata"]["uid"] != exclude and statuses and statuses[0].get("state", {}).get("running"):
+                return pod
+        return None
+
+    first = wait_for(running, 300, "the prefill pod running with its cache claim", 2.0)
+    proc = _container_proc(first)
+    assert _container_env(proc)["HF_HOME"] == "/cache/huggingface"
+    assert "rw" in _mounts(proc)["/cache"][2].split(",")
+    marker = proc / "root/cache/huggingface/hub/models--org--tiny/refs/main"
+    marker.parent.mkdir(parents=True)
+    marker.write_text("0123abcd")  # what a first download leaves in the cache
+
+    kubectl.run("delete", "pod", first["metadata"]["name"], "-n", namespace, "--wait=false")
+    second = wait_for(lambda: running(first["metadata"]["uid"]), 300, "the replacement prefill pod", 2.0)
+    again = _container_proc(second) / "root/cache/huggingface/hub/models--org--tiny/refs/main"
+    assert again.read_text() == "0123abcd"
+    kubectl.run("delete", "disaggregatedmodel", "cached", "-n", namespace, "--wait=false")
+
+
+def _container_env(proc: Path) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in (proc / "environ").read_text().split("\0") if "=" in e)
 
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
