@@ -517,7 +517,9 @@ def _apiserver_args(bins: Path, lay: Layout, pki: Pki, p: Ports) -> list[str]:
         str(bins / "kube-apiserver"),
         f"--etcd-servers=http://127.0.0.1:{p.etcd_client}",
         "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        # The `kubernetes` Service's endpoint: the kubelet's API relay on the host's end of the
+        # cluster link (same port), so pods reach the API through the Service's ClusterIP.
+        f"--advertise-address={p.net.host_addr}",
         f"--secure-port={p.apiserver}",
         f"--tls-cert-file={pki.serving_cert}",
         f"--tls-private-key-file={pki.serving_key}",
@@ -531,8 +533,6 @@ def _apiserver_args(bins: Path, lay: Layout, pki: Pki, p: Ports) -> list[str]:
         # needs `update` on the owner's finalizers subresource, which the chart must grant.
         "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
         "--allow-privileged=true",
-        # Endpoints reject loopback addresses; the apiserver must not try to publish itself.
-        "--endpoint-reconciler-type=none",
         # `kubectl logs` reaches the process kubelet at its node's InternalIP (127.0.0.1)
         "--kubelet-preferred-address-types=InternalIP",
         "--enable-priority-and-fairness=false",

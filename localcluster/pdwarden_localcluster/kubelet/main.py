@@ -224,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         state_dir=args.state_dir,
         venv_bin=str(venv_bin()),
         server=args.server,
-        pod_server=f"https://{net.host_addr}:{api_port}",
+        # as on a cluster: the `kubernetes` Service, whose endpoint is the API relay (cluster.py)
+        pod_server=f"https://{net.kubernetes_service_ip}:443",
         net=net,
         cluster_dns=args.coredns_binary is not None,
         ca_file=args.ca_file,
