@@ -30,6 +30,7 @@ from pdwarden_bench.operator_process import OperatorExited, OperatorProcess
 from pdwarden_bench.ports import free_port
 from pdwarden_bench.promtext import metric_sum, samples
 from pdwarden_localcluster.testing import serving, wait_for
+from pdwarden_operator.watchdog import outcome
 from pdwarden_runtime import contract
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
@@ -51,7 +52,7 @@ WATCHDOG = {
 EMULATED_PORT_PREFILL = ["--hardening", "emulated-port", "--race-window", "5"]
 RACE_PROMPT = "w" * 400  # 25 KV pages = 4 chunks: non-last chunks open the race window
 # Outcomes that spend the remediation budget.
-CHARGED = ("pending", "deleted", "evicted", "refused-by-pdb", "error", "failed", "pod-gone")
+CHARGED = tuple(o.value for o in outcome.CHARGED)
 # Errors of the raw API client while things start or restart (a retry is the answer).
 API_TRANSIENT: tuple[type[BaseException], ...] = (Exception,)
 

@@ -26,6 +26,7 @@ RESTART = WatchdogSpec(
     max_remediations=3,
     budget_window_seconds=3600,
     max_unavailable=1,
+    drain_seconds=120,
 )
 
 
