@@ -32,7 +32,8 @@ from tests.support.watchdog_env import (
 
 pytestmark = pytest.mark.e2e
 
-DRAIN = {**WATCHDOG, "action": "drain", "drainSeconds": 150}
+DRAIN_SECONDS = 150
+DRAIN = {**WATCHDOG, "action": "drain", "drainSeconds": DRAIN_SECONDS}
 
 
 @pytest.fixture
@@ -89,7 +90,7 @@ def test_wedged_prefill_is_drained_replacement_ready_first_no_healthy_request_fa
         assert_quarantined(env, name, model_pods(env, name)[victim_uid])
         rem = wait_for(
             lambda: [r for r in remediations(env, name, victim_name) if r["outcome"] == "deleted"],
-            DRAIN["drainSeconds"] + 60,
+            DRAIN_SECONDS + 60,
             "the drained victim deleted",
             1.0,
             API_TRANSIENT,
@@ -139,7 +140,7 @@ def test_a_drain_interrupted_by_the_operators_death_is_finished_by_the_next_oper
     env.start_operator()
     rem = wait_for(
         lambda: [r for r in remediations(env, name, victim_name) if r["outcome"] == "deleted"],
-        DRAIN["drainSeconds"] + 90,
+        DRAIN_SECONDS + 90,
         "the drain finished by the restarted operator",
         1.0,
         API_TRANSIENT,
