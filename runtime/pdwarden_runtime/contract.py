@@ -65,7 +65,11 @@ FAULT_NONE: Final = "none"
 FAULT_EMULATED_PORT_RACE: Final = "emulated-maxstatus-port-race"
 FAULT_STALL: Final = "stall-transfers"
 FAULT_DROP_ABORT: Final = "drop-abort"
-FAULTS: Final = (FAULT_NONE, FAULT_EMULATED_PORT_RACE, FAULT_STALL, FAULT_DROP_ABORT)
+# Decode-side transfer stall: the decode keeps answering HTTP, but the KV of rooms it opens
+# from then on goes to a NIXL agent of its own that never progresses (a stalled agent or
+# NIC), so prefills sending to it see their handles stuck until their deadline.
+FAULT_STALL_KV_RECEIVE: Final = "stall-kv-receive"
+FAULTS: Final = (FAULT_NONE, FAULT_EMULATED_PORT_RACE, FAULT_STALL, FAULT_DROP_ABORT, FAULT_STALL_KV_RECEIVE)
 
 # --- Environment variables ------------------------------------------------------------
 ENV_POD_IP: Final = "POD_IP"
@@ -109,6 +113,16 @@ METRIC_KV_HANDLES_QUARANTINED: Final = "pdwarden_kv_handles_quarantined"
 # Decode-side page verification failures (synthetic engine): corrupted KV pages seen.
 METRIC_KV_VERIFY_FAILURES_TOTAL: Final = "pdwarden_kv_verify_failures_total"
 METRIC_KV_VERIFY_FAILURES_BASE: Final = "pdwarden_kv_verify_failures"
+
+# Per-peer transfer figures (bounded: a fixed number of peers, the rest under PEER_OTHER,
+# idle peers forgotten). `peer` is the peer pod's IP as the runtime knows it (prefill: the
+# decode endpoint in its transfer info; decode: the prefill's bootstrap host), which the
+# operator maps to a pod by status.podIP. Outcomes are OUTCOMES.
+METRIC_KV_PEER_INFLIGHT: Final = "pdwarden_kv_peer_inflight"
+METRIC_KV_PEER_TRANSFERS_TOTAL: Final = "pdwarden_kv_peer_transfers_total"
+METRIC_KV_PEER_TRANSFERS_BASE: Final = "pdwarden_kv_peer_transfers"
+LABEL_METRIC_PEER: Final = "peer"
+PEER_OTHER: Final = "other"
 
 LABEL_METRIC_ROLE: Final = "role"
 LABEL_METRIC_STATE: Final = "state"

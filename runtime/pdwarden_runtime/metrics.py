@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 from pdwarden_runtime import contract as c
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import KVPoll
+from pdwarden_runtime.peers import PeerFigures
 
 if TYPE_CHECKING:
     from pdwarden_runtime.hardening.threads import ThreadWatch
@@ -94,7 +95,11 @@ class RuntimeMetrics:
             raise ValueError(f"unknown runtime role {role!r}; expected one of {c.RUNTIME_ROLES}")
         self.role = role
         self.registry = CollectorRegistry()
-        self._state = _StateCollector(role, table, tracker, expire_on_scrape, threads, quarantined)
+        # Per-peer figures: the engine binds each room to its peer(s) once known.
+        self.peers = PeerFigures()
+        tracker.add_conclude_listener(self.peers.concluded)
+        self._state = _StateCollector(role, table, tracker, expire_on_scrape, threads, quarantined,
+                                      self.peers)
         self.registry.register(self._state)
         role_label = [c.LABEL_METRIC_ROLE]
         self._errors = Counter(
@@ -157,13 +162,15 @@ class _StateCollector(Collector):
     """Reads the table and the tracker at scrape time."""
 
     def __init__(self, role: str, table: RoomStatusTable, tracker: InflightTracker, expire: bool,
-                 threads: ThreadWatch | None, quarantined: Callable[[], int] | None) -> None:
+                 threads: ThreadWatch | None, quarantined: Callable[[], int] | None,
+                 peers: PeerFigures | None = None) -> None:
         self._role = role
         self._table = table
         self._tracker = tracker
         self._expire = expire
         self._threads = threads
         self._quarantined = quarantined
+        self._peers = peers
 
     def describe(self) -> list[Metric]:
         return list(self._families())
@@ -211,6 +218,21 @@ class _StateCollector(Collector):
             "Transfer handles past the deadline that may still write, kept and polled until they end.",
             labels=[R],
         )
+        peer_inflight = GaugeMetricFamily(
+            c.METRIC_KV_PEER_INFLIGHT, "Rooms in flight per peer pod (by its IP; bounded, rest as 'other').",
+            labels=[R, c.LABEL_METRIC_PEER],
+        )
+        peer_transfers = CounterMetricFamily(
+            c.METRIC_KV_PEER_TRANSFERS_BASE,
+            "Rooms concluded per peer pod and outcome (by its IP; bounded, rest as 'other').",
+            labels=[R, c.LABEL_METRIC_PEER, c.LABEL_METRIC_OUTCOME],
+        )
+        if with_samples and self._peers is not None:
+            figures = self._peers.snapshot()
+            for peer, count in sorted(figures.inflight.items()):
+                peer_inflight.add_metric([role, peer], count)
+                for outcome, total in sorted(figures.outcomes.get(peer, {}).items()):
+                    peer_transfers.add_metric([role, peer, outcome], total)
         if with_samples:
             ages = self._table.oldest_in_state()
             for state in NON_TERMINAL:
@@ -232,7 +254,7 @@ class _StateCollector(Collector):
             for labels in REFUSAL_LABELS:
                 refused.add_metric([role, *labels], counted.get(labels, 0))
         yield from (inflight, oldest, rooms, transfers, refused, in_state)
-        yield from (threads, threads_expected, quarantined)
+        yield from (threads, threads_expected, quarantined, peer_inflight, peer_transfers)
 
 
 # --- serving -------------------------------------------------------------------------------

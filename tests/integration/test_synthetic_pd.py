@@ -178,8 +178,23 @@ def test_metrics_of_both_roles_carry_the_contract_and_move(router: Router, pairs
         assert (metric_sum(after, c.METRIC_KV_TRANSFER_BYTES_TOTAL)
                 > metric_sum(before[rt.role], c.METRIC_KV_TRANSFER_BYTES_TOTAL))
         assert metric_sum(after, c.METRIC_RUNTIME_INFO, role=rt.role, engine="synthetic") == 1
+        # Per-peer figures name the other side of the pair by its IP (what the operator
+        # maps to a pod), and its successes moved with the total.
+        other = hardened.decode if rt.role == c.ROLE_PREFILL else hardened.prefill
+        peer_grew = (metric_sum(after, c.METRIC_KV_PEER_TRANSFERS_TOTAL, peer=other.host, outcome="success")
+                     - metric_sum(before[rt.role], c.METRIC_KV_PEER_TRANSFERS_TOTAL, peer=other.host,
+                                  outcome="success"))
+        assert peer_grew >= 20, f"{rt.role}: per-peer successes for {other.host} grew by {peer_grew}"
+        peers = {s.labels["peer"] for s in after_samples(text, c.METRIC_KV_PEER_INFLIGHT)}
+        assert peers == {other.host}, peers
         # the HTTP port serves the same registry
         assert c.METRIC_KV_TRANSFERS_TOTAL in rt_http_metrics(rt)
+
+
+def after_samples(text: str, name: str) -> list[Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [s for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
 
 
 def rt_http_metrics(rt: Runtime) -> str:

@@ -25,7 +25,7 @@ from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
 from pdwarden_operator.status_writer import WRITER
-from pdwarden_operator.watchdog import ladder
+from pdwarden_operator.watchdog import blame, ladder
 from pdwarden_operator.watchdog.brake import BRAKE, BrakeState
 from pdwarden_operator.watchdog.drain import healthy_requests_done
 from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
@@ -143,6 +143,14 @@ class ModelWatchdog:
             if res.error is not None:
                 self.metrics.scrape_errors.labels(ns, name, views[res.key].role).inc()
         self.histories.retain(views)
+        attribution = blame.attribute(
+            pods=list(views.values()),
+            observations={uid: h.observations() for uid in views
+                          if (h := self.histories.get(uid)) is not None},
+            verdicts=verdicts,
+            stuck_after=settings.stuck_after_seconds,
+        )
+        verdicts = attribution.verdicts
         self._log_changes(views, verdicts)
         self.verdicts = verdicts
 

@@ -48,6 +48,7 @@ class PodView:
     role: str
     ready: bool
     terminating: bool
+    ip: str = ""  # status.podIP: how the runtimes' per-peer figures name this pod
     quarantined: bool = False  # out of its Deployment's selector (action drain); `role` is the one it served
     quarantined_at: float | None = None  # from the pod's annotation
 

@@ -9,16 +9,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdwarden_runtime.contract import (
     KV_STATE_TRANSFERRING,
+    LABEL_METRIC_OUTCOME,
+    LABEL_METRIC_PEER,
     LABEL_METRIC_STATE,
     LABEL_METRIC_THREAD,
     METRIC_INFLIGHT_OLDEST_AGE,
     METRIC_INFLIGHT_REQUESTS,
     METRIC_KV_OLDEST_IN_STATE,
+    METRIC_KV_PEER_INFLIGHT,
+    METRIC_KV_PEER_TRANSFERS_BASE,
+    METRIC_KV_PEER_TRANSFERS_TOTAL,
     METRIC_KV_TRANSFERS_BASE,
     METRIC_KV_TRANSFERS_TOTAL,
     METRIC_RUNTIME_THREADS,
@@ -51,12 +57,26 @@ _PREFIXES = (
     METRIC_KV_TRANSFERS_TOTAL,
     METRIC_KV_OLDEST_IN_STATE,
     METRIC_RUNTIME_THREADS,  # also covers METRIC_RUNTIME_THREADS_EXPECTED
+    METRIC_KV_PEER_INFLIGHT,
+    METRIC_KV_PEER_TRANSFERS_TOTAL,
 )
+_PEER_TRANSFER_FAMILIES = (METRIC_KV_PEER_TRANSFERS_BASE, METRIC_KV_PEER_TRANSFERS_TOTAL)
+# More peers than this in one body is garbage (the runtime caps its peers far below).
+MAX_PEERS = 256
 _THREAD_FAMILIES = (METRIC_RUNTIME_THREADS, METRIC_RUNTIME_THREADS_EXPECTED)
 
 
 class ParseError(ValueError):
     """The body cannot be trusted; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class PeerFigures:
+    """Per-peer figures of one scrape (peer = the peer pod's IP): rooms in flight, and rooms
+    concluded per outcome (counters)."""
+
+    inflight: dict[str, float]
+    outcomes: dict[str, dict[str, float]]
 
 
 @dataclass(frozen=True)
@@ -72,6 +92,9 @@ class PodSample:
     # Thread kinds with fewer alive than expected: (kind, alive, expected). Empty when the
     # runtime exports no thread gauges (older runtimes) or every thread is alive.
     dead_threads: tuple[tuple[str, float, float], ...] = ()
+    # Per-peer figures; None when the runtime exports none or they do not parse (pair-aware
+    # blame then has no evidence from this pod; the pod itself is still judged).
+    peers: PeerFigures | None = None
 
 
 def _relevant_lines(text: str) -> str:
@@ -127,7 +150,11 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     in_state: list[float] | None = None
     threads: dict[str, dict[str, float]] = {name: {} for name in _THREAD_FAMILIES}
+    peer_families: list[Any] = []
     for family in text_string_to_metric_families(_relevant_lines(text)):
+        if family.name == METRIC_KV_PEER_INFLIGHT or family.name in _PEER_TRANSFER_FAMILIES:
+            peer_families.append(family)
+            continue
         if family.name in threads:
             if family.type not in ("gauge", "unknown"):
                 raise ParseError(f"{family.name}: type {family.type!r}, expected gauge")
@@ -190,7 +217,43 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
         transfers=sum(transfers),
         transferring_age=transferring_age,
         dead_threads=_dead_threads(threads[METRIC_RUNTIME_THREADS], threads[METRIC_RUNTIME_THREADS_EXPECTED]),
+        peers=_peer_figures(peer_families),
     )
+
+
+def _peer_figures(families: list[Any]) -> PeerFigures | None:
+    """The per-peer families, or None when absent or not trustworthy (never an error: a bad
+    per-peer series must not make the pod unobserved, only leave blame without evidence)."""
+    if not families:
+        return None
+    inflight: dict[str, float] = {}
+    outcomes: dict[str, dict[str, float]] = {}
+    try:
+        for family in families:
+            if family.name == METRIC_KV_PEER_INFLIGHT:
+                if family.type not in ("gauge", "unknown"):
+                    return None
+                for sample in family.samples:
+                    peer = sample.labels.get(LABEL_METRIC_PEER)
+                    if sample.name != family.name or not peer or peer in inflight:
+                        return None
+                    inflight[peer] = _checked(sample.name, sample.value)
+            else:
+                if family.type not in ("counter", "unknown"):
+                    return None
+                for sample in family.samples:
+                    if sample.name != METRIC_KV_PEER_TRANSFERS_TOTAL:
+                        continue
+                    peer = sample.labels.get(LABEL_METRIC_PEER)
+                    outcome = sample.labels.get(LABEL_METRIC_OUTCOME)
+                    if not peer or not outcome or outcome in outcomes.get(peer, {}):
+                        return None
+                    outcomes.setdefault(peer, {})[outcome] = _checked(sample.name, sample.value)
+    except ParseError:
+        return None
+    if len(inflight) > MAX_PEERS or len(outcomes) > MAX_PEERS:
+        return None
+    return PeerFigures(inflight=inflight, outcomes=outcomes)
 
 
 def _dead_threads(

@@ -18,10 +18,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pdwarden_operator.watchdog.history import Observation
 from pdwarden_operator.watchdog.parse import STUCK_STATE, PodSample
+
+if TYPE_CHECKING:
+    from pdwarden_operator.watchdog.blame import Blame
 
 State = Literal["ok", "wedged", "unobserved"]
 # The oldest Transferring room's age must grow by at least this fraction of the time between two
@@ -40,6 +43,8 @@ class Verdict:
     # Stalled for half of stuckAfterSeconds (no progress, or a room held in Transferring): on
     # its way to wedged. The fleet brake counts these with the wedged ones (brake.py).
     stalling: bool = False
+    # Set when pair-aware blame (blame.py) made this pod wedged on its peers' evidence.
+    blame: Blame | None = None
 
     @property
     def wedged(self) -> bool:

@@ -29,6 +29,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         role=str(role),
         ready=ready,
         terminating=bool(meta.get("deletionTimestamp")),
+        ip=str((pod.get("status") or {}).get("podIP") or ""),
         quarantined=quarantined,
         quarantined_at=(
             from_rfc3339((meta.get("annotations") or {}).get(contract.ANNOTATION_QUARANTINED_AT))

@@ -18,6 +18,7 @@ from pdwarden_runtime.contract import FAULT_DROP_ABORT as FAULT_DROP_ABORT
 from pdwarden_runtime.contract import FAULT_EMULATED_PORT_RACE as FAULT_EMULATED_PORT_RACE
 from pdwarden_runtime.contract import FAULT_NONE as FAULT_NONE
 from pdwarden_runtime.contract import FAULT_STALL as FAULT_STALL
+from pdwarden_runtime.contract import FAULT_STALL_KV_RECEIVE as FAULT_STALL_KV_RECEIVE
 from pdwarden_runtime.contract import FAULTS
 
 if TYPE_CHECKING:

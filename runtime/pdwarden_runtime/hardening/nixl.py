@@ -33,7 +33,8 @@ run through the same SGLang code: ``emulated-maxstatus-port-race`` (the emulated
 race) holds a finished non-last chunk's Transferring write until the room's ABORT has been
 handled (the ABORT handler drops the room's transfer info, as that port did);
 ``stall-transfers`` keeps every handle looking unsettled (in the quarantine too);
-``drop-abort`` drops ABORT messages from decode.
+``drop-abort`` drops ABORT messages from decode; ``stall-kv-receive`` (decode) names a
+NIXL agent that never progresses in the messages of rooms it opens (``stalled_agent``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from pdwarden_runtime.hardening.config import (
     FAULT_EMULATED_PORT_RACE,
     FAULT_NONE,
     FAULT_STALL,
+    FAULT_STALL_KV_RECEIVE,
     HardeningConfig,
     installed_config,
 )
@@ -78,12 +80,15 @@ from pdwarden_runtime.hardening.runtime import (
     WHERE_CHUNK_TAKEN,
     WHERE_DEADLINE,
     WHERE_ENQUEUE,
+    WHERE_PEERS,
     WHERE_QUARANTINE_SETTLED,
     WHERE_STATUS_NOTICE,
     WHERE_STATUS_WRITE,
     RoomRuntime,
 )
+from pdwarden_runtime.hardening.stalled_agent import StalledAgent
 from pdwarden_runtime.kvpoll import KVPoll, coerce
+from pdwarden_runtime.peers import peer_of_address
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +193,11 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_peer_lock = threading.Lock()
         self._pdw_stalled_peers: dict[str, int] = {}
         self._pdw_room_peers: dict[int, list[list[str]]] = {}
+        # The stall-kv-receive fault (decode): the agent named instead of ours, and whether
+        # the fault was on when a receiver last looked (a flip makes receivers register again).
+        self._pdw_stalled_agent: StalledAgent | None = None
+        self._pdw_stall_lock = threading.Lock()
+        self._pdw_stall_seen = False
         if role == ROLE_PREFILL and config.has("C"):
             # Built before SGLang's workers start: they may hand it a batch at once.
             self._pdw_quarantine = HandleQuarantine(
@@ -250,6 +260,9 @@ class HardenedNixlKVManager(NixlKVManager):
         if target is KVPoll.WaitingForInput and is_prefill:
             # The bootstrap thread: decode's metadata for the room is complete.
             self.pdwarden.ledger.remember_targets(room, self._room_notify_targets(room))
+            with self._pdw_guard(WHERE_PEERS):
+                infos = (self.transfer_infos.get(room) or {}).values()
+                self.pdwarden.metrics.peers.bind(room, [i.endpoint for i in infos if not i.is_dummy])
         if current is None:
             if target is KVPoll.WaitingForInput and is_prefill and table.is_cleared(room):
                 self._pdw_metadata_after_end(room)
@@ -628,6 +641,41 @@ class HardenedNixlKVManager(NixlKVManager):
                     self.pdwarden.decode_deadline_rooms.add(room)
             self.pdwarden.notify(room)
 
+    # --- the decode-side stall fault --------------------------------------------------
+    def _pdw_stall_agent(self) -> StalledAgent | None:
+        """The never-progressing agent while stall-kv-receive is on (decode only)."""
+        if self.pdwarden.role != ROLE_DECODE or self._pdw_config.fault.active != FAULT_STALL_KV_RECEIVE:
+            return None
+        with self._pdw_stall_lock:
+            if self._pdw_stalled_agent is None:
+                self._pdw_stalled_agent = StalledAgent(self.kv_args)
+            return self._pdw_stalled_agent
+
+    def _pdw_stall_flip(self) -> None:
+        """When the fault is switched on or off, forget the prefills' registrations, so the
+        next receiver registers the agent it will name (SGLang registers once per prefill)."""
+        on = self._pdw_config.fault.active == FAULT_STALL_KV_RECEIVE
+        with self._pdw_stall_lock:
+            if on == self._pdw_stall_seen:
+                return
+            self._pdw_stall_seen = on
+        with self.connection_lock:
+            self.connection_pool.clear()
+
+    def build_receiver_registration_message(self) -> list[bytes]:
+        message: list[bytes] = list(super().build_receiver_registration_message())
+        stalled = self._pdw_stall_agent()
+        if stalled is not None:  # [4] agent name, [5] agent metadata (SGLang's layout)
+            message[4], message[5] = stalled.name.encode("ascii"), stalled.metadata
+        return message
+
+    def build_receiver_metadata_message(self, **kwargs: Any) -> list[bytes]:
+        message: list[bytes] = list(super().build_receiver_metadata_message(**kwargs))
+        stalled = self._pdw_stall_agent()
+        if stalled is not None:  # [4] agent name
+            message[4] = stalled.name.encode("ascii")
+        return message
+
     def shutdown_pdwarden(self) -> None:
         if self._pdw_quarantine is not None:
             self._pdw_quarantine.stop()
@@ -645,7 +693,23 @@ class HardenedNixlKVSender(NixlKVSender):
 
 
 class HardenedNixlKVReceiver(NixlKVReceiver):
-    """NixlKVReceiver (decode); its manager's table is already the sticky one."""
+    """NixlKVReceiver (decode); its manager's table is already the sticky one. Binds its
+    room to the prefill it reads from (the per-peer figures)."""
+
+    def __init__(self, mgr: Any, bootstrap_addr: str, bootstrap_room: int | None = None,
+                 *args: Any, **kwargs: Any) -> None:
+        super().__init__(mgr, bootstrap_addr, bootstrap_room, *args, **kwargs)
+        if isinstance(mgr, HardenedNixlKVManager) and bootstrap_room is not None \
+                and self.conclude_state is None:
+            with mgr._pdw_guard(WHERE_PEERS):
+                mgr.pdwarden.metrics.peers.bind(bootstrap_room, [peer_of_address(bootstrap_addr)])
+
+
+    def init(self, *args: Any, **kwargs: Any) -> Any:
+        mgr = self.kv_mgr
+        if isinstance(mgr, HardenedNixlKVManager):
+            mgr._pdw_stall_flip()
+        return super().init(*args, **kwargs)
 
 
 class HardenedNixlKVBootstrapServer(NixlKVBootstrapServer):

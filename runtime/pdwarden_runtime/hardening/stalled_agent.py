@@ -1,0 +1,48 @@
+"""The decode-side transfer stall fault (``stall-kv-receive``): a NIXL agent that never progresses.
+
+A decode whose NIXL agent or NIC stalls keeps answering HTTP while prefills' WRITEs into it
+never complete. To reproduce that for real, the faulty decode builds a second NIXL agent
+over the same KV memory with no progress thread, and names it (instead of its own agent) in
+the registration and metadata messages of rooms it opens while the fault is on. Prefills
+then post real WRITEs to an agent that never makes progress (over UCX's TCP transport the
+target side must progress for a WRITE to complete), so their handles stay in progress until
+their transfer deadline: the stall is in the transport, not simulated in the prefill.
+
+Only for tests and the demo (``--allow-fault-injection``); the agent is kept for the life of
+the process (prefills may still hold handles to it).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class StalledAgent:
+    """A NIXL agent over ``kv_args``' memory that is never progressed."""
+
+    def __init__(self, kv_args: Any) -> None:
+        from nixl._api import nixl_agent, nixl_agent_config
+
+        self.agent = nixl_agent(
+            f"pdwarden-stalled-{uuid.uuid4()}", nixl_agent_config(enable_prog_thread=False, backends=["UCX"])
+        )
+        by_kind: dict[str, list[tuple[int, int, int, str]]] = {}
+        kinds = getattr(kv_args, "kv_data_mem_kinds", None) or ["DRAM"] * len(kv_args.kv_data_ptrs)
+        for ptr, length, kind in zip(kv_args.kv_data_ptrs, kv_args.kv_data_lens, kinds, strict=True):
+            device = int(kv_args.gpu_id) if kind == "VRAM" else 0
+            by_kind.setdefault(kind, []).append((int(ptr), int(length), device, ""))
+        self._descs = [self.agent.register_memory(addrs, kind) for kind, addrs in by_kind.items()]
+        aux = [
+            (int(p), int(n), 0, "") for p, n in zip(kv_args.aux_data_ptrs, kv_args.aux_data_lens, strict=True)
+        ]
+        if aux:
+            self._descs.append(self.agent.register_memory(aux, "DRAM"))
+        self.name: str = self.agent.name
+        self.metadata: bytes = self.agent.get_agent_metadata()
+        log.warning(
+            "fault stall-kv-receive: new rooms' KV goes to NIXL agent %s, which never progresses", self.name
+        )
