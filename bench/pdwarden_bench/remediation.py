@@ -12,9 +12,14 @@ to recovery; the race's own request, on the stuck room, is not part of the load)
 `capacity_gap_seconds` (time with fewer Ready pods of the role than desired, a quarantined
 pod counted: it still finishes its requests), `serving_gap_seconds` (fewer Ready pods in the
 role's selector, i.e. taking new requests), `time_to_recovered_seconds` (decision to
-recovery). The pair case (`pods_remediated`, `right_pod_remediated`) needs a decode-side
-stall fault the runtime does not have. Bounded: every wait has a deadline; the namespace is
-deleted at the end. Progress on stderr, one JSON line last.
+recovery).
+
+Then the pair case, on a third model with action drain under the same load: the decode-side
+transfer stall (`stall-kv-receive`) in ONE decode pod, which every prefill pod sending to it
+sees as stuck rooms. `pods_remediated` names every pod the watchdog acted on until the model
+recovered, `right_pod_remediated` is true when that is the stalled decode and nothing else.
+Bounded: every wait has a deadline; the namespace is deleted at the end. Progress on stderr,
+one JSON line last.
 """
 
 from __future__ import annotations
@@ -34,12 +39,14 @@ import click
 
 from pdwarden_bench.cluster_env import (
     API_TRANSIENT,
+    CHARGED,
     EMULATED_PORT_PREFILL,
     STUCK,
     WATCHDOG,
     Env,
     Load,
     epoch,
+    inject,
     open_env,
     remediations,
     wedge,
@@ -48,9 +55,12 @@ from pdwarden_localcluster.testing import serving, wait_for
 from pdwarden_runtime import contract
 
 ACTIONS = ("restart", "drain")
-DRAIN_SECONDS = 150
+DRAIN_SECONDS = 300  # above this machine's replacement start-up under load, so the drain can wait for it
 SAMPLE_S = 0.5
 RECOVERY_TIMEOUT_S = 420.0
+READY_TIMEOUT_S = 600.0
+PAIR_MODEL = "rem-pair"
+GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 DETECTION_TIMEOUT_S = STUCK + 120.0
 
 
@@ -70,9 +80,43 @@ def _served_role(pod: dict[str, Any]) -> str | None:
     return labels.get(contract.LABEL_QUARANTINED_ROLE) if role == contract.ROLE_QUARANTINED else role
 
 
+def _all_ready(env: Env, name: str) -> bool:
+    return all(len(env.live_ready_pods(name, r)) == 2 for r in contract.RUNTIME_ROLES)
+
+
+def _until_recovered(
+    env: Env, name: str, role: str, victim_uid: str, decided: float, desired: int = 2
+) -> tuple[float | None, float, float]:
+    """Sample the role's pods until the victim is gone, the role has `desired` Ready pods in its
+    selector and no remediation is in flight: (recovered at or None, capacity gap, serving gap)."""
+    capacity_gap = serving_gap = 0.0
+    last = time.time()
+    deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            pods = [p for p in _model_pods(env, name) if _served_role(p) == role]
+            in_flight = (env.dm(name).get("status") or {}).get("watchdog", {}).get("inFlight")
+        except API_TRANSIENT:
+            time.sleep(SAMPLE_S)
+            continue
+        now = time.time()
+        ready = [p for p in pods if serving(p)]
+        in_selector = [p for p in ready if p["metadata"]["labels"].get(contract.LABEL_ROLE) == role]
+        step = now - max(last, decided)
+        if step > 0:
+            capacity_gap += step if len(ready) < desired else 0.0
+            serving_gap += step if len(in_selector) < desired else 0.0
+        last = now
+        gone = all(p["metadata"]["uid"] != victim_uid for p in pods)
+        if gone and len(in_selector) >= desired and not in_flight:
+            return now, capacity_gap, serving_gap
+        time.sleep(SAMPLE_S)
+    return None, capacity_gap, serving_gap
+
+
 def _scenario(env: Env, action: str, concurrency: int) -> dict[str, Any]:
     name = f"rem-{action}"
-    role, desired = contract.ROLE_PREFILL, 2
+    role = contract.ROLE_PREFILL
     with Load(env, name, concurrency=concurrency) as load:
         load.wait_flowing(timeout=180)
         victim = env.live_ready_pods(name, role)[0]
@@ -90,30 +134,7 @@ def _scenario(env: Env, action: str, concurrency: int) -> dict[str, Any]:
             )[0]["time"]
         )
         _say(f"{action}: remediation decided; sampling until recovered")
-        capacity_gap = serving_gap = 0.0
-        last = time.time()
-        recovered_at: float | None = None
-        deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                pods = [p for p in _model_pods(env, name) if _served_role(p) == role]
-                in_flight = (env.dm(name).get("status") or {}).get("watchdog", {}).get("inFlight")
-            except API_TRANSIENT:
-                time.sleep(SAMPLE_S)
-                continue
-            now = time.time()
-            ready = [p for p in pods if serving(p)]
-            in_selector = [p for p in ready if p["metadata"]["labels"].get(contract.LABEL_ROLE) == role]
-            step = now - max(last, decided)
-            if step > 0:
-                capacity_gap += step if len(ready) < desired else 0.0
-                serving_gap += step if len(in_selector) < desired else 0.0
-            last = now
-            gone = all(p["metadata"]["uid"] != victim_uid for p in pods)
-            if gone and len(in_selector) >= desired and not in_flight:
-                recovered_at = now
-                break
-            time.sleep(SAMPLE_S)
+        recovered_at, capacity_gap, serving_gap = _until_recovered(env, name, role, victim_uid, decided)
         if recovered_at is not None:
             load.wait_flowing(8, timeout=60)  # late failures (decode rooms of a deleted pod) show now
         failed = len(load.failed) - failed_before
@@ -133,6 +154,42 @@ def _scenario(env: Env, action: str, concurrency: int) -> dict[str, Any]:
     }
 
 
+def _pair_scenario(env: Env, concurrency: int) -> dict[str, Any]:
+    name, role = PAIR_MODEL, contract.ROLE_DECODE
+    with Load(env, name, concurrency=concurrency) as load:
+        load.wait_flowing(timeout=180)
+        victim = env.live_ready_pods(name, role)[0]
+        victim_name, victim_uid = victim["metadata"]["name"], victim["metadata"]["uid"]
+        failed_before = len(load.failed)
+        _say(f"pair: stalling KV receive on decode {victim_name}")
+        inject(victim, contract.FAULT_STALL_KV_RECEIVE)
+        first = wait_for(
+            lambda: [r for r in remediations(env, name) if r["outcome"] in CHARGED],
+            DETECTION_TIMEOUT_S + 60,
+            "pair: a remediation",
+            0.5,
+            API_TRANSIENT,
+        )[0]
+        decided = epoch(first["time"])
+        _say(f"pair: {first['role']} pod {first['pod']} remediated; sampling until recovered")
+        recovered_at, capacity_gap, _ = _until_recovered(env, name, role, victim_uid, decided)
+        if recovered_at is not None:
+            load.wait_flowing(8, timeout=60)
+        failed = len(load.failed) - failed_before
+    acted = sorted({r["pod"] for r in remediations(env, name) if r["outcome"] in CHARGED})
+    return {
+        "action": "drain",
+        "fault": contract.FAULT_STALL_KV_RECEIVE,
+        "stalled_pod": victim_name,
+        "pods_remediated": acted,
+        "right_pod_remediated": acted == [victim_name],
+        "requests_failed_during_remediation": failed,
+        "capacity_gap_seconds": round(capacity_gap, 1),
+        "time_to_recovered_seconds": None if recovered_at is None else round(recovered_at - decided, 1),
+        "recovered": recovered_at is not None,
+    }
+
+
 def _run(kubeconfig: Path, concurrency: int) -> dict[str, Any]:
     namespace = f"bench-rem-{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory(prefix="pdwarden-bench-remediation-") as tmp:
@@ -146,12 +203,8 @@ def _run(kubeconfig: Path, concurrency: int) -> dict[str, Any]:
                 env.create_dm(f"rem-{action}", settings, EMULATED_PORT_PREFILL)
             _say("waiting for 2 models x (2 prefill + 2 decode) Ready pods")
             wait_for(
-                lambda: all(
-                    len(env.live_ready_pods(f"rem-{a}", r)) == 2
-                    for a in ACTIONS
-                    for r in contract.RUNTIME_ROLES
-                ),
-                300,
+                lambda: all(_all_ready(env, f"rem-{a}") for a in ACTIONS),
+                READY_TIMEOUT_S,
                 "every runtime pod Ready",
                 1.0,
                 API_TRANSIENT,
@@ -159,6 +212,14 @@ def _run(kubeconfig: Path, concurrency: int) -> dict[str, Any]:
             started = time.monotonic()
             with ThreadPoolExecutor(len(ACTIONS)) as pool:
                 results = list(pool.map(lambda a: _scenario(env, a, concurrency), ACTIONS))
+            for action in ACTIONS:  # their pods stop before the pair case starts its own
+                env.call("DELETE", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/rem-{action}")
+            env.create_dm(PAIR_MODEL, {**WATCHDOG, "action": "drain", "drainSeconds": DRAIN_SECONDS})
+            _say("pair case: waiting for 2 prefill + 2 decode Ready pods")
+            wait_for(
+                lambda: _all_ready(env, PAIR_MODEL), READY_TIMEOUT_S, "pair pods Ready", 1.0, API_TRANSIENT
+            )
+            pair = _pair_scenario(env, concurrency)
             elapsed = time.monotonic() - started
         finally:
             with contextlib.suppress(StopIteration):
@@ -166,10 +227,10 @@ def _run(kubeconfig: Path, concurrency: int) -> dict[str, Any]:
     return {
         "benchmark": "remediation",
         "actions": results,
+        "pair": pair,
         "concurrency_per_model": concurrency,
         "stuck_after_seconds": STUCK,
         "drain_seconds": DRAIN_SECONDS,
-        "pair_case": "not measured: the runtime has no decode-side stall fault yet",
         "elapsed_s": round(elapsed, 1),
         "loadavg_1m": round(os.getloadavg()[0], 2),
         "cpus": os.cpu_count(),
