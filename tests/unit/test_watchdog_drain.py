@@ -112,6 +112,9 @@ def test_wedged_pod_is_quarantined_then_deleted_once_drained_and_replaced() -> N
     assert [n.event_reason for n in p.notices] == ["WedgedPodDrained"]
     assert phases(state) == ["pending", "quarantined", "drained", "deleted"]
     assert [t for _, t in state.remediations[-1].phases] == [T0, T0, T0 + 30, T0 + 30]
+    # deleted but still listed (not yet marked terminating): waited for, never acted on again
+    p, state = round_(state, T0 + 35, ready, drained={"uid-p1": True})
+    assert p.actions == () and state.remediations[-1].outcome == Outcome.DELETED
     # the deleted pod goes away: the remediation closes; no second action on it
     p, state = round_(state, T0 + 40, [view("p0", "prefill"), view("p2", "prefill"), *FOUR[2:]])
     assert p.actions == () and state.in_flight == () and state.used == 1

@@ -226,9 +226,11 @@ def plan(
             continue
         waiting = flight.not_before is not None and now < flight.not_before
         if flight.action == "drain":
+            # deleted and not yet gone: nothing more to do but wait for it
+            settled = flight.last_outcome not in RETRYING
             step, phase = (
                 (None, None)
-                if brake or waiting
+                if brake or waiting or settled
                 else _drain_step(flight, pods, desired, drained, settings, now)
             )
             if phase is not None:
