@@ -7,8 +7,9 @@ only in `watchdog.action`. The emulated port's race wedges ONE prefill pod of ea
 remediation's decision until the model has recovered (the wedged pod gone, its role back to
 its desired Ready pods, nothing in flight) the role's pods are sampled every half second.
 
-Per action: `requests_failed_during_remediation` (load requests that failed from the wedge
-to recovery; the race's own request, on the stuck room, is not part of the load),
+Per action: `requests_failed_during_remediation` (load requests that failed from the
+remediation's decision to recovery; `requests_failed_since_wedge` counts from the wedge; the
+race's own request, on the stuck room, is not part of the load),
 `capacity_gap_seconds` (time with fewer Ready pods of the role than desired, a quarantined
 pod counted: it still finishes its requests), `serving_gap_seconds` (fewer Ready pods in the
 role's selector, i.e. taking new requests), `time_to_recovered_seconds` (decision to
@@ -80,6 +81,12 @@ def _served_role(pod: dict[str, Any]) -> str | None:
     return labels.get(contract.LABEL_QUARANTINED_ROLE) if role == contract.ROLE_QUARANTINED else role
 
 
+def _failed_since(load: Load, epoch_s: float) -> int:
+    """Load requests that failed at or after wall time `epoch_s` (the load stamps monotonic time)."""
+    since = time.monotonic() - (time.time() - epoch_s)
+    return sum(1 for t in list(load.failed) if t >= since)
+
+
 def _all_ready(env: Env, name: str) -> bool:
     return all(len(env.live_ready_pods(name, r)) == 2 for r in contract.RUNTIME_ROLES)
 
@@ -137,13 +144,15 @@ def _scenario(env: Env, action: str, concurrency: int) -> dict[str, Any]:
         recovered_at, capacity_gap, serving_gap = _until_recovered(env, name, role, victim_uid, decided)
         if recovered_at is not None:
             load.wait_flowing(8, timeout=60)  # late failures (decode rooms of a deleted pod) show now
-        failed = len(load.failed) - failed_before
+        failed = _failed_since(load, decided)
+        failed_since_wedge = len(load.failed) - failed_before
         completed = len(load.ok)
     entry = next(iter(remediations(env, name, victim_name)), {})
     _say(f"{action}: {failed} failed, recovered in {recovered_at and round(recovered_at - decided, 1)}s")
     return {
         "action": action,
         "requests_failed_during_remediation": failed,
+        "requests_failed_since_wedge": failed_since_wedge,
         "capacity_gap_seconds": round(capacity_gap, 1),
         "serving_gap_seconds": round(serving_gap, 1),
         "time_to_recovered_seconds": None if recovered_at is None else round(recovered_at - decided, 1),
@@ -175,7 +184,8 @@ def _pair_scenario(env: Env, concurrency: int) -> dict[str, Any]:
         recovered_at, capacity_gap, _ = _until_recovered(env, name, role, victim_uid, decided)
         if recovered_at is not None:
             load.wait_flowing(8, timeout=60)
-        failed = len(load.failed) - failed_before
+        failed = _failed_since(load, decided)
+        failed_since_fault = len(load.failed) - failed_before
     acted = sorted({r["pod"] for r in remediations(env, name) if r["outcome"] in CHARGED})
     return {
         "action": "drain",
@@ -184,6 +194,8 @@ def _pair_scenario(env: Env, concurrency: int) -> dict[str, Any]:
         "pods_remediated": acted,
         "right_pod_remediated": acted == [victim_name],
         "requests_failed_during_remediation": failed,
+        # rooms sent to the stalled decode before it was blamed fail at their deadline
+        "requests_failed_since_fault": failed_since_fault,
         "capacity_gap_seconds": round(capacity_gap, 1),
         "time_to_recovered_seconds": None if recovered_at is None else round(recovered_at - decided, 1),
         "recovered": recovered_at is not None,

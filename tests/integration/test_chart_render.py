@@ -142,6 +142,7 @@ def test_rbac_is_least_privilege_and_never_touches_secrets(values: Mapping[str, 
         ("pdwarden.io", "disaggregatedmodels/status", "patch"),
         ("apps", "deployments", "patch"),
         ("", "pods", "delete"),
+        ("", "pods", "patch"),  # action drain's quarantine
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
         ("rbac.authorization.k8s.io", "roles", "patch"),

@@ -48,10 +48,11 @@ they use hostPath, hostNetwork or RDMA).
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-# Watchdog: find runtime pods (their IPs to scrape) and remediate a wedged one.
+# Watchdog: find runtime pods (their IPs to scrape) and remediate a wedged one (patch:
+# action drain quarantines it by its labels and owner reference).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]
