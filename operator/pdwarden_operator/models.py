@@ -523,7 +523,7 @@ class WatchdogSpec(_Base):
             ),
             cel(
                 "self.action != 'drain' || self.drainSeconds >= 2 * self.scrapeIntervalSeconds",
-                "drainSeconds must be at least two scrape intervals with action drain (scrapes see a drain)",
+                "drainSeconds must be at least two scrape intervals when action is drain (the default)",
                 ".drainSeconds",
             ),
         )
@@ -541,12 +541,12 @@ class WatchdogSpec(_Base):
         10, description="How often each pod's metrics are scraped.", ge=1, le=3600
     )
     action: Literal["alert", "restart", "evict", "drain"] = Field(
-        "evict",
-        description="What to do with a wedged pod: alert (Event and condition only), "
-        "evict (Eviction API, honours the PodDisruptionBudget; the default), restart (delete the "
-        "pod, bypassing the PodDisruptionBudget) or drain (quarantine the pod out of its "
-        "Deployment and the router so a replacement starts at once, wait until its healthy "
-        "requests finished and the replacement is Ready, or drainSeconds, then delete it).",
+        "drain",
+        description="What to do with a wedged pod: drain (the default: quarantine the pod out of its "
+        "Deployment and the router so a replacement starts at once, wait until its healthy requests "
+        "finished and the replacement is Ready, or drainSeconds, then delete it), evict (Eviction API, "
+        "honours the PodDisruptionBudget), restart (delete the pod, bypassing the "
+        "PodDisruptionBudget) or alert (Event and condition only).",
     )
     drain_seconds: int = Field(
         120,
@@ -589,7 +589,10 @@ class WatchdogSpec(_Base):
         if self.budget_window_seconds < self.stuck_after_seconds:
             raise ValueError("watchdog.budgetWindowSeconds must be at least stuckAfterSeconds")
         if self.action == "drain" and self.drain_seconds < 2 * self.scrape_interval_seconds:
-            raise ValueError("watchdog.drainSeconds must be at least two scrape intervals with action drain")
+            raise ValueError(
+                "watchdog.drainSeconds must be at least two scrape intervals "
+                "when action is drain (the default)"
+            )
         return self
 
 

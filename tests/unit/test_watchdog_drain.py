@@ -236,4 +236,4 @@ def test_drain_seconds_is_bounded_and_named() -> None:
         WatchdogSpec.model_validate({"drainSeconds": 0})
     with pytest.raises(ValueError, match="drainSeconds must be at least two scrape intervals"):
         WatchdogSpec.model_validate({"action": "drain", "drainSeconds": 10, "scrapeIntervalSeconds": 10})
-    assert WatchdogSpec.model_validate({"drainSeconds": 10, "scrapeIntervalSeconds": 10}).action == "evict"
+    assert WatchdogSpec.model_validate({"action": "evict", "drainSeconds": 10, "scrapeIntervalSeconds": 10})
