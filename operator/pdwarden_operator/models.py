@@ -730,13 +730,15 @@ class DisaggregatedModelStatus(_Base):
     watchdog: dict[str, Any] | None = Field(
         None,
         description="Watchdog state: lastScrape, wedgedPods, unobservedPods, budget {windowStart, used}, "
-        "cooldownUntil, inFlight (each naming its remediationId), nextId, fleetBrake. "
+        "cooldownUntil, inFlight (each naming its remediationId; a drain's quarantinedAt), nextId, "
+        "fleetBrake. "
         "Written when a finding changes; lastScrape alone is refreshed at most "
         "once a minute. Absent until a runtime pod is Ready.",
     )
     remediations: list[dict[str, Any]] | None = Field(
         None,
-        description="The last remediations: id (stable), pod, role, reason, action, time, outcome.",
+        description="The last remediations: id (stable), pod, role, reason, action, time, outcome; "
+        "a drain's also phases (each phase with its time).",
         max_length=20,
     )
 
