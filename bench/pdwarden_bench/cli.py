@@ -13,6 +13,7 @@ BENCHMARKS: dict[str, str] = {
     "abort-storm": "pdwarden_bench.abort_storm:abort_storm",
     "stalled-peer": "pdwarden_bench.stalled_peer:stalled_peer",
     "reconcile": "pdwarden_bench.reconcile:reconcile",
+    "remediation": "pdwarden_bench.remediation:remediation",
     "watchdog": "pdwarden_bench.watchdog:watchdog",
 }
 

@@ -572,6 +572,11 @@ class WatchdogSpec(_Base):
                 "budgetWindowSeconds must be at least stuckAfterSeconds",
                 ".budgetWindowSeconds",
             ),
+            cel(
+                "self.action != 'drain' || self.drainSeconds >= 2 * self.scrapeIntervalSeconds",
+                "drainSeconds must be at least two scrape intervals when action is drain (the default)",
+                ".drainSeconds",
+            ),
         )
     )
 
@@ -586,11 +591,20 @@ class WatchdogSpec(_Base):
     scrape_interval_seconds: int = Field(
         10, description="How often each pod's metrics are scraped.", ge=1, le=3600
     )
-    action: Literal["alert", "restart", "evict"] = Field(
-        "evict",
-        description="What to do with a wedged pod: alert (Event and condition only), "
-        "evict (Eviction API, honours the PodDisruptionBudget; the default) or restart (delete the "
-        "pod, bypassing the PodDisruptionBudget).",
+    action: Literal["alert", "restart", "evict", "drain"] = Field(
+        "drain",
+        description="What to do with a wedged pod: drain (the default: quarantine the pod out of its "
+        "Deployment and the router so a replacement starts at once, wait until its healthy requests "
+        "finished and the replacement is Ready, or drainSeconds, then delete it), evict (Eviction API, "
+        "honours the PodDisruptionBudget), restart (delete the pod, bypassing the "
+        "PodDisruptionBudget) or alert (Event and condition only).",
+    )
+    drain_seconds: int = Field(
+        120,
+        description="action drain: the longest a quarantined pod is kept for its healthy "
+        "requests and its replacement; then what remains is aborted and the pod deleted.",
+        ge=2,
+        le=3600,
     )
     max_remediations: int = Field(
         3, description="At most this many remediations per budget window.", ge=0, le=1000
@@ -625,6 +639,11 @@ class WatchdogSpec(_Base):
             raise ValueError("watchdog.stuckAfterSeconds must be at least two scrape intervals")
         if self.budget_window_seconds < self.stuck_after_seconds:
             raise ValueError("watchdog.budgetWindowSeconds must be at least stuckAfterSeconds")
+        if self.action == "drain" and self.drain_seconds < 2 * self.scrape_interval_seconds:
+            raise ValueError(
+                "watchdog.drainSeconds must be at least two scrape intervals "
+                "when action is drain (the default)"
+            )
         return self
 
 
@@ -769,13 +788,15 @@ class DisaggregatedModelStatus(_Base):
     watchdog: dict[str, Any] | None = Field(
         None,
         description="Watchdog state: lastScrape, wedgedPods, unobservedPods, budget {windowStart, used}, "
-        "cooldownUntil, inFlight (each naming its remediationId), nextId, fleetBrake. "
+        "cooldownUntil, inFlight (each naming its remediationId; a drain's quarantinedAt), nextId, "
+        "fleetBrake. "
         "Written when a finding changes; lastScrape alone is refreshed at most "
         "once a minute. Absent until a runtime pod is Ready.",
     )
     remediations: list[dict[str, Any]] | None = Field(
         None,
-        description="The last remediations: id (stable), pod, role, reason, action, time, outcome.",
+        description="The last remediations: id (stable), pod, role, reason, action, time, outcome; "
+        "a drain's also phases (each phase with its time).",
         max_length=20,
     )
 

@@ -613,7 +613,8 @@ def network_policy(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
             {
                 "key": contract.LABEL_ROLE,
                 "operator": "In",
-                "values": [contract.ROLE_PREFILL, contract.ROLE_DECODE],
+                # a quarantined pod still finishes its healthy requests' transfers while it drains
+                "values": [contract.ROLE_PREFILL, contract.ROLE_DECODE, contract.ROLE_QUARANTINED],
             }
         ],
     }

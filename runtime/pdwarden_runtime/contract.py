@@ -20,6 +20,9 @@ ROLE_PREFILL: Final = "prefill"
 ROLE_DECODE: Final = "decode"
 ROLE_ROUTER: Final = "router"
 RUNTIME_ROLES: Final = (ROLE_PREFILL, ROLE_DECODE)
+# The role label of a runtime pod the watchdog drains: no Deployment selector and no router
+# discovery matches it any more; LABEL_QUARANTINED_ROLE keeps the role it served.
+ROLE_QUARANTINED: Final = "quarantined"
 
 # --- Pod labels and annotations -----------------------------------------------------
 LABEL_MODEL: Final = "pdwarden.io/model"
@@ -39,6 +42,12 @@ ANNOTATION_BOOTSTRAP_PORT: Final = "sglang.ai/bootstrap-port"
 # Testing only: on a DisaggregatedModel, makes the operator start runtime pods with
 # --allow-fault-injection so a test or the demo can inject a fault into ONE pod.
 ANNOTATION_ALLOW_FAULT_INJECTION: Final = "pdwarden.io/allow-fault-injection"
+# On a quarantined pod: the role it served, why it was quarantined (a label value) and when
+# (RFC 3339), so an operator that finds it on start-up can finish its drain.
+LABEL_QUARANTINED_ROLE: Final = "pdwarden.io/quarantined-role"
+LABEL_QUARANTINE_REASON: Final = "pdwarden.io/quarantine-reason"
+QUARANTINE_REASON_WEDGED: Final = "wedged"
+ANNOTATION_QUARANTINED_AT: Final = "pdwarden.io/quarantined-at"
 
 # --- Container ports (names and defaults) -------------------------------------------
 PORT_NAME_HTTP: Final = "http"

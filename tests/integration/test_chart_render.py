@@ -142,7 +142,7 @@ def test_rbac_is_least_privilege_and_never_touches_secrets(values: Mapping[str, 
         ("pdwarden.io", "disaggregatedmodels/status", "patch"),
         ("apps", "deployments", "patch"),
         ("", "pods", "delete"),
-        ("", "pods", "patch"),  # the rank label of a multi-node replica's pods
+        ("", "pods", "patch"),  # action drain's quarantine; the rank label of a group's pods
         ("", "pods/eviction", "create"),
         ("", "events", "create"),
         ("rbac.authorization.k8s.io", "roles", "patch"),

@@ -55,8 +55,8 @@ def test_every_spec_field_is_described() -> None:
     watchdog = spec["properties"]["watchdog"]
     assert watchdog["default"]["stuckAfterSeconds"] == 360
     assert watchdog["properties"]["stuckAfterSeconds"]["default"] == 360
-    assert watchdog["properties"]["action"]["default"] == "evict"
-    assert watchdog["properties"]["action"]["enum"] == ["alert", "restart", "evict"]
+    assert watchdog["properties"]["action"]["default"] == "drain"
+    assert watchdog["properties"]["action"]["enum"] == ["alert", "restart", "evict", "drain"]
 
 
 def test_cel_rules_cover_the_cross_field_invariants() -> None:

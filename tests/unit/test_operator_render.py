@@ -433,7 +433,7 @@ def test_network_policy_admits_router_peers_and_scrapers_only() -> None:
     policy = objs[("NetworkPolicy", "m1-runtime")]
     selector = policy["spec"]["podSelector"]
     assert selector["matchLabels"] == {contract.LABEL_MODEL: "m1"}
-    assert selector["matchExpressions"][0]["values"] == ["prefill", "decode"]
+    assert selector["matchExpressions"][0]["values"] == ["prefill", "decode", "quarantined"]
     router, peers, metrics = policy["spec"]["ingress"]
     assert router["from"] == [
         {"podSelector": {"matchLabels": {contract.LABEL_MODEL: "m1", contract.LABEL_ROLE: "router"}}}

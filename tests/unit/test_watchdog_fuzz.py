@@ -143,6 +143,7 @@ WATCHDOG = WatchdogSpec(
     max_remediations=3,
     budget_window_seconds=3600,
     max_unavailable=1,
+    drain_seconds=120,
 )
 POD = PodView("p0", "uid-p0", "prefill", ready=True, terminating=False)
 OTHER = PodView("p1", "uid-p1", "prefill", ready=True, terminating=False)

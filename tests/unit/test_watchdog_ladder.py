@@ -26,6 +26,7 @@ RESTART = WatchdogSpec(
     max_remediations=3,
     budget_window_seconds=3600,
     max_unavailable=1,
+    drain_seconds=120,
 )
 
 
@@ -271,7 +272,7 @@ def test_the_watchdog_reads_the_spec_model_with_its_derived_figures() -> None:
     s = WatchdogSpec.model_validate({"stuckAfterSeconds": 30, "action": "evict", "maxUnavailable": 2})
     assert (s.stuck_after_seconds, s.action, s.max_unavailable, s.cooldown_seconds) == (30, "evict", 2, 60.0)
     assert WatchdogSpec.model_validate({"stuckAfterSeconds": 400}).cooldown_seconds == 400.0
-    assert WatchdogSpec.model_validate({}).action == "evict"  # the default honours PodDisruptionBudgets
+    assert WatchdogSpec.model_validate({}).action == "drain"  # the default: replacement Ready first
     with pytest.raises(ValueError, match="cooldownSeconds"):
         WatchdogSpec.model_validate({"cooldownSeconds": 5})  # not a field of the CRD
 

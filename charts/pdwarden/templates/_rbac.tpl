@@ -49,8 +49,9 @@ they use hostPath, hostNetwork or RDMA).
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-# Watchdog: find runtime pods (their IPs to scrape) and remediate a wedged one; label each
-# pod of a multi-node replica with its rank (patch).
+# Watchdog: find runtime pods (their IPs to scrape) and remediate a wedged one (patch:
+# action drain quarantines it by its labels and owner reference; each pod of a multi-node
+# replica is labelled with its rank).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "patch", "delete"]

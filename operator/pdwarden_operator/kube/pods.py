@@ -25,12 +25,12 @@ def eviction_refusal(exc: KubeApiError) -> PodActionOutcome | None:
 
 
 def runtime_selector(model: str) -> str:
-    roles = ",".join(contract.RUNTIME_ROLES)
+    roles = ",".join((*contract.RUNTIME_ROLES, contract.ROLE_QUARANTINED))
     return f"{contract.LABEL_MODEL}={model},{contract.LABEL_ROLE} in ({roles})"
 
 
 async def list_runtime_pods(namespace: str, model: str) -> list[Obj]:
-    """The prefill and decode pods of one DisaggregatedModel."""
+    """The prefill and decode pods of one DisaggregatedModel, and its quarantined ones."""
     body = await get_client().request(
         "GET", resource_path("v1", "Pod", namespace), query=[("labelSelector", runtime_selector(model))]
     )
@@ -60,6 +60,56 @@ async def label_pod(namespace: str, name: str, uid: str, labels: dict[str, str])
         body={"metadata": {"uid": uid, "labels": labels}},
         content_type="application/merge-patch+json",
     )
+
+
+async def quarantine_pod(
+    namespace: str, name: str, uid: str, owner: Obj, quarantined_at: str
+) -> PodActionOutcome:
+    """Take the pod out of its Deployment's selector and the router's discovery (its role label
+    becomes `quarantined`; the role it served and why are labels, when an annotation) and give
+    it the model as owner: its ReplicaSet releases it, and garbage collection must still reach
+    it. Idempotent; the uid in the patch is a precondition (409: another pod has the name)."""
+    try:
+        pod = await get_client().request("GET", resource_path("v1", "Pod", namespace, name))
+        meta = pod.get("metadata") or {}
+        if uid and meta.get("uid") != uid:
+            return "gone"
+        await get_client().request(
+            "PATCH",
+            resource_path("v1", "Pod", namespace, name),
+            body=quarantine_patch(meta, uid, owner, quarantined_at),
+            content_type="application/strategic-merge-patch+json",
+        )
+    except KubeApiError as exc:
+        if exc.not_found or (exc.status == 409 and uid):
+            return "gone"
+        raise
+    return "done"
+
+
+def quarantine_patch(meta: Obj, uid: str, owner: Obj, quarantined_at: str) -> Obj:
+    """The strategic-merge patch that quarantines a pod whose metadata is `meta`. Pure."""
+    labels = {
+        contract.LABEL_ROLE: contract.ROLE_QUARANTINED,
+        contract.LABEL_QUARANTINE_REASON: contract.QUARANTINE_REASON_WEDGED,
+    }
+    served = (meta.get("labels") or {}).get(contract.LABEL_ROLE)
+    if served in contract.RUNTIME_ROLES:
+        labels[contract.LABEL_QUARANTINED_ROLE] = served
+    annotations = {contract.ANNOTATION_QUARANTINED_AT: quarantined_at}
+    if (meta.get("annotations") or {}).get(contract.ANNOTATION_QUARANTINED_AT):
+        annotations = {}  # a resumed quarantine keeps its first time
+    patch: Obj = {
+        "metadata": {
+            "labels": labels,
+            "annotations": annotations,
+            # merged by uid: added next to the ReplicaSet's reference, never replacing it
+            "ownerReferences": [{**owner, "controller": False, "blockOwnerDeletion": False}],
+        }
+    }
+    if uid:
+        patch["metadata"]["uid"] = uid  # a precondition: 409 when the name has another pod
+    return patch
 
 
 class EvictionRefused(Exception):

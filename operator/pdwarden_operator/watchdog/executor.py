@@ -8,6 +8,7 @@ exceptions, so one bad call cannot stop the watchdog.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -20,6 +21,7 @@ from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog.gangs import GROUP_UID_PREFIX
 from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
 from pdwarden_operator.watchdog.outcome import Outcome
+from pdwarden_operator.watchdog.state import to_rfc3339
 from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.watchdog")
@@ -63,6 +65,14 @@ class Executor:
             await self._announce_notice(notice)
         return results
 
+    def _owner(self) -> dict[str, str]:
+        return {
+            "apiVersion": DM_API_VERSION,
+            "kind": contract.KIND,
+            "name": self.model.name,
+            "uid": self.model.uid,
+        }
+
     async def _perform(self, action: Action) -> ActionResult:
         ns = self.model.namespace
         try:
@@ -72,7 +82,12 @@ class Executor:
                 done = await self._restart_group(action, self.groups[action.uid])
                 ok = Outcome.DELETED if action.kind == "restart" else Outcome.EVICTED
                 result = ActionResult(action, ok if done == "done" else Outcome.POD_GONE)
-            elif action.kind == "restart":
+            elif action.kind == "quarantine":
+                done = await pods.quarantine_pod(
+                    ns, action.pod, action.uid, self._owner(), to_rfc3339(time.time())
+                )
+                result = ActionResult(action, Outcome.QUARANTINED if done == "done" else Outcome.POD_GONE)
+            elif action.kind in ("restart", "finish-drain"):
                 done = await pods.delete_pod(ns, action.pod, action.uid)
                 result = ActionResult(action, Outcome.DELETED if done == "done" else Outcome.POD_GONE)
             else:
@@ -86,7 +101,7 @@ class Executor:
         except Exception as exc:  # never let an unexpected failure end the watchdog
             log.exception("%s/%s: %s of %s failed", ns, self.model.name, action.kind, action.pod)
             result = ActionResult(action, Outcome.ERROR, f"{type(exc).__name__}: {exc}")
-        self.metrics.remediations.labels(ns, self.model.name, action.kind, result.outcome.value).inc()
+        self.metrics.remediations.labels(ns, self.model.name, action.remediation, result.outcome.value).inc()
         await self._announce_result(result)
         return result
 
@@ -115,6 +130,12 @@ class Executor:
             else ""
         )
         what: dict[Outcome, tuple[str, str, Literal["Normal", "Warning"]]] = {
+            Outcome.QUARANTINED: (
+                "WedgedPodQuarantined",
+                f"quarantined wedged {a.role} pod {a.pod}{resumed}: out of its Deployment's selector "
+                f"and the router, a replacement starts now; deleted once drained: {a.reason}",
+                "Warning",
+            ),
             Outcome.ALERTED: (
                 "PodWedged",
                 f"{a.role} pod {a.pod} is wedged: {a.reason}. watchdog.action is alert: reporting only",
@@ -123,6 +144,12 @@ class Executor:
             Outcome.DELETED: (
                 "WedgedPodRestarted",
                 f"deleted wedged {a.role} pod {a.pod} so its Deployment replaces it{resumed}: {a.reason}",
+                "Warning",
+            )
+            if a.kind == "restart"
+            else (
+                "DrainedPodDeleted",
+                f"deleted quarantined {a.role} pod {a.pod}, aborting what it still held{resumed}: {a.reason}",
                 "Warning",
             ),
             Outcome.EVICTED: (

@@ -27,6 +27,7 @@ from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
 from pdwarden_operator.status_writer import WRITER
 from pdwarden_operator.watchdog import blame, gangs, ladder
 from pdwarden_operator.watchdog.brake import BRAKE, BrakeState
+from pdwarden_operator.watchdog.drain import healthy_requests_done
 from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.outcome import Outcome
@@ -176,6 +177,7 @@ class ModelWatchdog:
             now=now,
             desired=desired,
             brake=brake.engaged,
+            drained=self._drained(self.state, now, at),
         )
         wedged = [views[uid].name for uid, v in verdicts.items() if v.state == "wedged"]
         unobserved = [views[uid].name for uid, v in verdicts.items() if v.state == "unobserved"]
@@ -201,7 +203,10 @@ class ModelWatchdog:
             self.state = None
             return settings.scrape_interval_seconds
         for result in results_done:
-            if result.outcome in (Outcome.DELETED, Outcome.EVICTED):
+            # one count per remediation: a drain counts when it starts (its deletion comes later)
+            if result.outcome in (Outcome.EVICTED, Outcome.QUARANTINED) or (
+                result.outcome == Outcome.DELETED and result.action.kind == "restart"
+            ):
                 BRAKE.record_action()
         self.state = ladder.apply_results(plan.state, results_done, now)
         findings = self._findings(spec, self.state, now, wedged, unobserved)
@@ -232,6 +237,18 @@ class ModelWatchdog:
     ) -> None:
         await WRITER.findings(body, spec, findings, resource_version=resource_version)
         self._written, self._written_at = findings, now
+
+    def _drained(self, state: WatchdogState, now: float, at: float) -> dict[str, bool]:
+        """Per quarantined pod's UID: are its healthy requests done (drain.py)? The quarantine
+        time is wall-clock (status); the scrape history is monotonic."""
+        out = {}
+        for flight in state.in_flight:
+            history = self.histories.get(flight.uid)
+            if flight.quarantined_at is None or history is None:
+                continue
+            since = at - (now - flight.quarantined_at)
+            out[flight.uid] = healthy_requests_done(history.observations(), since)
+        return out
 
     def _seen_any(self) -> bool:
         return any(self._seen(uid) for uid in self.histories.pod_uids())

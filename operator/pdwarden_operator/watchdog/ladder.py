@@ -13,6 +13,13 @@ one remediation per pod at a time (in-flight entries); the budget (`maxRemediati
 the other role need time to let go of its rooms); never more than `maxUnavailable` pods of
 one role down (not Ready, terminating, missing, or under remediation). `alert` only
 reports: no budget, no cooldown, one alert per wedge episode.
+
+`drain` takes several rounds, one phase each (outcome.py): quarantine the pod (a `quarantine`
+action: its role label changes, so its ReplicaSet starts a replacement and the router drops
+it); each later round, once its healthy requests are done (drain.py) and the role has its
+desired Ready pods again, or once `drainSeconds` passed, record DRAINED or DRAIN_DEADLINE
+and delete it (a `finish-drain` action), which aborts what remains. A quarantined pod with
+no open remediation (found on start-up) is adopted and finished the same way.
 """
 
 from __future__ import annotations
@@ -42,11 +49,17 @@ class PodView:
     ready: bool
     terminating: bool
     ip: str = ""  # status.podIP: how the runtimes' per-peer figures name this pod
+    quarantined: bool = False  # out of its Deployment's selector (action drain); `role` is the one it served
+    quarantined_at: float | None = None  # from the pod's annotation
+
+
+ActionKind = Literal["alert", "restart", "evict", "quarantine", "finish-drain"]
+DRAIN_STEPS: frozenset[str] = frozenset({"quarantine", "finish-drain"})
 
 
 @dataclass(frozen=True)
 class Action:
-    kind: Literal["alert", "restart", "evict"]
+    kind: ActionKind
     pod: str
     uid: str
     role: str
@@ -55,6 +68,11 @@ class Action:
     remediation_id: int = 0
     resumed: bool = False  # continuing an in-flight remediation (after a crash, a refusal, an error)
     previous_outcome: Outcome | None = None  # the last attempt's, so a repeated refusal is not re-announced
+
+    @property
+    def remediation(self) -> str:
+        """spec.watchdog.action this step belongs to (the metric's and the status's `action`)."""
+        return "drain" if self.kind in DRAIN_STEPS else self.kind
 
 
 @dataclass(frozen=True)
@@ -78,7 +96,7 @@ class Plan:
 @dataclass(frozen=True)
 class ActionResult:
     action: Action
-    outcome: Outcome  # DELETED, EVICTED, REFUSED_BY_PDB, THROTTLED, ERROR, POD_GONE, ALERTED
+    outcome: Outcome  # DELETED, EVICTED, REFUSED_BY_PDB, THROTTLED, ERROR, POD_GONE, ALERTED, QUARANTINED
     message: str = ""
     retry_after: float | None = None  # seconds, from a 429's Retry-After
 
@@ -90,9 +108,13 @@ def _last_remediation(state: WatchdogState, pod: str) -> Remediation | None:
     return None
 
 
-def _set_outcome(state: WatchdogState, flight: InFlight, outcome: Outcome) -> WatchdogState:
+def _set_outcome(
+    state: WatchdogState, flight: InFlight, outcome: Outcome, now: float | None = None
+) -> WatchdogState:
     """Move the remediation entry `flight` created (found by its id) to `outcome`. An entry no
-    longer in the history (status edited by hand) is written again rather than lost."""
+    longer in the history (status edited by hand) is written again rather than lost. A drain's
+    entry also records the phase with its time."""
+    when = now if now is not None else flight.started_at
     entry = state.entry(flight.remediation_id)
     if entry is None:
         restored = Remediation(
@@ -103,11 +125,55 @@ def _set_outcome(state: WatchdogState, flight: InFlight, outcome: Outcome) -> Wa
             flight.action,
             flight.started_at,
             outcome,
+            phases=((outcome, when),) if flight.action == "drain" else (),
         )
         kept = tuple(e for e in state.remediations if e.id != flight.remediation_id)
         return replace(state, remediations=(*kept, restored)[-MAX_REMEDIATIONS_KEPT:])
     moved = replace(entry, outcome=advance(entry.outcome, outcome))
+    if entry.action == "drain" and outcome != entry.outcome:
+        moved = replace(moved, phases=(*entry.phases, (outcome, when)))
     return replace(state, remediations=tuple(moved if e.id == entry.id else e for e in state.remediations))
+
+
+def _replacement_ready(role: str, pods: Sequence[PodView], desired: Mapping[str, int]) -> bool:
+    """The role serves with its desired number of Ready pods again, not counting quarantined ones."""
+    serving = sum(1 for p in pods if p.role == role and p.ready and not p.terminating and not p.quarantined)
+    return serving >= desired.get(role, 0)
+
+
+def _drain_step(
+    flight: InFlight,
+    pods: Sequence[PodView],
+    desired: Mapping[str, int],
+    drained: Mapping[str, bool],
+    settings: WatchdogSpec,
+    now: float,
+) -> tuple[ActionKind | None, Outcome | None]:
+    """The next step of an open drain: (action to perform or None to wait, phase reached or None)."""
+    if flight.quarantined_at is None:
+        return "quarantine", None
+    if flight.last_outcome in (Outcome.DRAINED, Outcome.DRAIN_DEADLINE):
+        return "finish-drain", None  # decided earlier (then a crash, or the deletion failed)
+    if now >= flight.quarantined_at + settings.drain_seconds:
+        return "finish-drain", Outcome.DRAIN_DEADLINE
+    if drained.get(flight.uid, False) and _replacement_ready(flight.role, pods, desired):
+        return "finish-drain", Outcome.DRAINED
+    return None, None
+
+
+def _drain_notice(flight: InFlight, phase: Outcome, settings: WatchdogSpec, now: float) -> Notice:
+    held = now - (flight.quarantined_at or now)
+    if phase == Outcome.DRAINED:
+        message = (
+            f"quarantined {flight.role} pod {flight.pod} drained after {held:.0f}s: its healthy requests "
+            "finished and its replacement is Ready; deleting it (what remains was stuck)"
+        )
+        return Notice(flight.pod, "WedgedPodDrained", message, "drain", phase)
+    message = (
+        f"quarantined {flight.role} pod {flight.pod} still held requests or had no Ready replacement "
+        f"after drainSeconds={settings.drain_seconds}; deleting it, aborting what remains"
+    )
+    return Notice(flight.pod, "DrainDeadlinePassed", message, "drain", phase)
 
 
 def plan(
@@ -119,9 +185,12 @@ def plan(
     now: float,
     desired: Mapping[str, int],
     brake: bool = False,
+    drained: Mapping[str, bool] | None = None,
 ) -> Plan:
     """Decide this round's actions. `verdicts` is keyed by pod UID; `desired` is replicas per role;
-    `brake`: the fleet brake is engaged, so nothing is performed (open remediations wait)."""
+    `brake`: the fleet brake is engaged, so nothing is performed (open remediations wait);
+    `drained`: per quarantined pod's UID, whether its healthy requests are done (drain.py)."""
+    drained = drained or {}
     now = float(int(now))  # whole seconds: the status stores RFC 3339 to the second
     by_uid = {p.uid: p for p in pods}
     actions: list[Action] = []
@@ -155,8 +224,36 @@ def plan(
                 )
             )
             continue
-        kept.append(flight)
         waiting = flight.not_before is not None and now < flight.not_before
+        if flight.action == "drain":
+            # deleted and not yet gone: nothing more to do but wait for it
+            settled = flight.last_outcome not in RETRYING
+            step, phase = (
+                (None, None)
+                if brake or waiting or settled
+                else _drain_step(flight, pods, desired, drained, settings, now)
+            )
+            if phase is not None:
+                state = _set_outcome(state, flight, phase, now)
+                flight = replace(flight, last_outcome=phase)
+                notices.append(_drain_notice(flight, phase, settings, now))
+            kept.append(flight)
+            if step is not None:
+                actions.append(
+                    Action(
+                        step,
+                        flight.pod,
+                        flight.uid,
+                        flight.role,
+                        flight.reason,
+                        flight.started_at,
+                        remediation_id=flight.remediation_id,
+                        resumed=True,
+                        previous_outcome=flight.last_outcome,
+                    )
+                )
+            continue
+        kept.append(flight)
         if flight.last_outcome in RETRYING and not brake and not waiting:
             actions.append(
                 Action(
@@ -177,10 +274,56 @@ def plan(
     if state.window_start is not None and now - state.window_start >= settings.budget_window_seconds:
         state = replace(state, window_start=None, used=0, exhausted=False)
 
-    # 3. New wedges.
+    # 3. Quarantined pods no open remediation knows of (an interrupted drain whose status was
+    # lost): adopted, so that they are finished, never leaked. Already charged: no budget.
+    for pod in sorted(pods, key=lambda p: p.name):
+        if not pod.quarantined or pod.terminating or any(f.uid == pod.uid for f in state.in_flight):
+            continue
+        since = pod.quarantined_at if pod.quarantined_at is not None else now
+        reason = "quarantined pod found with no open remediation"
+        state = replace(
+            state,
+            in_flight=(
+                *state.in_flight,
+                InFlight(
+                    pod.name,
+                    pod.uid,
+                    pod.role,
+                    "drain",
+                    since,
+                    state.next_id,
+                    reason,
+                    attempts=1,
+                    last_outcome=Outcome.QUARANTINED,
+                    quarantined_at=since,
+                ),
+            ),
+        ).with_remediation(
+            Remediation(
+                0,
+                pod.name,
+                pod.role,
+                reason,
+                "drain",
+                since,
+                Outcome.QUARANTINED,
+                phases=((Outcome.QUARANTINED, now),),
+            )
+        )
+        notices.append(
+            Notice(
+                pod.name,
+                "QuarantinedPodAdopted",
+                f"{pod.role} pod {pod.name} is quarantined with no open remediation: finishing its drain",
+                "drain",
+                None,
+            )
+        )
+
+    # 4. New wedges.
     for pod in sorted(pods, key=lambda p: p.name):
         verdict = verdicts.get(pod.uid)
-        if verdict is None or not verdict.wedged or pod.terminating:
+        if verdict is None or not verdict.wedged or pod.terminating or pod.quarantined:
             continue
         if any(f.uid == pod.uid for f in state.in_flight):
             continue
@@ -262,11 +405,20 @@ def plan(
                 InFlight(pod.name, pod.uid, pod.role, settings.action, now, state.next_id, verdict.reason),
             ),
         ).with_remediation(
-            Remediation(0, pod.name, pod.role, verdict.reason, settings.action, now, Outcome.PENDING)
+            Remediation(
+                0,
+                pod.name,
+                pod.role,
+                verdict.reason,
+                settings.action,
+                now,
+                Outcome.PENDING,
+                phases=((Outcome.PENDING, now),) if settings.action == "drain" else (),
+            )
         )
         actions.append(
             Action(
-                settings.action,
+                "quarantine" if settings.action == "drain" else settings.action,
                 pod.name,
                 pod.uid,
                 pod.role,
@@ -323,9 +475,16 @@ def apply_results(
                     not_before = float(int(now + result.retry_after))
                 # throttling is the API server's pacing, not a failed attempt
                 attempts = flight.attempts + (0 if result.outcome == Outcome.THROTTLED else 1)
+                quarantined_at = flight.quarantined_at
+                if result.outcome == Outcome.QUARANTINED and quarantined_at is None:
+                    quarantined_at = float(int(now if now is not None else action.started_at))
                 flights[i] = replace(
-                    flight, attempts=attempts, last_outcome=result.outcome, not_before=not_before
+                    flight,
+                    attempts=attempts,
+                    last_outcome=result.outcome,
+                    not_before=not_before,
+                    quarantined_at=quarantined_at,
                 )
-            state = _set_outcome(replace(state, in_flight=tuple(flights)), flight, result.outcome)
+            state = _set_outcome(replace(state, in_flight=tuple(flights)), flight, result.outcome, now)
             break
     return state

@@ -27,6 +27,10 @@ class Outcome(enum.StrEnum):
     SKIPPED_COOLDOWN = "skipped-cooldown"
     SKIPPED_MAX_UNAVAILABLE = "skipped-max-unavailable"
     SKIPPED_BRAKE = "skipped-brake"  # the fleet brake is engaged
+    # action drain's phases, in order: out of the selector, then drained or out of time, then deleted
+    QUARANTINED = "quarantined"  # role label changed: its ReplicaSet starts a replacement
+    DRAINED = "drained"  # its healthy requests finished and the replacement is Ready
+    DRAIN_DEADLINE = "drain-deadline"  # drainSeconds passed: what remains is aborted
 
 
 _O = Outcome
@@ -35,10 +39,16 @@ _PERFORMED: Final = frozenset(
     {_O.DELETED, _O.EVICTED, _O.REFUSED_BY_PDB, _O.THROTTLED, _O.ERROR, _O.POD_GONE}
 )
 
-# The outcomes a new entry may start with.
+# The drain's phases after the quarantine: each leads to the deletion.
+_DRAIN_ENDS: Final = frozenset({_O.DRAINED, _O.DRAIN_DEADLINE})
+_DELETION: Final = frozenset({_O.DELETED, _O.POD_GONE, _O.ERROR})
+
+# The outcomes a new entry may start with (QUARANTINED: a quarantined pod found with no open
+# remediation, adopted so that its drain is finished, never leaked).
 OPENING: Final = frozenset(
     {
         _O.PENDING,
+        _O.QUARANTINED,
         _O.ALERTED,
         _O.SKIPPED_BUDGET,
         _O.SKIPPED_COOLDOWN,
@@ -48,10 +58,14 @@ OPENING: Final = frozenset(
 )
 
 TRANSITIONS: Final[dict[Outcome, frozenset[Outcome]]] = {
-    _O.PENDING: _PERFORMED,
+    _O.PENDING: _PERFORMED | {_O.QUARANTINED},
     _O.REFUSED_BY_PDB: _PERFORMED,
     _O.THROTTLED: _PERFORMED,
-    _O.ERROR: _PERFORMED | {_O.FAILED},
+    # an error is retried from the phase it interrupted
+    _O.ERROR: _PERFORMED | {_O.FAILED, _O.QUARANTINED} | _DRAIN_ENDS,
+    _O.QUARANTINED: _DRAIN_ENDS | {_O.POD_GONE, _O.ERROR},
+    _O.DRAINED: _DELETION,
+    _O.DRAIN_DEADLINE: _DELETION,
     _O.SKIPPED_BRAKE: frozenset(),
     _O.ALERTED: frozenset(),
     _O.DELETED: frozenset(),
@@ -68,6 +82,8 @@ RETRYING: Final = frozenset(o for o, targets in TRANSITIONS.items() if targets)
 # Outcomes of a remediation that spent budget (everything decided to act, not a skip or an alert).
 CHARGED: Final = frozenset(
     {_O.PENDING, _O.DELETED, _O.EVICTED, _O.REFUSED_BY_PDB, _O.THROTTLED, _O.ERROR, _O.FAILED, _O.POD_GONE}
+    | {_O.QUARANTINED}
+    | _DRAIN_ENDS
 )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from pdwarden_operator.watchdog.outcome import Outcome, parse
 
-ACTIONS = ("alert", "restart", "evict")  # spec.watchdog.action's values (models.WatchdogSpec)
+ACTIONS = ("alert", "restart", "evict", "drain")  # spec.watchdog.action's values (models.WatchdogSpec)
 MAX_REMEDIATIONS_KEPT = 20
 
 
@@ -48,6 +48,7 @@ class InFlight:
     attempts: int = 0  # calls made so far (0: intent written, action not yet performed)
     last_outcome: Outcome = Outcome.PENDING
     not_before: float | None = None  # a 429's Retry-After: not retried before this time
+    quarantined_at: float | None = None  # action drain: when the pod left its Deployment's selector
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class Remediation:
     action: str
     time: float
     outcome: Outcome
+    # action drain: every phase the entry went through, with its time (status shows them all)
+    phases: tuple[tuple[Outcome, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,30 @@ def _entries(value: Any) -> Sequence[Mapping[str, Any]]:
     if not isinstance(value, list):
         return ()
     return [item for item in value if isinstance(item, Mapping)]
+
+
+def _phases(value: Any) -> tuple[tuple[Outcome, float], ...]:
+    out = []
+    for item in _entries(value):
+        when = from_rfc3339(item.get("time"))
+        if when is not None:
+            out.append((parse(item.get("phase"), Outcome.ERROR), when))
+    return tuple(out)
+
+
+def _remediation_to_status(r: Remediation) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "id": r.id,
+        "pod": r.pod,
+        "role": r.role,
+        "reason": r.reason,
+        "action": r.action,
+        "time": to_rfc3339(r.time),
+        "outcome": r.outcome.value,
+    }
+    if r.phases:
+        entry["phases"] = [{"phase": p.value, "time": to_rfc3339(t)} for p, t in r.phases]
+    return entry
 
 
 def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
@@ -131,6 +158,7 @@ def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
                 attempts=attempts if isinstance(attempts, int) and attempts >= 0 else 0,
                 last_outcome=parse(item.get("lastOutcome")),
                 not_before=from_rfc3339(item.get("notBefore")),
+                quarantined_at=from_rfc3339(item.get("quarantinedAt")),
             )
         )
     remediations: list[Remediation] = []
@@ -148,6 +176,7 @@ def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
                 action=str(item.get("action", "")),
                 time=when,
                 outcome=parse(item.get("outcome"), Outcome.ERROR),
+                phases=_phases(item.get("phases")),
             )
         )
     next_id = wd.get("nextId")
@@ -197,22 +226,16 @@ def state_to_status(
                     "attempts": f.attempts,
                     "lastOutcome": f.last_outcome.value,
                     "notBefore": to_rfc3339(f.not_before) if f.not_before is not None else None,
+                    **(
+                        {"quarantinedAt": to_rfc3339(f.quarantined_at)}
+                        if f.quarantined_at is not None
+                        else {}
+                    ),
                 }
                 for f in state.in_flight
             ],
         },
-        "remediations": [
-            {
-                "id": r.id,
-                "pod": r.pod,
-                "role": r.role,
-                "reason": r.reason,
-                "action": r.action,
-                "time": to_rfc3339(r.time),
-                "outcome": r.outcome.value,
-            }
-            for r in state.remediations
-        ],
+        "remediations": [_remediation_to_status(r) for r in state.remediations],
     }
 
 

@@ -6,13 +6,19 @@ from collections.abc import Mapping
 from typing import Any
 
 from pdwarden_operator.watchdog.ladder import PodView
+from pdwarden_operator.watchdog.state import from_rfc3339
 from pdwarden_runtime import contract
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:
-    """None for an object that is not a usable runtime pod (no uid or no runtime role)."""
+    """None for an object that is not a usable runtime pod (no uid or no runtime role). A
+    quarantined pod is seen with the role it served."""
     meta = pod.get("metadata") or {}
-    role = (meta.get("labels") or {}).get(contract.LABEL_ROLE)
+    labels = meta.get("labels") or {}
+    role = labels.get(contract.LABEL_ROLE)
+    quarantined = role == contract.ROLE_QUARANTINED
+    if quarantined:
+        role = labels.get(contract.LABEL_QUARANTINED_ROLE)
     if not meta.get("uid") or not meta.get("name") or role not in contract.RUNTIME_ROLES:
         return None
     conditions = (pod.get("status") or {}).get("conditions") or []
@@ -24,6 +30,12 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         ready=ready,
         terminating=bool(meta.get("deletionTimestamp")),
         ip=str((pod.get("status") or {}).get("podIP") or ""),
+        quarantined=quarantined,
+        quarantined_at=(
+            from_rfc3339((meta.get("annotations") or {}).get(contract.ANNOTATION_QUARANTINED_AT))
+            if quarantined
+            else None
+        ),
     )
 
 
