@@ -175,3 +175,18 @@ def test_group_pods_without_their_rank_label_are_found_once() -> None:
     pods = [_pod("decode", 0, 0)[1], _pod("decode", 0, 1)[1], {"metadata": {"name": "single", "uid": "u"}}]
     pods[0]["metadata"]["labels"][contract.LABEL_RANK] = "0"
     assert gangs.unlabelled_ranks(pods) == [("m-decode-0-1", "uid-m-decode-0-1", "1")]
+
+
+def test_drain_restarts_a_broken_group_whole_as_evict_does() -> None:
+    views, verdicts, found = _fold([_pod("decode", 0, 0), _pod("decode", 0, 1, restarts=1)])
+    decided = plan(
+        verdicts=verdicts,
+        pods=list(views.values()),
+        state=WatchdogState(),
+        settings=WatchdogSpec.model_validate({"action": "drain", "maxUnavailable": 1}),
+        now=NOW,
+        desired={contract.ROLE_DECODE: 1, contract.ROLE_PREFILL: 0},
+    )
+    assert [(a.pod, a.kind) for a in decided.actions] == [("m-decode-0", "evict")]
+    assert [(e.pod, e.action, e.phases) for e in decided.state.remediations] == [("m-decode-0", "evict", ())]
+    assert [f.uid for f in decided.state.in_flight] == [found["m-decode-0"].uid]

@@ -17,13 +17,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pdwarden_operator.watchdog.ladder import PodView
+from pdwarden_operator.watchdog.ladder import GROUP_UID_PREFIX, PodView
 from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_runtime import contract
 
-# A group's uid in the ladder: this prefix and its leader's (lowest rank's) pod uid, so a
-# restarted group is a new entry and an open remediation of the old one settles.
-GROUP_UID_PREFIX = "group:"
 # Ranks of one incarnation start together (podManagementPolicy Parallel); a rank created this
 # much later than the oldest one of its group replaced a lost rank alone.
 REPLACED_ALONE_AFTER_S = 60.0

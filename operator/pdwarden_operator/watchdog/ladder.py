@@ -53,6 +53,10 @@ class PodView:
     quarantined_at: float | None = None  # from the pod's annotation
 
 
+# A multi-node group's uid in the ladder (gangs.py): this prefix and its leader's (lowest
+# rank's) pod uid, so a restarted group is a new entry and an open remediation of the old one settles.
+GROUP_UID_PREFIX = "group:"
+
 ActionKind = Literal["alert", "restart", "evict", "quarantine", "finish-drain"]
 DRAIN_STEPS: frozenset[str] = frozenset({"quarantine", "finish-drain"})
 
@@ -392,6 +396,10 @@ def plan(
                 )
             continue
 
+        # A multi-node group is restarted whole (gangs.py): its ranks are not drained one by one,
+        # so `drain` acts on a group as `evict` does.
+        group = pod.uid.startswith(GROUP_UID_PREFIX)
+        action = "evict" if settings.action == "drain" and group else settings.action
         window_start = state.window_start if state.window_start is not None else now
         used = state.used + 1
         state = replace(
@@ -402,7 +410,7 @@ def plan(
             cooldown_until={role: now + settings.cooldown_seconds for role in RUNTIME_ROLES},
             in_flight=(
                 *state.in_flight,
-                InFlight(pod.name, pod.uid, pod.role, settings.action, now, state.next_id, verdict.reason),
+                InFlight(pod.name, pod.uid, pod.role, action, now, state.next_id, verdict.reason),
             ),
         ).with_remediation(
             Remediation(
@@ -410,15 +418,15 @@ def plan(
                 pod.name,
                 pod.role,
                 verdict.reason,
-                settings.action,
+                action,
                 now,
                 Outcome.PENDING,
-                phases=((Outcome.PENDING, now),) if settings.action == "drain" else (),
+                phases=((Outcome.PENDING, now),) if action == "drain" else (),
             )
         )
         actions.append(
             Action(
-                "quarantine" if settings.action == "drain" else settings.action,
+                "quarantine" if action == "drain" else action,
                 pod.name,
                 pod.uid,
                 pod.role,
