@@ -165,6 +165,21 @@ def _drain_step(
     return None, None
 
 
+def _resumed(flight: InFlight, kind: ActionKind) -> Action:
+    """The next action of an open remediation (its intent is already recorded)."""
+    return Action(
+        kind,
+        flight.pod,
+        flight.uid,
+        flight.role,
+        flight.reason,
+        flight.started_at,
+        remediation_id=flight.remediation_id,
+        resumed=True,
+        previous_outcome=flight.last_outcome,
+    )
+
+
 def _drain_notice(flight: InFlight, phase: Outcome, settings: WatchdogSpec, now: float) -> Notice:
     held = now - (flight.quarantined_at or now)
     if phase == Outcome.DRAINED:
@@ -243,35 +258,11 @@ def plan(
                 notices.append(_drain_notice(flight, phase, settings, now))
             kept.append(flight)
             if step is not None:
-                actions.append(
-                    Action(
-                        step,
-                        flight.pod,
-                        flight.uid,
-                        flight.role,
-                        flight.reason,
-                        flight.started_at,
-                        remediation_id=flight.remediation_id,
-                        resumed=True,
-                        previous_outcome=flight.last_outcome,
-                    )
-                )
+                actions.append(_resumed(flight, step))
             continue
         kept.append(flight)
         if flight.last_outcome in RETRYING and not brake and not waiting:
-            actions.append(
-                Action(
-                    "evict" if flight.action == "evict" else "restart",
-                    flight.pod,
-                    flight.uid,
-                    flight.role,
-                    flight.reason,
-                    flight.started_at,
-                    remediation_id=flight.remediation_id,
-                    resumed=True,
-                    previous_outcome=flight.last_outcome,
-                )
-            )
+            actions.append(_resumed(flight, "evict" if flight.action == "evict" else "restart"))
     state = replace(state, in_flight=tuple(kept))
 
     # 2. The budget window.
