@@ -25,6 +25,11 @@ CGROUP_DEPTH = 8
 MOUNTINFO = Path("/proc/self/mountinfo")
 
 
+# Mount points the kubelet's sandbox made on the host's filesystem, one path a line (under
+# the state dir): a container's volume at a path the host lacks (an image would have it).
+CREATED_MOUNT_POINTS = "created-mount-points"
+
+
 def cgroup_name(state_dir: Path) -> str:
     """The kubelet's cgroup of the cluster whose state lives in `state_dir`: its last name for
     a reader, a digest of the whole path so two clusters in `a/state` and `b/state` never share it."""
@@ -192,12 +197,53 @@ def kill_cluster_processes(state_dir: Path, cgroup: str) -> list[str]:
     return killed
 
 
+def _only_empties(top: Path) -> bool:
+    """`top` holds nothing but empty directories and empty files (what making mount points leaves)."""
+    if top.is_symlink() or not top.exists():
+        return False
+    if top.is_file():
+        return top.stat().st_size == 0
+    return all(
+        (p.is_dir() and not p.is_symlink()) or (p.is_file() and p.stat().st_size == 0) for p in top.rglob("*")
+    )
+
+
+def created_mount_points(state_dir: Path) -> list[Path]:
+    """The recorded mount points still on the host and still empty, deepest first."""
+    log = state_dir / CREATED_MOUNT_POINTS
+    if not log.is_file():
+        return []
+    found = {Path(line) for line in log.read_text().splitlines() if line.startswith("/")}
+    return sorted((p for p in found if _only_empties(p)), key=lambda p: len(p.parts), reverse=True)
+
+
+def remove_created_mount_points(state_dir: Path) -> list[str]:
+    """Take away the mount points the sandbox made, once no container uses them; a path that
+    gained content since (someone else's now) is kept. Returns what it removed."""
+    removed = []
+    for top in created_mount_points(state_dir):
+        with contextlib.suppress(OSError):
+            if top.is_file():
+                top.unlink()
+            else:
+                for path in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+                    if path.is_dir():
+                        path.rmdir()
+                    else:
+                        path.unlink()
+                top.rmdir()
+            removed.append(f"mount point {top}")
+    (state_dir / CREATED_MOUNT_POINTS).unlink(missing_ok=True)
+    return removed
+
+
 def clean(state_dir: Path) -> list[str]:
     """Remove what the recorded processes' shutdown left behind; returns what it removed."""
     name = cgroup_name(state_dir)
     removed = kill_cluster_processes(state_dir, name)
     removed += remove_cgroups(name)
     removed += unmount_under(state_dir)
+    removed += remove_created_mount_points(state_dir)
     return removed
 
 
@@ -207,4 +253,5 @@ def leftovers(state_dir: Path) -> list[str]:
     found = [f"process {pid} ({cmd[:80]})" for pid, cmd in cluster_processes(state_dir, name)]
     found += [f"cgroup {d}" for d in cgroup_dirs(name)]
     found += [f"mount {p}" for p in mounts_under(state_dir)]
+    found += [f"mount point {p}" for p in created_mount_points(state_dir)]
     return found

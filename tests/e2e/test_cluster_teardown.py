@@ -29,9 +29,9 @@ def _pdwarden(env: dict[str, str], *args: str, timeout: float = 300) -> subproce
     return subprocess.run([PDWARDEN, *args], env=env, capture_output=True, text=True, timeout=timeout)
 
 
-def _pod(name: str, node: str) -> dict[str, Any]:
-    """A pod pinned to `node` with a memory-backed emptyDir and a memory limit (a tmpfs and a
-    cgroup where the kubelet makes them)."""
+def _pod(name: str, node: str, scratch: str) -> dict[str, Any]:
+    """A pod pinned to `node` with a memory-backed emptyDir at `scratch` (a path the host lacks)
+    and a memory limit (a tmpfs, a mount point and a cgroup where the kubelet makes them)."""
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -45,7 +45,7 @@ def _pod(name: str, node: str) -> dict[str, Any]:
                     "image": "x",
                     "command": ["sleep", "3600"],
                     "resources": {"limits": {"memory": "64Mi"}},
-                    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+                    "volumeMounts": [{"name": "scratch", "mountPath": scratch}],
                 }
             ],
             "volumes": [{"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": "8Mi"}}],
@@ -82,13 +82,14 @@ def test_down_after_a_killed_kubelet_leaves_no_process_mount_cgroup_or_network(t
         "PDWARDEN_CLUSTER_CPU_NODES": "1",
     }
     net = Ports(base).net
+    mount_point = f"/pdwe-teardown-{os.urandom(4).hex()}"
     try:
         up = _pdwarden(env, "cluster", "up", "--json")
         assert up.returncode == 0, up.stderr
         info = json.loads(up.stdout)
         kubectl = Kubectl(info["kubeconfig"])
         for i, node in enumerate(info["nodes"]):
-            kubectl.apply(_pod(f"sleeper-{i}", node), "default")
+            kubectl.apply(_pod(f"sleeper-{i}", node, f"{mount_point}/{i}/scratch"), "default")
         for i in range(NODES):
             wait_for(
                 lambda n=f"sleeper-{i}": pod_ready(kubectl.get("pod", n, "default") or {}),  # type: ignore[misc]
@@ -99,6 +100,7 @@ def test_down_after_a_killed_kubelet_leaves_no_process_mount_cgroup_or_network(t
         assert pod_pids, "the pods' processes are recorded"
         present = teardown.leftovers(state)
         assert any(item.startswith("process") for item in present), present
+        assert f"mount point {mount_point}" in present  # made on the host for the pods' volumes
         assert f"netns {net.gateway_netns}" in network.leftovers(net)
         # what a kubelet with memory limits and memory-backed volumes leaves when it dies: a
         # cgroup of the cluster with a process in it, a tmpfs under the state directory
@@ -120,6 +122,7 @@ def test_down_after_a_killed_kubelet_leaves_no_process_mount_cgroup_or_network(t
     assert all(procs.start_time(pid) is None for pid in [*info["processes"].values(), *pod_pids, stray.pid])
     assert not stray_cgroup.exists()
     assert teardown.leftovers(state) == []
+    assert not Path(mount_point).exists()
     assert network.leftovers(net) == []
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
     assert net.prefix not in netns

@@ -54,3 +54,20 @@ def test_the_clusters_cgroups_are_found_at_any_depth_and_removed_deepest_first(t
     removed = teardown.remove_cgroups(name, tmp_path)
     assert removed == [f"cgroup {deep.parent.parent}"]
     assert not deep.parent.parent.exists() and (tmp_path / "system.slice" / "pdwarden-other").exists()
+
+
+def test_mount_points_made_on_the_host_go_at_teardown_unless_they_gained_content(tmp_path: Path) -> None:
+    state, host = tmp_path / "state", tmp_path / "host"
+    state.mkdir()
+    (host / "models" / "llama").mkdir(parents=True)  # made for /models/llama
+    (host / "etc-app").touch()  # a file mount point
+    (host / "cache" / "hub").mkdir(parents=True)
+    (host / "cache" / "hub" / "weights").write_text("someone's data since")
+    log = state / teardown.CREATED_MOUNT_POINTS
+    log.write_text("".join(f"{host / n}\n" for n in ("models", "etc-app", "cache", "models", "gone")))
+    assert set(teardown.created_mount_points(state)) == {host / "models", host / "etc-app"}
+    removed = teardown.remove_created_mount_points(state)
+    assert sorted(removed) == sorted([f"mount point {host / 'models'}", f"mount point {host / 'etc-app'}"])
+    assert not (host / "models").exists() and not (host / "etc-app").exists()
+    assert (host / "cache" / "hub" / "weights").read_text() == "someone's data since"
+    assert not log.exists() and teardown.created_mount_points(state) == []

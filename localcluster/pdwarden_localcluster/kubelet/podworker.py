@@ -22,7 +22,7 @@ from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.podstatus import pod_status, will_restart
 from pdwarden_localcluster.kubelet.probes import ProbeState, now, run_probe
 from pdwarden_localcluster.network import NetPlan
-from pdwarden_localcluster.teardown import cgroup_name
+from pdwarden_localcluster.teardown import CREATED_MOUNT_POINTS, cgroup_name
 
 JSON = dict[str, Any]
 log = logging.getLogger("pdwarden.kubelet")
@@ -505,6 +505,7 @@ class PodWorker(threading.Thread):
             "caps": [security.CAP_NUMBERS[c] for c in sec.caps],
             "noNewPrivs": sec.no_new_privs,
             "traversable": list(TRAVERSABLE),
+            "createdLog": str(self.cfg.state_dir / CREATED_MOUNT_POINTS),
         }
         path = self.pod_dir / f"{run.name}.sandbox.json"
         path.write_text(json.dumps(doc) + "\n")

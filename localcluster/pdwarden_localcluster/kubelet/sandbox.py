@@ -78,6 +78,28 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
+def _missing_top(target: str) -> str | None:
+    """The outermost directory or file of `target` that does not exist yet (what creating it adds)."""
+    top = None
+    path = os.path.abspath(target)
+    while not os.path.lexists(path):
+        top, path = path, os.path.dirname(path)
+    return top
+
+
+def _record_created(target: str, log: str | None) -> None:
+    """Note a mount point made on the host's filesystem (a path the image would have had), so
+    `cluster down` can take it away again (teardown.remove_created_mount_points)."""
+    top = _missing_top(target)
+    if top is None or not log:
+        return
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (top + "\n").encode())  # one small append: whole even with other writers
+    finally:
+        os.close(fd)
+
+
 def _ensure_target(source: str, target: str) -> None:
     if os.path.exists(target):
         return
@@ -170,6 +192,7 @@ def apply(spec: dict[str, Any]) -> None:
             _traversable(path)
     targets = []
     for m in spec.get("mounts") or []:
+        _record_created(m["target"], spec.get("createdLog"))
         _ensure_target(m["source"], m["target"])
         mount(m["source"], m["target"], None, MS_BIND | MS_REC)
         if m.get("readOnly"):
