@@ -287,3 +287,26 @@ def test_a_memory_empty_dir_is_a_tmpfs_of_its_size_limit(kubectl: Kubectl, names
     assert finished(kubectl, namespace, "shm") == "Succeeded"
     seen = report("shm", namespace)
     assert seen == {"fs": "tmpfs", "write": "No space left on device"}
+
+
+KEYCTL_PROBE = """
+import ctypes, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+# keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_SESSION_KEYRING, 0): needs no capability, and a
+# runtime's default seccomp profile refuses it
+ret = libc.syscall(250, 0, -3, 0)
+print(json.dumps({"keyctl": "allowed" if ret >= 0 else os.strerror(ctypes.get_errno())}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("profile", "seen"), [("RuntimeDefault", "Operation not permitted"), ("Unconfined", "allowed")]
+)
+def test_seccomp_runtime_default_refuses_what_a_runtime_refuses(
+    kubectl: Kubectl, namespace: str, profile: str, seen: str
+) -> None:
+    name = f"seccomp-{profile.lower()}"
+    spec = {"restartPolicy": "Never", "securityContext": {"seccompProfile": {"type": profile}}}
+    kubectl.apply(pod(name, [python("c", KEYCTL_PROBE)], **spec), namespace)
+    assert finished(kubectl, namespace, name) == "Succeeded", cluster_logs(name, namespace)
+    assert report(name, namespace)["keyctl"] == seen

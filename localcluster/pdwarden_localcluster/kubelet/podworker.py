@@ -504,6 +504,7 @@ class PodWorker(threading.Thread):
             "groups": list(sec.groups),
             "caps": [security.CAP_NUMBERS[c] for c in sec.caps],
             "noNewPrivs": sec.no_new_privs,
+            "seccompRuntimeDefault": sec.seccomp_default,
             "traversable": list(TRAVERSABLE),
             "createdLog": str(self.cfg.state_dir / CREATED_MOUNT_POINTS),
         }

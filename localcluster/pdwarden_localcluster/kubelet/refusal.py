@@ -17,7 +17,8 @@ VOLUME_TYPES = frozenset(
 )
 PROJECTED_SOURCES = frozenset({"serviceAccountToken", "configMap", "secret", "downwardAPI"})
 PROBE_KINDS = frozenset({"httpGet", "exec", "tcpSocket"})
-# Seccomp is not filtered here; an explicit Localhost profile names a file that cannot apply.
+# RuntimeDefault is the sandbox's filter (sandbox.py); a Localhost profile names a file this
+# kubelet does not read.
 SECCOMP_TYPES = frozenset({"RuntimeDefault", "Unconfined"})
 POD_SECURITY_FIELDS = frozenset(
     {

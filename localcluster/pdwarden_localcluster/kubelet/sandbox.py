@@ -39,6 +39,23 @@ FLAG_NAMES = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
+# seccompProfile RuntimeDefault: the system calls a container runtime's default profile
+# refuses (EPERM) that no capability a pod can hold here brings back (kernel modules, kexec,
+# mounts, namespaces, keyrings, bpf, perf, other processes' memory, clocks, swap, reboot...).
+# The NUMA calls (mbind, get/set_mempolicy) stay allowed: UCX and torch query them.
+SECCOMP_DENIED = (
+    "acct", "add_key", "bpf", "clock_adjtime", "clock_settime", "create_module", "delete_module",
+    "finit_module", "fsconfig", "fsmount", "fsopen", "fspick", "get_kernel_syms", "init_module",
+    "ioperm", "iopl", "kcmp", "kexec_file_load", "kexec_load", "keyctl", "lookup_dcookie", "mount",
+    "mount_setattr", "move_mount", "name_to_handle_at", "nfsservctl", "open_by_handle_at",
+    "open_tree", "perf_event_open", "pivot_root", "process_vm_readv", "process_vm_writev",
+    "query_module", "quotactl", "reboot", "request_key", "setns", "settimeofday", "stime",
+    "swapoff", "swapon", "sysfs", "_sysctl", "umount", "umount2", "unshare", "uselib",
+    "userfaultfd", "ustat", "vm86", "vm86old",
+)  # fmt: skip
+SCMP_ACT_ALLOW = 0x7FFF0000
+SCMP_ACT_ERRNO_EPERM = 0x00050000 | 1
+
 
 class SandboxError(Exception):
     pass
@@ -182,6 +199,38 @@ def _set_caps(keep: list[int], non_root: bool) -> None:
             _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_RAISE, cap, 0, 0), f"ambient capability {cap}")
 
 
+def _seccomp_runtime_default() -> None:
+    """Load the RuntimeDefault filter (libseccomp): while still root with every capability, so
+    no no_new_privs is needed, and after this process's own mounts."""
+    name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+    try:
+        lib = ctypes.CDLL(name, use_errno=True)
+    except OSError as exc:
+        raise SandboxError(f"seccompProfile RuntimeDefault needs libseccomp: {exc}") from exc
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint]
+    lib.seccomp_load.argtypes = [ctypes.c_void_p]
+    lib.seccomp_release.argtypes = [ctypes.c_void_p]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
+    if not ctx:
+        raise SandboxError("seccomp_init failed")
+    try:
+        for call in SECCOMP_DENIED:
+            nr = lib.seccomp_syscall_resolve_name(call.encode())
+            if nr < 0:
+                continue  # not a system call of this architecture
+            ret = lib.seccomp_rule_add(ctx, SCMP_ACT_ERRNO_EPERM, nr, 0)
+            if ret != 0:
+                raise SandboxError(f"seccomp rule for {call}: {os.strerror(-ret)}")
+        ret = lib.seccomp_load(ctx)
+        if ret != 0:
+            raise SandboxError(f"seccomp_load: {os.strerror(-ret)}")
+    finally:
+        lib.seccomp_release(ctx)
+
+
 def apply(spec: dict[str, Any]) -> None:
     _check(_libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
     # host mounts still reach the container; its own never reach the host
@@ -200,6 +249,8 @@ def apply(spec: dict[str, Any]) -> None:
         targets.append(m["target"])
     if spec.get("readOnlyRoot"):
         _read_only_root([m["target"] for m in spec.get("mounts") or []])
+    if spec.get("seccompRuntimeDefault"):
+        _seccomp_runtime_default()
     keep = [int(c) for c in spec.get("caps", list(range(CAP_LAST + 1)))]
     _drop_bounding(keep)
     if uid != 0 or gid != 0 or spec.get("groups"):

@@ -89,6 +89,7 @@ class Security:
     caps: tuple[str, ...]  # kept, sorted
     no_new_privs: bool
     read_only_root: bool
+    seccomp_default: bool = False  # RuntimeDefault: sandbox.py's filter (Unconfined or unset: none)
 
 
 def _cap_name(raw: str, where: str) -> str:
@@ -130,4 +131,5 @@ def effective(pod: JSON, container: JSON, where: str) -> Security:
         caps=tuple(sorted(kept, key=CAP_NUMBERS.__getitem__)),
         no_new_privs=no_new_privs,
         read_only_root=bool(ctx.get("readOnlyRootFilesystem")),
+        seccomp_default=(pick("seccompProfile") or {}).get("type") == "RuntimeDefault",
     )
