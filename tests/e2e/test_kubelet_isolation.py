@@ -310,3 +310,24 @@ def test_seccomp_runtime_default_refuses_what_a_runtime_refuses(
     kubectl.apply(pod(name, [python("c", KEYCTL_PROBE)], **spec), namespace)
     assert finished(kubectl, namespace, name) == "Succeeded", cluster_logs(name, namespace)
     assert report(name, namespace)["keyctl"] == seen
+
+
+FILL_PROBE = """
+import time
+with open("/scratch/blob", "wb") as f:
+    f.write(b"x" * (3 * 2**20))
+    f.flush()
+time.sleep(3600)  # a kubelet's eviction, not this process, ends it
+"""
+
+
+def test_a_disk_empty_dir_over_its_size_limit_gets_the_pod_evicted(kubectl: Kubectl, namespace: str) -> None:
+    spec = {"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}]}
+    mounts = [{"name": "scratch", "mountPath": "/scratch"}]
+    kubectl.apply(pod("filler", [python("c", FILL_PROBE, volumeMounts=mounts)], **spec), namespace)
+    wait_for(lambda: pod_phase(kubectl, namespace, "filler") == "Failed", 120, "the pod evicted")
+    status = (kubectl.get("pod", "filler", namespace) or {})["status"]
+    assert status["reason"] == "Evicted"
+    assert status["message"].startswith('Usage of EmptyDir volume "scratch" exceeds the limit "1Mi"')
+    events = kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=filler")
+    assert "Evicted" in events.stdout

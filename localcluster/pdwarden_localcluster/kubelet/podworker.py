@@ -93,6 +93,7 @@ class PodWorker(threading.Thread):
         self.volumes = volumes.PodVolumes(self.pod_dir, api.get_or_none, api.post, self._context(pod))
         self.volume_error = ""
         self.volume_retry_at = 0.0
+        self.evicted = ""  # the eviction message, once a disk emptyDir went over its sizeLimit
         self.cgroups = cgroups.Cgroups(cgroup_name(cfg.state_dir))
         self.oom_at_start: dict[str, int] = {}
         self._cgroup_procs: list[Path] = []
@@ -195,7 +196,11 @@ class PodWorker(threading.Thread):
 
     # --- running ----------------------------------------------------------------------
     def _step(self, pod: JSON) -> None:
-        if not self._admit(pod) or not self._ensure_volumes(pod):
+        if self.evicted:
+            for run in self.init_runs + self.runs:
+                run.poll()  # SIGKILL once the grace is over; the exit is recorded, not restarted
+            return
+        if not self._admit(pod) or not self._ensure_volumes(pod) or self._evict_if_over():
             return
         restart_policy = (pod.get("spec") or {}).get("restartPolicy", "Always")
         if not self._run_init(pod, restart_policy):
@@ -433,6 +438,8 @@ class PodWorker(threading.Thread):
         )
         if self._init_failed(pod):
             status["phase"] = "Failed"
+        if self.evicted:
+            status.update(phase="Failed", reason="Evicted", message=self.evicted)
         if status == self.last_status:
             return
         self.api.merge_patch(
@@ -457,6 +464,21 @@ class PodWorker(threading.Thread):
                 self._event("Failed", f"Error: {self.sandbox_error}")
                 log.error("%s: %s", self.name, self.sandbox_error)
         return not self.refused
+
+    def _evict_if_over(self) -> bool:
+        """A disk emptyDir over its sizeLimit: the pod is evicted as a kubelet's eviction
+        manager does (containers stopped, phase Failed, reason Evicted); its controller
+        replaces it."""
+        over = self.volumes.over_limit()
+        if over is None:
+            return False
+        name, limit = over
+        self.evicted = f'Usage of EmptyDir volume "{name}" exceeds the limit "{limit}". '
+        self._event("Evicted", self.evicted)
+        log.warning("%s: evicted: %s", self.name, self.evicted)
+        for run in self.init_runs + self.runs:
+            run.terminate(0.0)
+        return True
 
     def _ensure_volumes(self, pod: JSON) -> bool:
         """Volumes set up (and refreshed); False while one cannot be (FailedMount)."""

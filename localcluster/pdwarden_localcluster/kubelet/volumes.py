@@ -32,6 +32,7 @@ DATA = "..data"
 DEFAULT_MODE = 0o644
 TOKEN_SECONDS = 3600
 REFRESH_S = 60.0
+USAGE_CHECK_S = 10.0  # how often disk emptyDirs with a sizeLimit are measured (a kubelet: ~10 s)
 MNT_DETACH = 2
 
 
@@ -131,6 +132,7 @@ class PodVolumes:
     tmpfs: list[Path] = field(default_factory=list)
     tokens: dict[str, tuple[float, float]] = field(default_factory=dict)  # key -> (got at, lifetime)
     refreshed_at: float = 0.0
+    usage_checked_at: float = 0.0
 
     @property
     def root(self) -> Path:
@@ -168,6 +170,22 @@ class PodVolumes:
                 with contextlib.suppress(VolumeError):
                     getattr(self, f"_{kind}")(vol, vol.get(kind) or {}, f"spec.volumes[{i}].{kind}")
         self.refreshed_at = time.monotonic()
+
+    def over_limit(self) -> tuple[str, str] | None:
+        """(volume, its sizeLimit) of a disk emptyDir using more than its limit, as a kubelet's
+        eviction manager measures it; None while none is (checked every USAGE_CHECK_S)."""
+        t = time.monotonic()
+        if t - self.usage_checked_at < USAGE_CHECK_S:
+            return None
+        self.usage_checked_at = t
+        for vol in (self.pod.get("spec") or {}).get("volumes") or []:
+            spec = vol.get("emptyDir") if kind_of(vol) == "emptyDir" else None
+            if spec is None or spec.get("medium") == "Memory" or spec.get("sizeLimit") is None:
+                continue  # a Memory emptyDir is a tmpfs of its size: the kernel limits it
+            source = self.sources.get(vol["name"])
+            if source is not None and disk_usage(Path(source)) > cgroups.quantity(spec["sizeLimit"]):
+                return vol["name"], str(spec["sizeLimit"])
+        return None
 
     def _token_due(self) -> bool:
         t = time.monotonic()
@@ -337,6 +355,16 @@ class PodVolumes:
         cache.chmod(0o600)
         self.tokens[key] = (time.monotonic(), float(seconds))
         return token
+
+
+def disk_usage(root: Path) -> int:
+    """Bytes of the blocks the files under `root` hold (du's count; no link is followed)."""
+    total = 0
+    for base, dirs, files in os.walk(root):
+        for name in dirs + files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(base, name)).st_blocks * 512
+    return total
 
 
 def umount(path: Path) -> None:
