@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from pathlib import Path
@@ -340,10 +341,17 @@ def test_a_replacement_pod_finds_the_download_cache_of_the_pod_before_it(
     selector = "pdwarden.io/model=cached,pdwarden.io/role=prefill"
 
     def running(exclude: str = "") -> dict[str, Any] | None:
+        """A prefill pod (not `exclude`) whose container has its volumes mounted (the sandbox
+        mounts them in the container's process before it execs the runtime)."""
         for pod in kubectl.items("pods", namespace, selector):
             statuses = pod.get("status", {}).get("containerStatuses") or []
-            if pod["metadata"]["uid"] != exclude and statuses and statuses[0].get("state", {}).get("running"):
-                return pod
+            if pod["metadata"]["uid"] == exclude or not (
+                statuses and statuses[0].get("state", {}).get("running")
+            ):
+                continue
+            with contextlib.suppress(OSError):  # the process may be between exec steps
+                if "/cache" in _mounts(_container_proc(pod)):
+                    return pod
         return None
 
     first = wait_for(running, 300, "the prefill pod running with its cache claim", 2.0)

@@ -30,6 +30,7 @@ def _pod(
     restarts: int = 0,
     created: str = T0,
     finished: str = T0,
+    code: int = 1,
 ) -> tuple[PodView, dict[str, Any]]:
     name = f"m-{role}-{group}-{rank}"
     obj: dict[str, Any] = {
@@ -48,7 +49,7 @@ def _pod(
                 {
                     "restartCount": restarts,
                     "lastState": (
-                        {"terminated": {"reason": "Error", "exitCode": 1, "finishedAt": finished}}
+                        {"terminated": {"reason": "Error", "exitCode": code, "finishedAt": finished}}
                         if restarts
                         else {}
                     ),
@@ -190,3 +191,13 @@ def test_drain_restarts_a_broken_group_whole_as_evict_does() -> None:
     assert [(a.pod, a.kind) for a in decided.actions] == [("m-decode-0", "evict")]
     assert [(e.pod, e.action, e.phases) for e in decided.state.remediations] == [("m-decode-0", "evict", ())]
     assert [f.uid for f in decided.state.in_flight] == [found["m-decode-0"].uid]
+
+
+def test_within_one_second_the_rank_a_signal_ended_is_named_before_the_one_that_exited_on_it() -> None:
+    same_second = "2027-01-15T08:01:00Z"
+    leader = _pod("decode", 0, 0, restarts=1, finished=same_second, code=1)  # saw its worker go
+    killed = _pod("decode", 0, 1, restarts=1, finished=same_second, code=137)  # SIGKILL
+    _, verdicts, found = _fold([leader, killed])
+    assert (
+        "rank 1 (pod m-decode-0-1) crashed (Error, exit code 137)" in verdicts[found["m-decode-0"].uid].reason
+    )

@@ -36,6 +36,7 @@ class Rank:
     restarts: int  # container restarts, plus 1 while a container is down (terminated)
     last_exit: str  # the last terminated state's reason and exit code, "" when none
     exited_at: float = 0.0  # when that happened (epoch seconds; 0 unknown)
+    signalled: bool = False  # that exit was a signal's (code >= 128: killed, OOM), not its own error
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ def _epoch(stamp: Any) -> float:
         return 0.0
 
 
-def _restarts(pod: Mapping[str, Any]) -> tuple[int, str, float]:
-    count, last, at = 0, "", 0.0
+def _restarts(pod: Mapping[str, Any]) -> tuple[int, str, float, bool]:
+    count, last, at, signalled = 0, "", 0.0, False
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         count += int(status.get("restartCount") or 0)
         now = (status.get("state") or {}).get("terminated") or {}
@@ -77,7 +78,9 @@ def _restarts(pod: Mapping[str, Any]) -> tuple[int, str, float]:
         if term:
             last = f"{term.get('reason') or 'exited'}, exit code {term.get('exitCode')}"
             at = _epoch(term.get("finishedAt"))
-    return count, last, at
+            code = term.get("exitCode")
+            signalled = isinstance(code, int) and code >= 128
+    return count, last, at, signalled
 
 
 def _rank(pod: Mapping[str, Any]) -> int | None:
@@ -101,10 +104,10 @@ def groups_of(
         group, rank = labels.get(contract.LABEL_GROUP), _rank(obj)
         if nodes.get(view.role, 1) <= 1 or group is None or rank is None:
             continue
-        restarts, last_exit, exited_at = _restarts(obj)
+        restarts, last_exit, exited_at, signalled = _restarts(obj)
         created = _epoch((obj.get("metadata") or {}).get("creationTimestamp"))
         members.setdefault((view.role, str(group)), []).append(
-            Rank(view, rank, created, restarts, last_exit, exited_at)
+            Rank(view, rank, created, restarts, last_exit, exited_at, signalled)
         )
     out = {}
     for (role, group), ranks in members.items():
@@ -117,8 +120,12 @@ def broken(group: Group, now: float) -> tuple[int, str] | None:
     """(rank, why) when the group cannot serve as it is; None when it is whole (or starting)."""
     live = [r for r in group.ranks if not r.pod.terminating]
     # The rank that went down first is the cause: the others follow it (a leader exits when a
-    # rank leaves, a worker when its leader goes).
-    crashed = sorted((r for r in live if r.restarts > 0), key=lambda r: (r.exited_at or float("inf"), r.rank))
+    # rank leaves, a worker when its leader goes). Exit times have whole seconds: within one,
+    # a rank ended by a signal (killed, OOM) came before one that exited on its own on seeing it.
+    crashed = sorted(
+        (r for r in live if r.restarts > 0),
+        key=lambda r: (r.exited_at or float("inf"), not r.signalled, r.rank),
+    )
     if crashed:
         r = crashed[0]
         why = f" ({r.last_exit})" if r.last_exit else ""
