@@ -43,9 +43,26 @@ def _progress(msg: str) -> None:
 
 
 def runtime_flags(hardening: str, race_window: float | None, page_size: int, chunk_pages: int) -> list[str]:
-    flags = ["--hardening", hardening, "--layers", "2", "--page-bytes", "4096", "--pool-pages", "4096",
-             "--aux-slots", "1024", "--page-size", str(page_size), "--chunk-pages", str(chunk_pages),
-             "--inflight-deadline", "600", "--transfer-deadline", "30"]
+    flags = [
+        "--hardening",
+        hardening,
+        "--layers",
+        "2",
+        "--page-bytes",
+        "4096",
+        "--pool-pages",
+        "4096",
+        "--aux-slots",
+        "1024",
+        "--page-size",
+        str(page_size),
+        "--chunk-pages",
+        str(chunk_pages),
+        "--inflight-deadline",
+        "600",
+        "--transfer-deadline",
+        "30",
+    ]
     if race_window is not None:
         flags += ["--fault", contract.FAULT_EMULATED_PORT_RACE, "--race-window", str(race_window)]
     return flags
@@ -60,8 +77,18 @@ def wedged_rooms(prefill: Runtime, decode: Runtime) -> tuple[int, int, dict[str,
         rooms = state.get("rooms", {})
         wedged += sum(rooms.get(s, 0) for s in NON_TERMINAL)
         refused += sum(state.get("refused", {}).values())
-        details[rt.role] = {k: state.get(k) for k in ("rooms", "refused", "pending_requests", "free_pages",
-                                                       "transfer_infos", "staging_outstanding", "outcomes")}
+        details[rt.role] = {
+            k: state.get(k)
+            for k in (
+                "rooms",
+                "refused",
+                "pending_requests",
+                "free_pages",
+                "transfer_infos",
+                "staging_outstanding",
+                "outcomes",
+            )
+        }
     return wedged, refused, details
 
 
@@ -78,9 +105,19 @@ async def transferring(session: aiohttp.ClientSession, prefill_url: str, room: i
         await asyncio.sleep(TRANSFER_POLL_S)
 
 
-async def storm(endpoint: Endpoint, requests: int, abort_ratio: float, concurrency: int, seed: int,
-                page_size: int, max_prompt_tokens: int, decode_abort_share: float,
-                transfer_abort_share: float, settle: float, measure: Any) -> dict[str, Any]:
+async def storm(
+    endpoint: Endpoint,
+    requests: int,
+    abort_ratio: float,
+    concurrency: int,
+    seed: int,
+    page_size: int,
+    max_prompt_tokens: int,
+    decode_abort_share: float,
+    transfer_abort_share: float,
+    settle: float,
+    measure: Any,
+) -> dict[str, Any]:
     rng = random.Random(seed)
     counts: dict[str, Any] = {"completed": 0, "aborted": 0, "failed": 0}
     detached: list[asyncio.Future[Any]] = []
@@ -92,6 +129,7 @@ async def storm(endpoint: Endpoint, requests: int, abort_ratio: float, concurren
     # No connection cap (the semaphore bounds the load): prefill legs left hanging on
     # wedged rooms keep their sockets, as through a router, and must not starve new ones.
     async with new_session(limit=0) as session:
+
         async def one(i: int) -> None:
             nonlocal latency
             # Every draw happens here, before the first await, so both modes get the same
@@ -112,9 +150,16 @@ async def storm(endpoint: Endpoint, requests: int, abort_ratio: float, concurren
                     abort_after = fraction * 1.5 * latency
                 t0 = time.perf_counter()
                 try:
-                    outcome, answer = await pd_request(session, endpoint, room, prompt_tokens=tokens,
-                                                       abort_after=abort_after, timeout=120,
-                                                       decode_only_abort=decode_only, detached=detached)
+                    outcome, answer = await pd_request(
+                        session,
+                        endpoint,
+                        room,
+                        prompt_tokens=tokens,
+                        abort_after=abort_after,
+                        timeout=120,
+                        decode_only_abort=decode_only,
+                        detached=detached,
+                    )
                 finally:
                     if watch is not None:
                         watch.cancel()
@@ -146,9 +191,17 @@ async def storm(endpoint: Endpoint, requests: int, abort_ratio: float, concurren
     return counts
 
 
-def run_storm(hardening: str, requests: int, abort_ratio: float, concurrency: int, seed: int,
-              race_window: float | None, settle: float, decode_abort_share: float,
-              transfer_abort_share: float) -> dict[str, Any]:
+def run_storm(
+    hardening: str,
+    requests: int,
+    abort_ratio: float,
+    concurrency: int,
+    seed: int,
+    race_window: float | None,
+    settle: float,
+    decode_abort_share: float,
+    transfer_abort_share: float,
+) -> dict[str, Any]:
     page_size, chunk_pages = 16, 2
     with Fleet() as fleet:
         flags = runtime_flags(hardening, race_window, page_size, chunk_pages)
@@ -166,49 +219,127 @@ def run_storm(hardening: str, requests: int, abort_ratio: float, concurrency: in
             time.sleep(settle)  # let aborted rooms conclude (drain ACKs, last chunks)
             return wedged_rooms(prefill, decode)
 
-        counts = asyncio.run(storm(endpoint, requests, abort_ratio, concurrency, seed, page_size,
-                                   page_size * chunk_pages * 3, decode_abort_share, transfer_abort_share,
-                                   settle, measure))
+        counts = asyncio.run(
+            storm(
+                endpoint,
+                requests,
+                abort_ratio,
+                concurrency,
+                seed,
+                page_size,
+                page_size * chunk_pages * 3,
+                decode_abort_share,
+                transfer_abort_share,
+                settle,
+                measure,
+            )
+        )
         seconds = time.perf_counter() - t0
         wedged, refused, details = counts.pop("measured")
         details["hung_prefill_requests"] = counts.pop("hung_prefill_requests")
-        return {**counts, "wedged_rooms": wedged, "refused_writes": refused, "seconds": round(seconds, 2),
-                "details": details}
+        return {
+            **counts,
+            "wedged_rooms": wedged,
+            "refused_writes": refused,
+            "seconds": round(seconds, 2),
+            "details": details,
+        }
 
 
 @click.command("abort-storm")
 @click.option("--requests", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--abort-ratio", type=click.FloatRange(0, 1), default=0.3, show_default=True)
 @click.option("--concurrency", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--race-window", type=click.FloatRange(min=0), default=0.005, show_default=True,
-              help="Seconds a finished chunk's status write waits for an ABORT (0: no race fault).")
-@click.option("--settle", type=click.FloatRange(min=0), default=8.0, show_default=True,
-              help="Seconds to let aborted rooms conclude before counting wedged ones.")
+@click.option(
+    "--race-window",
+    type=click.FloatRange(min=0),
+    default=0.005,
+    show_default=True,
+    help="Seconds a finished chunk's status write waits for an ABORT (0: no race fault).",
+)
+@click.option(
+    "--settle",
+    type=click.FloatRange(min=0),
+    default=8.0,
+    show_default=True,
+    help="Seconds to let aborted rooms conclude before counting wedged ones.",
+)
 @click.option("--seed", type=int, default=20261129, show_default=True)
-@click.option("--decode-abort-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Share of aborts where only decode aborts (prefill learns through SGLang's ABORT).")
-@click.option("--transfer-abort-share", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Share of aborts made once the prefill room reads Transferring (the rest: anywhere).")
-@click.option("--compare-legacy", is_flag=True,
-              help="Also run the storm on the emulated NIXL port (max() status, no fix).")
+@click.option(
+    "--decode-abort-share",
+    type=click.FloatRange(0, 1),
+    default=0.5,
+    show_default=True,
+    help="Share of aborts where only decode aborts (prefill learns through SGLang's ABORT).",
+)
+@click.option(
+    "--transfer-abort-share",
+    type=click.FloatRange(0, 1),
+    default=0.5,
+    show_default=True,
+    help="Share of aborts made once the prefill room reads Transferring (the rest: anywhere).",
+)
+@click.option(
+    "--compare-legacy",
+    is_flag=True,
+    help="Also run the storm on the emulated NIXL port (max() status, no fix).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
-def abort_storm(requests: int, abort_ratio: float, concurrency: int, race_window: float, settle: float,
-                seed: int, decode_abort_share: float, transfer_abort_share: float, compare_legacy: bool,
-                as_json: bool) -> None:
+def abort_storm(
+    requests: int,
+    abort_ratio: float,
+    concurrency: int,
+    race_window: float,
+    settle: float,
+    seed: int,
+    decode_abort_share: float,
+    transfer_abort_share: float,
+    compare_legacy: bool,
+    as_json: bool,
+) -> None:
     """Abort storm against real prefill/decode runtimes; wedged rooms must stay 0."""
     exit_on_sigterm()
     window = race_window if race_window > 0 else None
-    hardened = run_storm("on", requests, abort_ratio, concurrency, seed, window, settle, decode_abort_share,
-                         transfer_abort_share)
-    result: dict[str, Any] = {"requests": requests, **{k: hardened[k] for k in (
-        "completed", "aborted", "failed", "wedged_rooms", "refused_writes", "seconds")}}
+    hardened = run_storm(
+        "on",
+        requests,
+        abort_ratio,
+        concurrency,
+        seed,
+        window,
+        settle,
+        decode_abort_share,
+        transfer_abort_share,
+    )
+    result: dict[str, Any] = {
+        "requests": requests,
+        **{
+            k: hardened[k]
+            for k in ("completed", "aborted", "failed", "wedged_rooms", "refused_writes", "seconds")
+        },
+    }
     if compare_legacy:
-        legacy = run_storm("emulated-port", requests, abort_ratio, concurrency, seed, window, settle,
-                           decode_abort_share, transfer_abort_share)
-        result.update({"legacy_wedged_rooms": legacy["wedged_rooms"],
-                       "legacy_refused_writes": legacy["refused_writes"],
-                       "legacy_completed": legacy["completed"], "legacy_aborted": legacy["aborted"],
-                       "legacy_failed": legacy["failed"], "legacy_seconds": legacy["seconds"]})
+        legacy = run_storm(
+            "emulated-port",
+            requests,
+            abort_ratio,
+            concurrency,
+            seed,
+            window,
+            settle,
+            decode_abort_share,
+            transfer_abort_share,
+        )
+        result.update(
+            {
+                "legacy_wedged_rooms": legacy["wedged_rooms"],
+                "legacy_refused_writes": legacy["refused_writes"],
+                "legacy_completed": legacy["completed"],
+                "legacy_aborted": legacy["aborted"],
+                "legacy_failed": legacy["failed"],
+                "legacy_seconds": legacy["seconds"],
+            }
+        )
         if not as_json:
             _progress(f"legacy details: {json.dumps(legacy['details'])}")
     if not as_json:

@@ -51,8 +51,9 @@ async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) 
         return resp.status, payload
 
 
-async def _wait_legs(legs: Sequence[asyncio.Future[Any]], abort_after: float | asyncio.Future[Any] | None,
-                     timeout: float) -> None:
+async def _wait_legs(
+    legs: Sequence[asyncio.Future[Any]], abort_after: float | asyncio.Future[Any] | None, timeout: float
+) -> None:
     """Until every leg is done, or the abort point (seconds, or a future's completion)."""
     if not isinstance(abort_after, asyncio.Future):
         await asyncio.wait(legs, timeout=abort_after)
@@ -64,11 +65,19 @@ async def _wait_legs(legs: Sequence[asyncio.Future[Any]], abort_after: float | a
         all_done.cancel()  # cancelling asyncio.wait leaves the legs running
 
 
-async def pd_request(session: aiohttp.ClientSession, endpoint: Endpoint, room: int, *, prompt_tokens: int,
-                     max_new_tokens: int = 4, abort_after: float | asyncio.Future[Any] | None = None,
-                     timeout: float = 60.0, decode_only_abort: bool = False,
-                     detached: list[asyncio.Future[Any]] | None = None,
-                     extra: dict[str, Any] | None = None) -> tuple[str, Any]:
+async def pd_request(
+    session: aiohttp.ClientSession,
+    endpoint: Endpoint,
+    room: int,
+    *,
+    prompt_tokens: int,
+    max_new_tokens: int = 4,
+    abort_after: float | asyncio.Future[Any] | None = None,
+    timeout: float = 60.0,
+    decode_only_abort: bool = False,
+    detached: list[asyncio.Future[Any]] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> tuple[str, Any]:
     """One request through both legs; (outcome, decode's answer or the error).
 
     ``decode_only_abort``: at ``abort_after`` only the decode leg disconnects (decode
@@ -118,5 +127,7 @@ async def pd_request(session: aiohttp.ClientSession, endpoint: Endpoint, room: i
 
 
 def new_session(limit: int = 256) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=limit, force_close=False),
-                                 timeout=aiohttp.ClientTimeout(total=None))
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=limit, force_close=False),
+        timeout=aiohttp.ClientTimeout(total=None),
+    )

@@ -120,21 +120,49 @@ def _python_bin() -> str:
 def spawn(name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None) -> Proc:
     log_path = log_dir / f"{name}.log"
     log = open(log_path, "wb")  # noqa: SIM115 - handed to the child
-    popen = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                             env={**os.environ, **(env or {})})
+    popen = subprocess.Popen(
+        list(argv),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
     log.close()
     return Proc(name, popen, log_path)
 
 
-def start_runtime(role: str, log_dir: Path, *, host: str = "127.0.0.1", extra: Sequence[str] = (),
-                  bootstrap_port: int | None = None, env: dict[str, str] | None = None) -> Runtime:
+def start_runtime(
+    role: str,
+    log_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    extra: Sequence[str] = (),
+    bootstrap_port: int | None = None,
+    env: dict[str, str] | None = None,
+) -> Runtime:
     def launch() -> tuple[int, int, int, Proc]:
         port, metrics_port = free_port(host), free_port(host)
         boot = bootstrap_port or free_port(host)
-        argv = [_python_bin(), "-c", "from pdwarden_cli.main import main; main()",
-                "runtime", "serve", "--role", role,
-                "--engine", "synthetic", "--host", host, "--port", str(port), "--bootstrap-port", str(boot),
-                "--metrics-port", str(metrics_port), *extra]
+        argv = [
+            _python_bin(),
+            "-c",
+            "from pdwarden_cli.main import main; main()",
+            "runtime",
+            "serve",
+            "--role",
+            role,
+            "--engine",
+            "synthetic",
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--bootstrap-port",
+            str(boot),
+            "--metrics-port",
+            str(metrics_port),
+            *extra,
+        ]
         return port, boot, metrics_port, spawn(f"{role}-{port}", argv, log_dir, env)
 
     port, boot, metrics_port, proc = launch()
@@ -188,10 +216,27 @@ class Router:
 
 def start_router(prefill: Runtime, decode: Runtime, log_dir: Path, host: str = "127.0.0.1") -> Router:
     port = free_port(host)
-    argv = [_python_bin(), "-m", "sglang_router.launch_router", "--pd-disaggregation",
-            "--prefill", prefill.url, str(prefill.bootstrap_port), "--decode", decode.url,
-            "--host", host, "--port", str(port), "--prometheus-port", str(free_port(host)),
-            "--log-level", "warn", "--worker-startup-check-interval", "1"]
+    argv = [
+        _python_bin(),
+        "-m",
+        "sglang_router.launch_router",
+        "--pd-disaggregation",
+        "--prefill",
+        prefill.url,
+        str(prefill.bootstrap_port),
+        "--decode",
+        decode.url,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--prometheus-port",
+        str(free_port(host)),
+        "--log-level",
+        "warn",
+        "--worker-startup-check-interval",
+        "1",
+    ]
     return Router(host, port, spawn(f"router-{port}", argv, log_dir))
 
 

@@ -102,54 +102,132 @@ def _deadline(value: str) -> float | None:
 @runtime.command("serve", context_settings={"ignore_unknown_options": False})
 @click.option("--role", type=click.Choice(c.RUNTIME_ROLES), required=True)
 @click.option("--engine", type=click.Choice(["synthetic", "sglang"]), default="synthetic", show_default=True)
-@click.option("--host", default=lambda: os.environ.get(c.ENV_POD_IP) or "127.0.0.1",
-              show_default="$POD_IP, else 127.0.0.1", help="Address every port binds to.")
+@click.option(
+    "--host",
+    default=lambda: os.environ.get(c.ENV_POD_IP) or "127.0.0.1",
+    show_default="$POD_IP, else 127.0.0.1",
+    help="Address every port binds to.",
+)
 @click.option("--port", type=click.IntRange(1, 65535), default=c.DEFAULT_HTTP_PORT, show_default=True)
-@click.option("--bootstrap-port", type=click.IntRange(1, 65535), default=c.DEFAULT_BOOTSTRAP_PORT,
-              show_default=True, help="Prefill: SGLang's KV bootstrap server port.")
-@click.option("--metrics-port", type=click.IntRange(1, 65535), default=c.DEFAULT_METRICS_PORT,
-              show_default=True)
-@click.option("--allow-fault-injection", is_flag=True,
-              help="Serve POST /debug/fault (testing only).")
-@click.option("--fault", type=click.Choice(c.FAULTS), default=c.FAULT_NONE, show_default=True,
-              help="Inject a fault from the start (testing only).")
-@click.option("--inflight-deadline", default=f"{DEFAULT_INFLIGHT_DEADLINE:g}", show_default=True,
-              help="Seconds a room may wait for or move KV (from leaving Bootstrapping) before it is "
-                   "failed (D), or 'off'.")
-@click.option("--transfer-deadline", type=click.FloatRange(min=0, min_open=True),
-              default=DEFAULT_TRANSFER_DEADLINE,
-              show_default=True,
-              help="Seconds a NIXL handle may stay in progress before the room fails and the handle is "
-                   "quarantined (C).")
-@click.option("--hardening", type=click.Choice(HARDENING_MODES), default="on", show_default=True,
-              help="off: SGLang 0.5.23's NIXL classes, untouched (the control); emulated-port: an "
-                   "emulation of a NIXL port with the old max() status rule and no fix (tests, demo).")
-@click.option("--race-window", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_RACE_WINDOW,
-              show_default=True,
-              help=f"{c.FAULT_EMULATED_PORT_RACE}: how long a finished chunk's status write waits "
-                   "for an ABORT.")
-@click.option("--model", default="pdwarden/synthetic", show_default=True,
-              help="Synthetic: served model name.")
-@click.option("--page-size", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Synthetic: tokens per KV page.")
-@click.option("--pool-pages", type=click.IntRange(min=1), default=1024, show_default=True,
-              help="Synthetic: KV pool size in pages.")
-@click.option("--layers", type=click.IntRange(min=1), default=4, show_default=True,
-              help="Synthetic: layers (each a K and a V buffer).")
-@click.option("--page-bytes", type=click.IntRange(min=8), default=16384, show_default=True,
-              help="Synthetic: bytes per page per buffer (multiple of 8).")
-@click.option("--aux-slots", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Synthetic: aux (metadata) slots, i.e. concurrent requests.")
-@click.option("--chunk-pages", type=click.IntRange(min=1), default=8, show_default=True,
-              help="Synthetic prefill: pages per chunk sent.")
-@click.option("--compute-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Synthetic prefill: simulated compute time between chunks.")
-@click.option("--nnodes", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Nodes (pods) of this replica; > 1: a group whose rank 0 serves (SGLang's --nnodes).")
-@click.option("--node-rank", type=click.IntRange(0, 63), default=0, show_default=True,
-              help="This pod's rank in its group (SGLang's --node-rank).")
-@click.option("--dist-init-addr", default=None,
-              help="HOST:PORT where the group's ranks rendezvous at rank 0 (SGLang's --dist-init-addr).")
+@click.option(
+    "--bootstrap-port",
+    type=click.IntRange(1, 65535),
+    default=c.DEFAULT_BOOTSTRAP_PORT,
+    show_default=True,
+    help="Prefill: SGLang's KV bootstrap server port.",
+)
+@click.option(
+    "--metrics-port", type=click.IntRange(1, 65535), default=c.DEFAULT_METRICS_PORT, show_default=True
+)
+@click.option("--allow-fault-injection", is_flag=True, help="Serve POST /debug/fault (testing only).")
+@click.option(
+    "--fault",
+    type=click.Choice(c.FAULTS),
+    default=c.FAULT_NONE,
+    show_default=True,
+    help="Inject a fault from the start (testing only).",
+)
+@click.option(
+    "--inflight-deadline",
+    default=f"{DEFAULT_INFLIGHT_DEADLINE:g}",
+    show_default=True,
+    help="Seconds a room may wait for or move KV (from leaving Bootstrapping) before it is "
+    "failed (D), or 'off'.",
+)
+@click.option(
+    "--transfer-deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TRANSFER_DEADLINE,
+    show_default=True,
+    help="Seconds a NIXL handle may stay in progress before the room fails and the handle is "
+    "quarantined (C).",
+)
+@click.option(
+    "--hardening",
+    type=click.Choice(HARDENING_MODES),
+    default="on",
+    show_default=True,
+    help="off: SGLang 0.5.23's NIXL classes, untouched (the control); emulated-port: an "
+    "emulation of a NIXL port with the old max() status rule and no fix (tests, demo).",
+)
+@click.option(
+    "--race-window",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_RACE_WINDOW,
+    show_default=True,
+    help=f"{c.FAULT_EMULATED_PORT_RACE}: how long a finished chunk's status write waits for an ABORT.",
+)
+@click.option(
+    "--model", default="pdwarden/synthetic", show_default=True, help="Synthetic: served model name."
+)
+@click.option(
+    "--page-size",
+    type=click.IntRange(min=1),
+    default=16,
+    show_default=True,
+    help="Synthetic: tokens per KV page.",
+)
+@click.option(
+    "--pool-pages",
+    type=click.IntRange(min=1),
+    default=1024,
+    show_default=True,
+    help="Synthetic: KV pool size in pages.",
+)
+@click.option(
+    "--layers",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Synthetic: layers (each a K and a V buffer).",
+)
+@click.option(
+    "--page-bytes",
+    type=click.IntRange(min=8),
+    default=16384,
+    show_default=True,
+    help="Synthetic: bytes per page per buffer (multiple of 8).",
+)
+@click.option(
+    "--aux-slots",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="Synthetic: aux (metadata) slots, i.e. concurrent requests.",
+)
+@click.option(
+    "--chunk-pages",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Synthetic prefill: pages per chunk sent.",
+)
+@click.option(
+    "--compute-ms",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Synthetic prefill: simulated compute time between chunks.",
+)
+@click.option(
+    "--nnodes",
+    type=click.IntRange(1, 64),
+    default=1,
+    show_default=True,
+    help="Nodes (pods) of this replica; > 1: a group whose rank 0 serves (SGLang's --nnodes).",
+)
+@click.option(
+    "--node-rank",
+    type=click.IntRange(0, 63),
+    default=0,
+    show_default=True,
+    help="This pod's rank in its group (SGLang's --node-rank).",
+)
+@click.option(
+    "--dist-init-addr",
+    default=None,
+    help="HOST:PORT where the group's ranks rendezvous at rank 0 (SGLang's --dist-init-addr).",
+)
 @click.option("--log-level", default="WARNING", show_default=True)
 @click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)
 def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, **kwargs: Any) -> None:
@@ -208,12 +286,24 @@ def _serve_synthetic(options: ServeOptions) -> int:
         race_window=options.race_window,
         engine="synthetic",
     )
-    engine = build_engine(SyntheticOptions(
-        role=options.role, host=options.host, port=options.port, bootstrap_port=options.bootstrap_port,
-        metrics_port=options.metrics_port, model=options.model, page_size=options.page_size,
-        pool_pages=options.pool_pages, layers=options.layers, page_bytes=options.page_bytes,
-        aux_slots=options.aux_slots, chunk_pages=options.chunk_pages,
-        compute_ms_per_chunk=options.compute_ms), hardening)
+    engine = build_engine(
+        SyntheticOptions(
+            role=options.role,
+            host=options.host,
+            port=options.port,
+            bootstrap_port=options.bootstrap_port,
+            metrics_port=options.metrics_port,
+            model=options.model,
+            page_size=options.page_size,
+            pool_pages=options.pool_pages,
+            layers=options.layers,
+            page_bytes=options.page_bytes,
+            aux_slots=options.aux_slots,
+            chunk_pages=options.chunk_pages,
+            compute_ms_per_chunk=options.compute_ms,
+        ),
+        hardening,
+    )
     try:
         asyncio.run(run_synthetic(engine, allow_fault_injection=options.allow_fault_injection, group=group))
     except Exception as err:

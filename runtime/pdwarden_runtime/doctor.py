@@ -169,10 +169,12 @@ def render_text(report: Mapping[str, Any]) -> str:
     lines += [f"{mark[ok]} behaviour {check}" for check, ok in (report.get("behaviour") or {}).items()]
     config = report.get("configuration") or {}
     if config:
-        lines.append(f"    configuration: fixes {','.join(config.get('fixes', []))}, "
-                     f"transfer deadline {config.get('transfer_deadline')}s, "
-                     f"inflight deadline {config.get('inflight_deadline')}, fault {config.get('fault')}, "
-                     f"stock classes {config.get('stock_classes')}")
+        lines.append(
+            f"    configuration: fixes {','.join(config.get('fixes', []))}, "
+            f"transfer deadline {config.get('transfer_deadline')}s, "
+            f"inflight deadline {config.get('inflight_deadline')}, fault {config.get('fault')}, "
+            f"stock classes {config.get('stock_classes')}"
+        )
     lines += [f"problem: {p}" for p in report["problems"]]
     lines.append("hardening ACTIVE" if report["ok"] else "hardening NOT active")
     return "\n".join(lines)

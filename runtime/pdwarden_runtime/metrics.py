@@ -163,10 +163,17 @@ class RuntimeMetrics:
 class _StateCollector(Collector):
     """Reads the table and the tracker at scrape time."""
 
-    def __init__(self, role: str, table: RoomStatusTable, tracker: InflightTracker, expire: bool,
-                 threads: ThreadWatch | None, quarantined: Callable[[], int] | None,
-                 quarantine_endings: Callable[[], dict[str, int]] | None = None,
-                 peers: PeerFigures | None = None) -> None:
+    def __init__(
+        self,
+        role: str,
+        table: RoomStatusTable,
+        tracker: InflightTracker,
+        expire: bool,
+        threads: ThreadWatch | None,
+        quarantined: Callable[[], int] | None,
+        quarantine_endings: Callable[[], dict[str, int]] | None = None,
+        peers: PeerFigures | None = None,
+    ) -> None:
         self._role = role
         self._table = table
         self._tracker = tracker
@@ -209,7 +216,8 @@ class _StateCollector(Collector):
             labels=[R, c.LABEL_METRIC_STATE],
         )
         threads = GaugeMetricFamily(
-            c.METRIC_RUNTIME_THREADS, "Alive threads of this runtime, by kind.",
+            c.METRIC_RUNTIME_THREADS,
+            "Alive threads of this runtime, by kind.",
             labels=[R, c.LABEL_METRIC_THREAD],
         )
         threads_expected = GaugeMetricFamily(
@@ -228,7 +236,8 @@ class _StateCollector(Collector):
             labels=[R, c.LABEL_METRIC_HOW],
         )
         peer_inflight = GaugeMetricFamily(
-            c.METRIC_KV_PEER_INFLIGHT, "Rooms in flight per peer pod (by its IP; bounded, rest as 'other').",
+            c.METRIC_KV_PEER_INFLIGHT,
+            "Rooms in flight per peer pod (by its IP; bounded, rest as 'other').",
             labels=[R, c.LABEL_METRIC_PEER],
         )
         peer_transfers = CounterMetricFamily(

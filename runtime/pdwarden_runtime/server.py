@@ -43,8 +43,9 @@ def _error(status: int, message: str) -> web.Response:
 class RuntimeServer:
     """The aiohttp apps (HTTP port and metrics port) of one synthetic runtime."""
 
-    def __init__(self, engine: SyntheticEngine, *, allow_fault_injection: bool = False,
-                 group: Leader | None = None) -> None:
+    def __init__(
+        self, engine: SyntheticEngine, *, allow_fault_injection: bool = False, group: Leader | None = None
+    ) -> None:
         self.engine = engine
         self.allow_fault_injection = allow_fault_injection
         self.group = group  # a multi-node replica's leader: ready only once every rank joined
@@ -89,11 +90,20 @@ class RuntimeServer:
     def _server_info(self) -> dict[str, Any]:
         o = self.engine.options
         return {
-            "model_path": o.model, "served_model_name": o.model, "tokenizer_path": o.model,
-            "host": o.host, "port": o.port, "disaggregation_mode": o.role,
-            "disaggregation_bootstrap_port": o.bootstrap_port, "disaggregation_transfer_backend": "nixl",
-            "page_size": o.page_size, "tp_size": 1, "dp_size": 1, "pp_size": 1,
-            "version": self._sglang_version, "engine": "synthetic",
+            "model_path": o.model,
+            "served_model_name": o.model,
+            "tokenizer_path": o.model,
+            "host": o.host,
+            "port": o.port,
+            "disaggregation_mode": o.role,
+            "disaggregation_bootstrap_port": o.bootstrap_port,
+            "disaggregation_transfer_backend": "nixl",
+            "page_size": o.page_size,
+            "tp_size": 1,
+            "dp_size": 1,
+            "pp_size": 1,
+            "version": self._sglang_version,
+            "engine": "synthetic",
             "pdwarden": {"fixes": self.engine.hardening.active_fixes(), "fault": self.engine.fault.active},
         }
 
@@ -102,16 +112,36 @@ class RuntimeServer:
 
     async def model_info(self, request: web.Request) -> web.Response:
         o = self.engine.options
-        return web.json_response({"model_path": o.model, "tokenizer_path": o.model, "is_generation": True,
-                                  "preferred_sampling_params": None, "weight_version": "default",
-                                  "has_image_understanding": False, "has_audio_understanding": False,
-                                  "model_type": "synthetic", "architectures": ["SyntheticForCausalLM"]})
+        return web.json_response(
+            {
+                "model_path": o.model,
+                "tokenizer_path": o.model,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "synthetic",
+                "architectures": ["SyntheticForCausalLM"],
+            }
+        )
 
     async def models(self, request: web.Request) -> web.Response:
         o = self.engine.options
-        return web.json_response({"object": "list", "data": [
-            {"id": o.model, "object": "model", "owned_by": "pdwarden", "root": o.model,
-             "max_model_len": o.pool_pages * o.page_size}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": o.model,
+                        "object": "model",
+                        "owned_by": "pdwarden",
+                        "root": o.model,
+                        "max_model_len": o.pool_pages * o.page_size,
+                    }
+                ],
+            }
+        )
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         rt = self.engine.rt
@@ -187,8 +217,9 @@ class RuntimeServer:
             await runner.cleanup()
 
 
-async def run_synthetic(engine: SyntheticEngine, *, allow_fault_injection: bool,
-                        group: GroupOptions | None = None) -> None:
+async def run_synthetic(
+    engine: SyntheticEngine, *, allow_fault_injection: bool, group: GroupOptions | None = None
+) -> None:
     """Serve until SIGTERM/SIGINT. The HTTP port answers /health 503 until the engine is up
     (and, for a group's leader, until every rank has joined). A group's leader raises
     GroupError when a rank leaves: the group cannot go on without it."""
@@ -198,8 +229,14 @@ async def run_synthetic(engine: SyntheticEngine, *, allow_fault_injection: bool,
         await leader.start()
     server = RuntimeServer(engine, allow_fault_injection=allow_fault_injection, group=leader)
     await server.start(o.host, o.port, o.metrics_port)
-    log.info("%s synthetic runtime: http %s:%s metrics :%s bootstrap :%s", o.role, o.host, o.port,
-             o.metrics_port, o.bootstrap_port)
+    log.info(
+        "%s synthetic runtime: http %s:%s metrics :%s bootstrap :%s",
+        o.role,
+        o.host,
+        o.port,
+        o.metrics_port,
+        o.bootstrap_port,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -21,17 +21,36 @@ from pdwarden_runtime import contract as c
 
 pytestmark = pytest.mark.integration
 
-FLAGS = ["--allow-fault-injection", "--layers", "2", "--page-bytes", "65536", "--pool-pages", "256",
-         "--aux-slots", "256", "--page-size", "16", "--chunk-pages", "2",
-         "--transfer-deadline", "1.5", "--inflight-deadline", "6"]
+FLAGS = [
+    "--allow-fault-injection",
+    "--layers",
+    "2",
+    "--page-bytes",
+    "65536",
+    "--pool-pages",
+    "256",
+    "--aux-slots",
+    "256",
+    "--page-size",
+    "16",
+    "--chunk-pages",
+    "2",
+    "--transfer-deadline",
+    "1.5",
+    "--inflight-deadline",
+    "6",
+]
 ENV = {"UCX_TLS": "tcp,self"}
 
 
 @pytest.fixture(scope="module")
 def trio() -> Iterator[tuple[Runtime, Runtime, Runtime]]:
     with Fleet() as fleet:
-        rts = (fleet.runtime("prefill", extra=FLAGS, env=ENV), fleet.runtime("prefill", extra=FLAGS, env=ENV),
-               fleet.runtime("decode", extra=FLAGS, env=ENV))
+        rts = (
+            fleet.runtime("prefill", extra=FLAGS, env=ENV),
+            fleet.runtime("prefill", extra=FLAGS, env=ENV),
+            fleet.runtime("decode", extra=FLAGS, env=ENV),
+        )
         wait_healthy(list(rts), timeout=300)
         yield rts
 
@@ -42,8 +61,9 @@ def endpoint(prefill: Runtime, decode: Runtime) -> Endpoint:
 
 async def _requests(pairs: list[tuple[Endpoint, int]]) -> list[str]:
     async with new_session() as session:
-        results = await asyncio.gather(*(pd_request(session, ep, room, prompt_tokens=96, timeout=60)
-                                         for ep, room in pairs))
+        results = await asyncio.gather(
+            *(pd_request(session, ep, room, prompt_tokens=96, timeout=60) for ep, room in pairs)
+        )
     return [outcome for outcome, _ in results]
 
 
@@ -57,15 +77,19 @@ def peer_count(rt: Runtime, peer: str, outcome: str) -> float:
 
 
 def test_a_stalled_decode_stalls_every_prefill_sending_to_it_and_recovers_when_cleared(
-        trio: tuple[Runtime, Runtime, Runtime]) -> None:
+    trio: tuple[Runtime, Runtime, Runtime],
+) -> None:
     p0, p1, decode = trio
-    assert asyncio.run(_requests([(endpoint(p0, decode), 8_100_001), (endpoint(p1, decode), 8_100_002)])) \
-        == [COMPLETED, COMPLETED]
+    assert asyncio.run(_requests([(endpoint(p0, decode), 8_100_001), (endpoint(p1, decode), 8_100_002)])) == [
+        COMPLETED,
+        COMPLETED,
+    ]
     before = {p.url: peer_count(p, decode.host, c.OUTCOME_DEADLINE) for p in (p0, p1)}
     set_fault(decode, c.FAULT_STALL_KV_RECEIVE)
     try:
-        outcomes = asyncio.run(_requests([(endpoint(p, decode), 8_100_010 + i)
-                                          for i, p in enumerate((p0, p1, p0, p1))]))
+        outcomes = asyncio.run(
+            _requests([(endpoint(p, decode), 8_100_010 + i) for i, p in enumerate((p0, p1, p0, p1))])
+        )
         assert COMPLETED not in outcomes, outcomes
         status, _ = http_get(f"{decode.url}{c.HEALTH_PATH}")
         assert status == 200  # the decode stays up and answers HTTP
@@ -74,5 +98,7 @@ def test_a_stalled_decode_stalls_every_prefill_sending_to_it_and_recovers_when_c
             assert p.state()["handle_deadlines"] >= 1  # the WRITEs really stalled in NIXL
     finally:
         set_fault(decode, c.FAULT_NONE)
-    assert asyncio.run(_requests([(endpoint(p0, decode), 8_100_101), (endpoint(p1, decode), 8_100_102)])) \
-        == [COMPLETED, COMPLETED]
+    assert asyncio.run(_requests([(endpoint(p0, decode), 8_100_101), (endpoint(p1, decode), 8_100_102)])) == [
+        COMPLETED,
+        COMPLETED,
+    ]

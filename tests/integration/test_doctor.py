@@ -35,8 +35,9 @@ def doctor_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
 def test_doctor_finds_every_fix_active_in_the_spawned_scheduler() -> None:
     # the pod's own configuration (the launcher's PDWARDEN_HARDENING_CONFIG) is what is checked
     pod_config = json.dumps({"engine": "sglang", "transfer_deadline": 12.5, "inflight_deadline": 90})
-    done = doctor_cli("--engine", "sglang", "--json",
-                      env={**os.environ, "PDWARDEN_HARDENING_CONFIG": pod_config})
+    done = doctor_cli(
+        "--engine", "sglang", "--json", env={**os.environ, "PDWARDEN_HARDENING_CONFIG": pod_config}
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     assert report["ok"] is True and report["problems"] == []

@@ -239,8 +239,12 @@ def test_hardened_sglang_nixl_race_ends_failed(monkeypatch: pytest.MonkeyPatch, 
 
 def test_control_without_hardening_wedges(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """Same seam, fixes off: the prefill room is stuck in Transferring (the emulated port's bug)."""
-    config = {"engine": "sglang", "fault": contract.FAULT_EMULATED_PORT_RACE, "race_window": 5,
-              "hardening": "emulated-port"}
+    config = {
+        "engine": "sglang",
+        "fault": contract.FAULT_EMULATED_PORT_RACE,
+        "race_window": 5,
+        "hardening": "emulated-port",
+    }
     # 15 s: well past the 5 s race window; a wedged room never concludes
     r = run_child(monkeypatch, tmp_path, config, free_port(), settle_s=15)
     assert r["seam"]["activated"] is True

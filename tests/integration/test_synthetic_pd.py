@@ -33,9 +33,27 @@ from pdwarden_runtime import contract as c
 pytestmark = pytest.mark.integration
 
 TRANSFER_DEADLINE = 2.0
-FLAGS = ["--allow-fault-injection", "--layers", "2", "--page-bytes", "65536", "--pool-pages", "256",
-         "--aux-slots", "256", "--page-size", "16", "--chunk-pages", "2", "--race-window", "20",
-         "--transfer-deadline", str(TRANSFER_DEADLINE), "--inflight-deadline", "120"]
+FLAGS = [
+    "--allow-fault-injection",
+    "--layers",
+    "2",
+    "--page-bytes",
+    "65536",
+    "--pool-pages",
+    "256",
+    "--aux-slots",
+    "256",
+    "--page-size",
+    "16",
+    "--chunk-pages",
+    "2",
+    "--race-window",
+    "20",
+    "--transfer-deadline",
+    str(TRANSFER_DEADLINE),
+    "--inflight-deadline",
+    "120",
+]
 # UCX over TCP: a SIGSTOPped decode then stalls prefill's WRITEs (UCX's cma transport,
 # its default on one host, writes into a stopped process without the process's help).
 ENV = {"UCX_TLS": "tcp,self"}
@@ -61,8 +79,10 @@ def fleet() -> Iterator[Fleet]:
 @pytest.fixture(scope="module")
 def pairs(fleet: Fleet) -> dict[str, Pair]:
     started = {
-        "hardened": (fleet.runtime("prefill", extra=FLAGS, env=ENV),
-                     fleet.runtime("decode", extra=FLAGS, env=ENV)),
+        "hardened": (
+            fleet.runtime("prefill", extra=FLAGS, env=ENV),
+            fleet.runtime("decode", extra=FLAGS, env=ENV),
+        ),
     }
     wait_healthy([rt for pair in started.values() for rt in pair], timeout=300)
     return {name: Pair(*rts) for name, rts in started.items()}
@@ -82,9 +102,14 @@ def settled(rt: Runtime, timeout: float = 45.0) -> dict[str, Any]:
 
     def clean() -> dict[str, Any] | None:
         state = rt.state()
-        ok = (state["pending_requests"] == 0 and not state["rooms"] and state["background_tasks"] == 0
-              and state["free_pages"] == state["total_pages"] and state["free_aux"] == state["total_aux"]
-              and state["failure_records"] == 0)
+        ok = (
+            state["pending_requests"] == 0
+            and not state["rooms"]
+            and state["background_tasks"] == 0
+            and state["free_pages"] == state["total_pages"]
+            and state["free_aux"] == state["total_aux"]
+            and state["failure_records"] == 0
+        )
         if rt.role == c.ROLE_PREFILL:
             ok = ok and state["transfer_infos"] == 0 and state["staging_outstanding"] == 0
         else:
@@ -102,9 +127,12 @@ async def _through_router(router: Router, n: int, abort_ratio: float, seed: int)
     counts = {"completed": 0, "aborted": 0, "failed": 0, "unverified": 0}
     sem = asyncio.Semaphore(12)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+
         async def one(i: int) -> None:
-            body = {"input_ids": [rng.randrange(32000) for _ in range(rng.randint(8, 120))],
-                    "sampling_params": {"max_new_tokens": 4}}
+            body = {
+                "input_ids": [rng.randrange(32000) for _ in range(rng.randint(8, 120))],
+                "sampling_params": {"max_new_tokens": 4},
+            }
             abort_after = rng.uniform(0.0, 0.15) if rng.random() < abort_ratio else None
             async with sem:
                 task = asyncio.ensure_future(session.post(f"{router.url}/generate", json=body))
@@ -166,24 +194,32 @@ def test_metrics_of_both_roles_carry_the_contract_and_move(router: Router, pairs
     assert counts["completed"] == 20
     for rt in (hardened.prefill, hardened.decode):
         text = rt.metrics()
-        for name in (c.METRIC_INFLIGHT_REQUESTS, c.METRIC_INFLIGHT_OLDEST_AGE, c.METRIC_KV_ROOMS,
-                     c.METRIC_KV_TRANSFERS_TOTAL, c.METRIC_KV_TRANSFER_BYTES_TOTAL,
-                     c.METRIC_KV_TRANSFER_SECONDS,
-                     c.METRIC_STATUS_WRITES_REFUSED_TOTAL, c.METRIC_RUNTIME_INFO):
+        for name in (
+            c.METRIC_INFLIGHT_REQUESTS,
+            c.METRIC_INFLIGHT_OLDEST_AGE,
+            c.METRIC_KV_ROOMS,
+            c.METRIC_KV_TRANSFERS_TOTAL,
+            c.METRIC_KV_TRANSFER_BYTES_TOTAL,
+            c.METRIC_KV_TRANSFER_SECONDS,
+            c.METRIC_STATUS_WRITES_REFUSED_TOTAL,
+            c.METRIC_RUNTIME_INFO,
+        ):
             assert f"\n{name}" in text, f"{rt.role} /metrics lacks {name}"
         after = samples(text)
-        grew = (metric_sum(after, c.METRIC_KV_TRANSFERS_TOTAL, outcome="success")
-                - metric_sum(before[rt.role], c.METRIC_KV_TRANSFERS_TOTAL, outcome="success"))
+        grew = metric_sum(after, c.METRIC_KV_TRANSFERS_TOTAL, outcome="success") - metric_sum(
+            before[rt.role], c.METRIC_KV_TRANSFERS_TOTAL, outcome="success"
+        )
         assert grew >= 20, f"{rt.role}: success transfers grew by {grew}"
-        assert (metric_sum(after, c.METRIC_KV_TRANSFER_BYTES_TOTAL)
-                > metric_sum(before[rt.role], c.METRIC_KV_TRANSFER_BYTES_TOTAL))
+        assert metric_sum(after, c.METRIC_KV_TRANSFER_BYTES_TOTAL) > metric_sum(
+            before[rt.role], c.METRIC_KV_TRANSFER_BYTES_TOTAL
+        )
         assert metric_sum(after, c.METRIC_RUNTIME_INFO, role=rt.role, engine="synthetic") == 1
         # Per-peer figures name the other side of the pair by its IP (what the operator
         # maps to a pod), and its successes moved with the total.
         other = hardened.decode if rt.role == c.ROLE_PREFILL else hardened.prefill
-        peer_grew = (metric_sum(after, c.METRIC_KV_PEER_TRANSFERS_TOTAL, peer=other.host, outcome="success")
-                     - metric_sum(before[rt.role], c.METRIC_KV_PEER_TRANSFERS_TOTAL, peer=other.host,
-                                  outcome="success"))
+        peer_grew = metric_sum(
+            after, c.METRIC_KV_PEER_TRANSFERS_TOTAL, peer=other.host, outcome="success"
+        ) - metric_sum(before[rt.role], c.METRIC_KV_PEER_TRANSFERS_TOTAL, peer=other.host, outcome="success")
         assert peer_grew >= 20, f"{rt.role}: per-peer successes for {other.host} grew by {peer_grew}"
         peers = {s.labels["peer"] for s in after_samples(text, c.METRIC_KV_PEER_INFLIGHT)}
         assert peers == {other.host}, peers
@@ -218,8 +254,9 @@ def wait_room(rt: Runtime, room: int, wanted: str, timeout: float = 30.0) -> boo
     return True
 
 
-def _legs(session: aiohttp.ClientSession, pair: Pair, room: int,
-          extra: dict[str, Any] | None = None) -> tuple[asyncio.Future[Any], asyncio.Future[Any]]:
+def _legs(
+    session: aiohttp.ClientSession, pair: Pair, room: int, extra: dict[str, Any] | None = None
+) -> tuple[asyncio.Future[Any], asyncio.Future[Any]]:
     """The two legs of one request, as sglang-router sends them."""
     body = {**request_body(room, LONG_PROMPT, 4, pair.endpoint), **(extra or {})}
 
@@ -250,16 +287,23 @@ async def _decode_aborts_mid_transfer(pair: Pair, room: int, hold: float) -> dic
         await _cancel(decode_leg)
         t0 = time.monotonic()
         await asyncio.wait([prefill_leg], timeout=hold)
-        result = {"reached_transferring": reached, "prefill_returned": prefill_leg.done(),
-                  "seconds": time.monotonic() - t0,
-                  "room_after": await loop.run_in_executor(None, room_state, pair.prefill, room)}
+        result = {
+            "reached_transferring": reached,
+            "prefill_returned": prefill_leg.done(),
+            "seconds": time.monotonic() - t0,
+            "room_after": await loop.run_in_executor(None, room_state, pair.prefill, room),
+        }
         await _cancel(prefill_leg)  # cleanup: the client walks away from a wedged request
         return result
 
 
 def _refused_failed_to_transferring(rt: Runtime) -> float:
-    return metric_sum(samples(rt.metrics()), c.METRIC_STATUS_WRITES_REFUSED_TOTAL,
-                      from_state="failed", to_state="transferring")
+    return metric_sum(
+        samples(rt.metrics()),
+        c.METRIC_STATUS_WRITES_REFUSED_TOTAL,
+        from_state="failed",
+        to_state="transferring",
+    )
 
 
 def test_emulated_port_race_concludes_failed_with_hardening(pairs: dict[str, Pair]) -> None:

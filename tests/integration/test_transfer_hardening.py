@@ -28,9 +28,23 @@ def results() -> dict[str, dict]:
     """Both modes at once (two processes): the machine is small, the waits are long."""
     procs = {
         mode: subprocess.Popen(
-            [sys.executable, "-m", "pdwarden_runtime.transfer.scenarios", ORDER, "--hardening", mode,
-             "--port", str(free_port()), "--transfer-deadline", "1.0"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "pdwarden_runtime.transfer.scenarios",
+                ORDER,
+                "--hardening",
+                mode,
+                "--port",
+                str(free_port()),
+                "--transfer-deadline",
+                "1.0",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         for mode in ("on", "emulated-port")
     }
     try:

@@ -17,8 +17,11 @@ GOOD: dict[str, Any] = {
     "fixes": dict.fromkeys(FIXES, True),
     "kv_classes_hardened": True,
     "prometheus_multiprocess": True,
-    "behaviour": {"signatures": {"ok": True}, "sticky_failed": {"ok": True},
-                  "stalled_handle_no_ack": {"ok": True}},
+    "behaviour": {
+        "signatures": {"ok": True},
+        "sticky_failed": {"ok": True},
+        "stalled_handle_no_ack": {"ok": True},
+    },
     "configuration": {"fixes": ["A", "B", "C", "D", "E"], "transfer_deadline": 30.0},
 }
 
@@ -78,11 +81,21 @@ def test_no_multiprocess_metrics_is_not_ok() -> None:
 
 
 def test_a_failed_behaviour_check_is_not_ok_and_names_the_problem() -> None:
-    bad = {**GOOD, "behaviour": {**GOOD["behaviour"], "stalled_handle_no_ack": {
-        "ok": False, "problems": ["decode was told its pages are free while the handle could still write"]}}}
+    bad = {
+        **GOOD,
+        "behaviour": {
+            **GOOD["behaviour"],
+            "stalled_handle_no_ack": {
+                "ok": False,
+                "problems": ["decode was told its pages are free while the handle could still write"],
+            },
+        },
+    }
     report = verdict(tree(scheduler=bad))
     assert report["ok"] is False
-    assert report["problems"] == ["behaviour stalled_handle_no_ack: decode was told its pages are free "
-                                  "while the handle could still write"]
+    assert report["problems"] == [
+        "behaviour stalled_handle_no_ack: decode was told its pages are free "
+        "while the handle could still write"
+    ]
     assert "NO  behaviour stalled_handle_no_ack" in render_text(report)
     assert report["configuration"]["transfer_deadline"] == 30.0

@@ -29,8 +29,14 @@ def test_config_defaults_have_every_fix_and_no_fault() -> None:
 
 
 def test_config_from_mapping_and_env() -> None:
-    config = HardeningConfig.from_mapping({"hardening": "off", "transfer_deadline": "2.5",
-                                           "inflight_deadline": "off", "fault": "stall-transfers"})
+    config = HardeningConfig.from_mapping(
+        {
+            "hardening": "off",
+            "transfer_deadline": "2.5",
+            "inflight_deadline": "off",
+            "fault": "stall-transfers",
+        }
+    )
     assert config.fixes == NO_FIXES and config.stock_classes
     emulated = HardeningConfig.from_mapping({"hardening": "emulated-port"})
     assert emulated.fixes == NO_FIXES and emulated.status_mode == "legacy" and not emulated.stock_classes
@@ -40,14 +46,17 @@ def test_config_from_mapping_and_env() -> None:
     assert env.fixes == frozenset({"A", "C"}) and env.transfer_deadline == 7.0
 
 
-@pytest.mark.parametrize("values, message", [
-    ({"fixes": "A,Z"}, "unknown hardening fix"),
-    ({"transfer_deadline": "soon"}, "transfer_deadline must be a number"),
-    ({"transfer_deadline": 0}, "transfer deadline must be > 0"),
-    ({"fault": "meteor"}, "unknown fault"),
-    ({"colour": "blue"}, "unknown hardening setting"),
-    ({"hardening": "maybe"}, "hardening mode must be one of"),
-])
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"fixes": "A,Z"}, "unknown hardening fix"),
+        ({"transfer_deadline": "soon"}, "transfer_deadline must be a number"),
+        ({"transfer_deadline": 0}, "transfer deadline must be > 0"),
+        ({"fault": "meteor"}, "unknown fault"),
+        ({"colour": "blue"}, "unknown hardening setting"),
+        ({"hardening": "maybe"}, "hardening mode must be one of"),
+    ],
+)
 def test_config_rejects_bad_input_by_name(values: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         HardeningConfig.from_mapping(values)
@@ -123,10 +132,13 @@ def test_request_spec_validates_the_body() -> None:
 
     spec = RequestSpec.from_body({"text": "a" * 33, "bootstrap_room": 3}, page_size_tokens=16, max_pages=10)
     assert (spec.tokens, spec.pages, spec.max_new_tokens) == (33, 3, 16)
-    for body, message in [({"text": "x"}, "bootstrap_room"), ({"bootstrap_room": 1}, "empty prompt"),
-                          ({"bootstrap_room": 1, "text": ["a"]}, "batched"),
-                          ({"bootstrap_room": 1, "text": "a" * 200}, "more than the pool"),
-                          ({"bootstrap_room": 1, "input_ids": [1, "2"]}, "input_ids")]:
+    for body, message in [
+        ({"text": "x"}, "bootstrap_room"),
+        ({"bootstrap_room": 1}, "empty prompt"),
+        ({"bootstrap_room": 1, "text": ["a"]}, "batched"),
+        ({"bootstrap_room": 1, "text": "a" * 200}, "more than the pool"),
+        ({"bootstrap_room": 1, "input_ids": [1, "2"]}, "input_ids"),
+    ]:
         with pytest.raises(BadRequest, match=message):
             RequestSpec.from_body(body, page_size_tokens=16, max_pages=10)
 

@@ -148,8 +148,9 @@ class ModelWatchdog:
         self.histories.retain(views)
         attribution = blame.attribute(
             pods=list(views.values()),
-            observations={uid: h.observations() for uid in views
-                          if (h := self.histories.get(uid)) is not None},
+            observations={
+                uid: h.observations() for uid in views if (h := self.histories.get(uid)) is not None
+            },
             verdicts=verdicts,
             stuck_after=settings.stuck_after_seconds,
         )

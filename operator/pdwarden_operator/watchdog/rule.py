@@ -79,8 +79,11 @@ def _dead_threads_clause(run: list[tuple[float, PodSample]], figures: dict[str, 
     if not dead:
         return None
     listed = ", ".join(f"{kind} {alive:g}/{want:g} alive" for kind, alive, want in dead)
-    return Verdict("wedged", f"essential thread dead on 2 consecutive scrapes: {listed}",
-                   figures | {"deadThreadKinds": float(len(dead))})
+    return Verdict(
+        "wedged",
+        f"essential thread dead on 2 consecutive scrapes: {listed}",
+        figures | {"deadThreadKinds": float(len(dead))},
+    )
 
 
 def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:

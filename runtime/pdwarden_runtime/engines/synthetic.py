@@ -79,8 +79,13 @@ class SyntheticOptions:
     compute_ms_per_chunk: float = 0.0
 
     def shape(self) -> PoolShape:
-        return PoolShape(layers=self.layers, pages=self.pool_pages, page_bytes=self.page_bytes,
-                         aux_slots=self.aux_slots, page_size_tokens=self.page_size)
+        return PoolShape(
+            layers=self.layers,
+            pages=self.pool_pages,
+            page_bytes=self.page_bytes,
+            aux_slots=self.aux_slots,
+            page_size_tokens=self.page_size,
+        )
 
 
 class RequestFailed(Exception):
@@ -196,8 +201,9 @@ class SyntheticEngine:
             from sglang.srt.disaggregation.nixl.conn import NixlKVManager
 
             if manager_cls is not NixlKVManager:
-                raise RuntimeError("--hardening off must run SGLang's NixlKVManager, "
-                                   f"got {manager_cls.__name__}")
+                raise RuntimeError(
+                    f"--hardening off must run SGLang's NixlKVManager, got {manager_cls.__name__}"
+                )
             self.rt = RoomRuntime(self.hardening, self.role)
             with self.rt.threads.record_started():
                 self.mgr = manager_cls(self.pool.kv_args(), mode, None)
@@ -207,8 +213,10 @@ class SyntheticEngine:
             return
         self.mgr = manager_cls(self.pool.kv_args(), mode, None)
         if not isinstance(self.mgr, HardenedNixlKVManager):
-            raise RuntimeError("the hardening seam did not take: SGLang built "
-                               f"{type(self.mgr).__name__}, not pdwarden's manager")
+            raise RuntimeError(
+                "the hardening seam did not take: SGLang built "
+                f"{type(self.mgr).__name__}, not pdwarden's manager"
+            )
         self.rt = self.mgr.pdwarden
 
     @property
@@ -324,38 +332,48 @@ class SyntheticEngine:
         if mgr is None or rt is None:
             return state
         quarantine = rt.quarantine
-        state.update({
-            "threads_alive": rt.threads.alive(),
-            "threads_expected": rt.threads.expected(),
-            "quarantined_handles": rt.quarantined_handles(),
-            "quarantine_ended": quarantine.ended() if quarantine is not None else {},
-            "oldest_in_state": {KVPoll(s).label: round(a, 3) for s, a in rt.table.oldest_in_state().items()},
-            "rooms": {KVPoll(s).label: n for s, n in rt.table.counts().items() if n},
-            "room_list": {str(r): KVPoll(s).label for r, s in list(rt.table.snapshot().items())[:50]},
-            "refused": {f"{getattr(a, 'label', a)}->{b.label}": n
-                        for (a, b), n in rt.table.refused().items()},
-            "outcomes": rt.tracker.outcomes(),
-            "inflight": rt.tracker.count(),
-            "failure_records": len(mgr.failure_records),
-            "handle_deadlines": rt.handle_deadlines,
-            "peer_fast_fails": rt.peer_fast_fails,
-            "failure_notices": rt.failure_notices,
-            "skips_concluded": rt.silent_skips_concluded,
-        })
+        state.update(
+            {
+                "threads_alive": rt.threads.alive(),
+                "threads_expected": rt.threads.expected(),
+                "quarantined_handles": rt.quarantined_handles(),
+                "quarantine_ended": quarantine.ended() if quarantine is not None else {},
+                "oldest_in_state": {
+                    KVPoll(s).label: round(a, 3) for s, a in rt.table.oldest_in_state().items()
+                },
+                "rooms": {KVPoll(s).label: n for s, n in rt.table.counts().items() if n},
+                "room_list": {str(r): KVPoll(s).label for r, s in list(rt.table.snapshot().items())[:50]},
+                "refused": {
+                    f"{getattr(a, 'label', a)}->{b.label}": n for (a, b), n in rt.table.refused().items()
+                },
+                "outcomes": rt.tracker.outcomes(),
+                "inflight": rt.tracker.count(),
+                "failure_records": len(mgr.failure_records),
+                "handle_deadlines": rt.handle_deadlines,
+                "peer_fast_fails": rt.peer_fast_fails,
+                "failure_notices": rt.failure_notices,
+                "skips_concluded": rt.silent_skips_concluded,
+            }
+        )
         if self.role == c.ROLE_PREFILL:
-            state.update({
-                "transfer_infos": len(mgr.transfer_infos),
-                "staging_outstanding": len(mgr._staging_outstanding),
-                "ledger": rt.ledger.sizes(),
-                "transfer_queue_depth": sum(q.qsize() if hasattr(q, "qsize") else 0
-                                            for q in getattr(mgr, "transfer_queues", [])),
-            })
+            state.update(
+                {
+                    "transfer_infos": len(mgr.transfer_infos),
+                    "staging_outstanding": len(mgr._staging_outstanding),
+                    "ledger": rt.ledger.sizes(),
+                    "transfer_queue_depth": sum(
+                        q.qsize() if hasattr(q, "qsize") else 0 for q in getattr(mgr, "transfer_queues", [])
+                    ),
+                }
+            )
         else:
-            state.update({
-                "prefill_response_tracker": len(mgr.prefill_response_tracker),
-                "required_prefill_response_num_table": len(mgr.required_prefill_response_num_table),
-                "deferred_abort_acks": len(mgr._deferred_abort_ack_tracker),
-            })
+            state.update(
+                {
+                    "prefill_response_tracker": len(mgr.prefill_response_tracker),
+                    "required_prefill_response_num_table": len(mgr.required_prefill_response_num_table),
+                    "deferred_abort_acks": len(mgr._deferred_abort_ack_tracker),
+                }
+            )
         return state
 
     async def close(self) -> None:
@@ -388,8 +406,11 @@ class PrefillEngine(SyntheticEngine):
         aux: int | None = None
         concluded = False
         try:
-            state = await self._waiters.until(room, sender.poll, (KVPoll.WaitingForInput, KVPoll.Failed,
-                                                                  KVPoll.Transferring, KVPoll.Success))
+            state = await self._waiters.until(
+                room,
+                sender.poll,
+                (KVPoll.WaitingForInput, KVPoll.Failed, KVPoll.Transferring, KVPoll.Success),
+            )
             if state != KVPoll.Failed:
                 self.pending[room] = "sending"
                 pages = self.pool.take_pages(spec.pages)
@@ -403,7 +424,7 @@ class PrefillEngine(SyntheticEngine):
                 fill(self.pool, spec, pages, 0, aux)
                 for first in range(0, spec.pages, step):
                     last = first + step >= spec.pages
-                    sender.send(pages[first:first + step])
+                    sender.send(pages[first : first + step])
                     if compute_ms > 0 and not last:
                         await asyncio.sleep(compute_ms / 1000)
                 self.pending[room] = "inflight"
@@ -413,11 +434,20 @@ class PrefillEngine(SyntheticEngine):
                 metric = sender.get_transfer_metric()
                 sender.clear()
                 self.completed += 1
-                return {"text": "", "output_ids": [], "meta_info": {
-                    "id": body.get("rid") or f"room-{room}", "finish_reason": {"type": "length", "length": 0},
-                    "prompt_tokens": spec.tokens, "completion_tokens": 0, "bootstrap_room": room,
-                    "kv_pages": spec.pages, "kv_transfer_latency_s": metric.transfer_latency_s,
-                    "kv_transfer_bytes": metric.transfer_total_bytes}}
+                return {
+                    "text": "",
+                    "output_ids": [],
+                    "meta_info": {
+                        "id": body.get("rid") or f"room-{room}",
+                        "finish_reason": {"type": "length", "length": 0},
+                        "prompt_tokens": spec.tokens,
+                        "completion_tokens": 0,
+                        "bootstrap_room": room,
+                        "kv_pages": spec.pages,
+                        "kv_transfer_latency_s": metric.transfer_latency_s,
+                        "kv_transfer_bytes": metric.transfer_total_bytes,
+                    },
+                }
             self.failed += 1
             raise RequestFailed(self._failure_reason(sender))
         except asyncio.CancelledError:
@@ -444,6 +474,7 @@ class PrefillEngine(SyntheticEngine):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value <= 60000:
             raise BadRequest(f"synthetic_compute_ms must be a number in [0, 60000], got {value!r}")
         return float(value)
+
 
 class DecodeEngine(SyntheticEngine):
     """Decode: receives the request's KV pages, verifies them, answers with tokens."""
@@ -513,8 +544,9 @@ class DecodeEngine(SyntheticEngine):
                     self._spawn(self._release_after_drain(receiver, pages, aux))
                     handed_off = True
                 raise RequestFailed(reason)
-            problems, corrupted = await loop.run_in_executor(self._executor, verify_pages, self.pool, spec,
-                                                             pages, aux)
+            problems, corrupted = await loop.run_in_executor(
+                self._executor, verify_pages, self.pool, spec, pages, aux
+            )
             receiver.clear()
             if problems:
                 assert self.rt is not None
@@ -528,11 +560,20 @@ class DecodeEngine(SyntheticEngine):
             assert self.rt is not None
             self.rt.metrics.add_bytes(moved)
             ids = output_ids(spec)
-            return {"text": output_text(ids), "output_ids": ids, "meta_info": {
-                "id": body.get("rid") or f"room-{room}",
-                "finish_reason": {"type": "length", "length": spec.max_new_tokens},
-                "prompt_tokens": spec.tokens, "completion_tokens": len(ids), "cached_tokens": 0,
-                "bootstrap_room": room, "kv_pages": spec.pages, "kv_verified": True}}
+            return {
+                "text": output_text(ids),
+                "output_ids": ids,
+                "meta_info": {
+                    "id": body.get("rid") or f"room-{room}",
+                    "finish_reason": {"type": "length", "length": spec.max_new_tokens},
+                    "prompt_tokens": spec.tokens,
+                    "completion_tokens": len(ids),
+                    "cached_tokens": 0,
+                    "bootstrap_room": room,
+                    "kv_pages": spec.pages,
+                    "kv_verified": True,
+                },
+            }
         except asyncio.CancelledError:
             self.aborted += 1
             # Abort once the receiver knows its prefill (init may still run in a thread),
@@ -548,8 +589,9 @@ class DecodeEngine(SyntheticEngine):
                     self._failure_reason_quiet(receiver)
                 self._give(pages, aux)
 
-    async def _abort_and_release(self, receiver: Any, init: asyncio.Future[Any] | None,
-                                 pages: np.ndarray | None, aux: int | None) -> None:
+    async def _abort_and_release(
+        self, receiver: Any, init: asyncio.Future[Any] | None, pages: np.ndarray | None, aux: int | None
+    ) -> None:
         if init is not None:
             with contextlib.suppress(Exception):
                 await init

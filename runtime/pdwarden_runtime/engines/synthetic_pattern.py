@@ -67,8 +67,7 @@ class RequestSpec:
         pages = math.ceil(tokens / page_size_tokens)
         if pages > max_pages:
             raise BadRequest(f"prompt needs {pages} KV pages, more than the pool's {max_pages}")
-        return cls(room=room, tokens=tokens, pages=pages, max_new_tokens=max_new,
-                   digest=zlib.crc32(raw))
+        return cls(room=room, tokens=tokens, pages=pages, max_new_tokens=max_new, digest=zlib.crc32(raw))
 
 
 def _seeds(spec: RequestSpec, buffer: int, count: int) -> torch.Tensor:

@@ -70,8 +70,10 @@ def check_versions() -> dict[str, str]:
             problems.append(f"{dist} {version} is not supported (supported: {', '.join(supported)})")
     if problems:
         raise UnsupportedVersionError(
-            "pdwarden's NIXL hardening refuses to start: " + "; ".join(problems)
-            + ". Install a supported version or upgrade pdwarden.")
+            "pdwarden's NIXL hardening refuses to start: "
+            + "; ".join(problems)
+            + ". Install a supported version or upgrade pdwarden."
+        )
     return {dist: str(version) for dist, version in found.items()}
 
 

@@ -102,8 +102,9 @@ _RACE_HANDOFF_S: Final = 2.0
 
 REASON_HANDLE_DEADLINE: Final = "transfer deadline: NIXL handle still in progress after {:.1f}s; quarantined"
 REASON_SIBLING_RUNNING: Final = "NIXL handle still running after a sibling handle failed"
-REASON_PEER_STALLED: Final = ("transfer deadline: decode peer {} has a stalled transfer (quarantined); "
-                               "failed before sending")
+REASON_PEER_STALLED: Final = (
+    "transfer deadline: decode peer {} has a stalled transfer (quarantined); failed before sending"
+)
 REASON_INFLIGHT_DEADLINE: Final = "inflight deadline: room not concluded within {:.1f}s"
 REASON_SKIPPED: Final = "room {} before its chunk was sent (pdwarden: skipped chunk concluded Failed)"
 REASON_EARLY_ABORT: Final = "Aborted by decode before this prefill opened the room"
@@ -176,8 +177,9 @@ class HardenedNixlKVManager(NixlKVManager):
 
     pdwarden: RoomRuntime
 
-    def __init__(self, args: Any, disaggregation_mode: Any, server_args: Any,
-                 is_mla_backend: bool | None = False) -> None:
+    def __init__(
+        self, args: Any, disaggregation_mode: Any, server_args: Any, is_mla_backend: bool | None = False
+    ) -> None:
         config = installed_config()
         role = ROLE_PREFILL if disaggregation_mode == DisaggregationMode.PREFILL else ROLE_DECODE
         self.pdwarden = RoomRuntime(config, role)
@@ -204,7 +206,8 @@ class HardenedNixlKVManager(NixlKVManager):
                 read_state=self._pdw_quarantined_state,
                 release=lambda handle: self.agent.release_xfer_handle(handle),
                 on_settled=self._pdw_quarantine_settled,
-                on_error=self.pdwarden.count_error)
+                on_error=self.pdwarden.count_error,
+            )
             self.pdwarden.quarantine = self._pdw_quarantine
         with self.pdwarden.threads.record_started():
             super().__init__(args, disaggregation_mode, server_args, is_mla_backend)
@@ -238,7 +241,8 @@ class HardenedNixlKVManager(NixlKVManager):
             return
         raise NotImplementedError(
             "pdwarden's NIXL hardening supports pipeline-parallel size 1 only "
-            f"(SGLang tried to install {type(value).__name__} as the room status store)")
+            f"(SGLang tried to install {type(value).__name__} as the room status store)"
+        )
 
     def update_status(self, bootstrap_room: int, status: Any) -> None:
         target = coerce(status)  # a bad status is SGLang's error: it propagates as before
@@ -248,8 +252,11 @@ class HardenedNixlKVManager(NixlKVManager):
             self._pdw_update_status(bootstrap_room, target)  # dict lookup: per-chunk path
         except Exception:
             self.pdwarden.count_error(WHERE_STATUS_WRITE)
-            log.exception("pdwarden: status write %s -> %s failed; writing the table directly",
-                          bootstrap_room, target.name)
+            log.exception(
+                "pdwarden: status write %s -> %s failed; writing the table directly",
+                bootstrap_room,
+                target.name,
+            )
             with self._pdw_guard(WHERE_STATUS_WRITE):
                 table.update(bootstrap_room, target)
         finally:
@@ -314,16 +321,24 @@ class HardenedNixlKVManager(NixlKVManager):
             return
         targets, reason = claim
         self.pdwarden.failure_notices += 1
-        super().send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
-                                       failure_reason=reason)
+        super().send_kv_status_message(
+            targets=targets, bootstrap_room=room, status=KVPoll.Failed, failure_reason=reason
+        )
 
-    def send_kv_status_message(self, *, targets: list[tuple[str, int]], bootstrap_room: int,
-                               status: Any, failure_reason: str | None = None) -> None:
+    def send_kv_status_message(
+        self,
+        *,
+        targets: list[tuple[str, int]],
+        bootstrap_room: int,
+        status: Any,
+        failure_reason: str | None = None,
+    ) -> None:
         with self._pdw_guard(WHERE_STATUS_NOTICE):
             if targets and int(status) in (KVPoll.Failed, KVPoll.Success):
                 self.pdwarden.ledger.told(bootstrap_room)
-        super().send_kv_status_message(targets=targets, bootstrap_room=bootstrap_room, status=status,
-                                       failure_reason=failure_reason)
+        super().send_kv_status_message(
+            targets=targets, bootstrap_room=bootstrap_room, status=status, failure_reason=failure_reason
+        )
 
     def _pdw_metadata_after_end(self, room: int) -> None:
         """Decode's metadata arrived for a room this prefill already ended: SGLang would
@@ -676,14 +691,30 @@ class HardenedNixlKVManager(NixlKVManager):
             message[4], message[5] = stalled.name.encode("ascii"), stalled.metadata
         return message
 
-    def build_receiver_metadata_message(self, *, bootstrap_room: int, required_dst_info_num: int,
-                                        kv_indices: Any, aux_index: int | None, state_indices: Any,
-                                        decode_prefix_len: int | None, is_dummy: bool,
-                                        device_kv_indices: Any = None) -> list[bytes]:
-        message: list[bytes] = list(super().build_receiver_metadata_message(
-            bootstrap_room=bootstrap_room, required_dst_info_num=required_dst_info_num,
-            kv_indices=kv_indices, aux_index=aux_index, state_indices=state_indices,
-            decode_prefix_len=decode_prefix_len, is_dummy=is_dummy, device_kv_indices=device_kv_indices))
+    def build_receiver_metadata_message(
+        self,
+        *,
+        bootstrap_room: int,
+        required_dst_info_num: int,
+        kv_indices: Any,
+        aux_index: int | None,
+        state_indices: Any,
+        decode_prefix_len: int | None,
+        is_dummy: bool,
+        device_kv_indices: Any = None,
+    ) -> list[bytes]:
+        message: list[bytes] = list(
+            super().build_receiver_metadata_message(
+                bootstrap_room=bootstrap_room,
+                required_dst_info_num=required_dst_info_num,
+                kv_indices=kv_indices,
+                aux_index=aux_index,
+                state_indices=state_indices,
+                decode_prefix_len=decode_prefix_len,
+                is_dummy=is_dummy,
+                device_kv_indices=device_kv_indices,
+            )
+        )
         stalled = self._pdw_stall_agent()
         if stalled is not None:  # [4] agent name
             message[4] = stalled.name.encode("ascii")
@@ -711,11 +742,13 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
 
     def __init__(self, mgr: Any, bootstrap_addr: str, bootstrap_room: int | None = None) -> None:
         super().__init__(mgr, bootstrap_addr, bootstrap_room)
-        if isinstance(mgr, HardenedNixlKVManager) and bootstrap_room is not None \
-                and self.conclude_state is None:
+        if (
+            isinstance(mgr, HardenedNixlKVManager)
+            and bootstrap_room is not None
+            and self.conclude_state is None
+        ):
             with mgr._pdw_guard(WHERE_PEERS):
                 mgr.pdwarden.metrics.peers.bind(bootstrap_room, [peer_of_address(bootstrap_addr)])
-
 
     def init(self, prefill_dp_rank: int) -> None:
         mgr = self.kv_mgr

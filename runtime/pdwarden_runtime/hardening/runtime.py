@@ -35,9 +35,20 @@ WHERE_QUARANTINE_SETTLED: Final = "quarantine_settled"
 WHERE_LISTENER: Final = "status_listener"
 WHERE_MIRROR: Final = "stock_mirror"
 WHERE_PEERS: Final = "peers"
-ERROR_WHERES: Final = (WHERE_ENQUEUE, WHERE_CHUNK_TAKEN, WHERE_CHUNK_FINISHED, WHERE_STATUS_WRITE,
-                       WHERE_STATUS_NOTICE, WHERE_ABORT, WHERE_DEADLINE, WHERE_QUARANTINE,
-                       WHERE_QUARANTINE_SETTLED, WHERE_LISTENER, WHERE_MIRROR, WHERE_PEERS)
+ERROR_WHERES: Final = (
+    WHERE_ENQUEUE,
+    WHERE_CHUNK_TAKEN,
+    WHERE_CHUNK_FINISHED,
+    WHERE_STATUS_WRITE,
+    WHERE_STATUS_NOTICE,
+    WHERE_ABORT,
+    WHERE_DEADLINE,
+    WHERE_QUARANTINE,
+    WHERE_QUARANTINE_SETTLED,
+    WHERE_LISTENER,
+    WHERE_MIRROR,
+    WHERE_PEERS,
+)
 
 
 class RoomRuntime:
@@ -56,12 +67,18 @@ class RoomRuntime:
         # Decode rooms failed by the deadline: the engine must abort them and hold their
         # pages until prefill acknowledges the drain.
         self.decode_deadline_rooms: set[int] = set()
-        self.metrics = RuntimeMetrics(role, self.table, self.tracker, engine=config.engine,
-                                      transfer_backend=TRANSFER_BACKEND,
-                                      expire_on_scrape=deadline is not None,
-                                      threads=self.threads, quarantined=self.quarantined_handles,
-                                      quarantine_endings=self.quarantine_endings,
-                                      error_wheres=ERROR_WHERES)
+        self.metrics = RuntimeMetrics(
+            role,
+            self.table,
+            self.tracker,
+            engine=config.engine,
+            transfer_backend=TRANSFER_BACKEND,
+            expire_on_scrape=deadline is not None,
+            threads=self.threads,
+            quarantined=self.quarantined_handles,
+            quarantine_endings=self.quarantine_endings,
+            error_wheres=ERROR_WHERES,
+        )
         self.rooms = RoomStatusMap(self.table)
         self.ledger = RoomLedger()
         self.reaper: DeadlineReaper | None = None
@@ -113,8 +130,9 @@ class RoomRuntime:
             self.reaper = self.tracker.start_reaper(interval=min(1.0, max(0.05, deadline / 10)))
             self.threads.watch(self.reaper.thread)
         if self.config.metrics_port is not None and self.config.has("E"):
-            self.metrics_server = serve_metrics(self.metrics.registry, self.config.metrics_host,
-                                                self.config.metrics_port)
+            self.metrics_server = serve_metrics(
+                self.metrics.registry, self.config.metrics_host, self.config.metrics_port
+            )
             log.info("pdwarden metrics for %s served at %s", self.role, self.metrics_server.url)
         if self.config.on_runtime is not None:
             self.config.on_runtime(self)

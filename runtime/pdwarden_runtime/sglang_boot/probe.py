@@ -79,12 +79,20 @@ def pod_configuration() -> dict[str, Any]:
     from pdwarden_runtime.hardening.config import installed_config
 
     config = installed_config()
-    env = {k: v for k, v in os.environ.items()
-           if k.startswith(("PDWARDEN_", "SGLANG_DISAGGREGATION_", "UCX_"))
-           and k != "PDWARDEN_HARDENING_ON_ERROR"}
-    return {"fixes": sorted(config.fixes), "stock_classes": config.stock_classes,
-            "transfer_deadline": config.transfer_deadline, "inflight_deadline": config.inflight_deadline,
-            "fault": config.fault.active, "env": env}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("PDWARDEN_", "SGLANG_DISAGGREGATION_", "UCX_"))
+        and k != "PDWARDEN_HARDENING_ON_ERROR"
+    }
+    return {
+        "fixes": sorted(config.fixes),
+        "stock_classes": config.stock_classes,
+        "transfer_deadline": config.transfer_deadline,
+        "inflight_deadline": config.inflight_deadline,
+        "fault": config.fault.active,
+        "env": env,
+    }
 
 
 def _free_port() -> int:

@@ -22,20 +22,27 @@ _lock = threading.Lock()
 _published: dict[str, Any] | None = None
 
 
-def publish_sglang_context(*, host: str, bootstrap_port: int, http_port: int = 30000,
-                           chunked_prefill_size: int = 8192) -> None:
+def publish_sglang_context(
+    *, host: str, bootstrap_port: int, http_port: int = 30000, chunked_prefill_size: int = 8192
+) -> None:
     """Make SGLang's runtime context describe one CPU rank (TP/DP/PP/CP = 1) serving on
     ``host`` with its KV bootstrap server on ``bootstrap_port``. Idempotent for the same
     settings; different settings in one process are an error (SGLang's context is
     process-wide)."""
     global _published
-    settings = {"host": host, "bootstrap_port": bootstrap_port, "http_port": http_port,
-                "chunked_prefill_size": chunked_prefill_size}
+    settings = {
+        "host": host,
+        "bootstrap_port": bootstrap_port,
+        "http_port": http_port,
+        "chunked_prefill_size": chunked_prefill_size,
+    }
     with _lock:
         if _published is not None:
             if _published != settings:
-                raise RuntimeError(f"SGLang's runtime context is already published as {_published}, "
-                                   f"cannot republish as {settings} in one process")
+                raise RuntimeError(
+                    f"SGLang's runtime context is already published as {_published}, "
+                    f"cannot republish as {settings} in one process"
+                )
             return
         for name, value in _ENV_DEFAULTS.items():
             os.environ.setdefault(name, value)
@@ -53,7 +60,11 @@ def publish_sglang_context(*, host: str, bootstrap_port: int, http_port: int = 3
             chunked_prefill_size=chunked_prefill_size,
         ).install()
         get_parallel().override_permanently(
-            attn_tp_rank=0, attn_cp_rank=0, attn_dcp_rank=0, attn_dp_rank=0,
-            pp_group=None, world_group=None,
+            attn_tp_rank=0,
+            attn_cp_rank=0,
+            attn_dcp_rank=0,
+            attn_dp_rank=0,
+            pp_group=None,
+            world_group=None,
         )
         _published = settings

@@ -73,8 +73,9 @@ class KVPool:
 
     def __init__(self, shape: PoolShape) -> None:
         self.shape = shape
-        self.buffers = [torch.zeros(shape.pages * shape.page_bytes, dtype=torch.uint8)
-                        for _ in range(shape.buffers)]
+        self.buffers = [
+            torch.zeros(shape.pages * shape.page_bytes, dtype=torch.uint8) for _ in range(shape.buffers)
+        ]
         self.aux = torch.zeros(shape.aux_slots * shape.aux_bytes, dtype=torch.uint8)
         self._pages = _Allocator(shape.pages, "KV pages")
         self._aux = _Allocator(shape.aux_slots, "aux slots")
@@ -126,8 +127,8 @@ class KVPool:
     # --- views -----------------------------------------------------------------------
     def page_view(self, buffer: int, page: int) -> torch.Tensor:
         b = self.shape.page_bytes
-        return self.buffers[buffer][page * b:(page + 1) * b]
+        return self.buffers[buffer][page * b : (page + 1) * b]
 
     def aux_view(self, slot: int) -> torch.Tensor:
         b = self.shape.aux_bytes
-        return self.aux[slot * b:(slot + 1) * b]
+        return self.aux[slot * b : (slot + 1) * b]

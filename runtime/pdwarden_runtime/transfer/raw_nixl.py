@@ -104,10 +104,14 @@ def run_initiator(port: int, size: int, chunk: int, iters: int, timeout: float) 
     dst = json.loads(info_raw)["ptr"]
     n = size // chunk
     shapes = {
-        "large": (agent.get_xfer_descs([(src.data_ptr(), size, 0)], "DRAM"),
-                  agent.get_xfer_descs([(dst, size, 0)], "DRAM")),
-        "batched": (agent.get_xfer_descs([(src.data_ptr() + i * chunk, chunk, 0) for i in range(n)], "DRAM"),
-                    agent.get_xfer_descs([(dst + i * chunk, chunk, 0) for i in range(n)], "DRAM")),
+        "large": (
+            agent.get_xfer_descs([(src.data_ptr(), size, 0)], "DRAM"),
+            agent.get_xfer_descs([(dst, size, 0)], "DRAM"),
+        ),
+        "batched": (
+            agent.get_xfer_descs([(src.data_ptr() + i * chunk, chunk, 0) for i in range(n)], "DRAM"),
+            agent.get_xfer_descs([(dst + i * chunk, chunk, 0) for i in range(n)], "DRAM"),
+        ),
     }
     _write(agent, *shapes["large"], peer, end)  # warm-up: connection and registration caches
     rates: dict[str, list[float]] = {shape: [] for shape in SHAPES}

@@ -74,8 +74,9 @@ class Pair:
         rt = self.prefill.pdwarden
         return {
             "prefill_rooms": {str(r): KVPoll(s).name for r, s in rt.table.snapshot().items()},
-            "decode_rooms": {str(r): KVPoll(s).name
-                             for r, s in self.decode.pdwarden.table.snapshot().items()},
+            "decode_rooms": {
+                str(r): KVPoll(s).name for r, s in self.decode.pdwarden.table.snapshot().items()
+            },
             "refused": {f"{getattr(a, 'name', a)}->{b.name}": n for (a, b), n in rt.table.refused().items()},
             "outcomes": {k: v for k, v in rt.tracker.outcomes().items() if v},
             "transfer_infos": len(self.prefill.transfer_infos),
@@ -111,10 +112,13 @@ def scenario_roundtrip(pair: Pair) -> dict[str, Any]:
         sender.send(src[:4])
         sender.send(src[4:])
         wait_for(lambda s=sender, r=recv: bool(terminal(s.poll()) and terminal(r.poll())), 10)  # type: ignore[misc]
-        ok = int(pair.d_pool.buffers[0].view(256, 4096)[dst[0]][0]) == 7 + i and int(
-            pair.d_pool.aux_view(room % 64)[0]) == 40 + i
-        results.append({"prefill": KVPoll(sender.poll()).name, "decode": KVPoll(recv.poll()).name,
-                        "data_ok": ok})
+        ok = (
+            int(pair.d_pool.buffers[0].view(256, 4096)[dst[0]][0]) == 7 + i
+            and int(pair.d_pool.aux_view(room % 64)[0]) == 40 + i
+        )
+        results.append(
+            {"prefill": KVPoll(sender.poll()).name, "decode": KVPoll(recv.poll()).name, "data_ok": ok}
+        )
         sender.clear()
         recv.clear()
         pair.p_pool.give_pages(src)
@@ -136,11 +140,16 @@ def scenario_race(pair: Pair) -> dict[str, Any]:
     sender.send(src[4:])  # the last chunk
     wait_for(lambda: terminal(sender.poll()), 3.0)
     prefill_state = KVPoll(sender.poll()).name
-    decode_told = wait_for(lambda: pair.decode.pdwarden.table.get(room) is not None
-                           and room in pair.decode.failure_records, 1.0)
-    return {"prefill_final": prefill_state, "decode_status": KVPoll(recv.poll()).name,
-            "decode_failure_record": pair.decode.failure_records.get(room), "decode_told": decode_told,
-            **pair.rooms_summary()}
+    decode_told = wait_for(
+        lambda: pair.decode.pdwarden.table.get(room) is not None and room in pair.decode.failure_records, 1.0
+    )
+    return {
+        "prefill_final": prefill_state,
+        "decode_status": KVPoll(recv.poll()).name,
+        "decode_failure_record": pair.decode.failure_records.get(room),
+        "decode_told": decode_told,
+        **pair.rooms_summary(),
+    }
 
 
 def scenario_stall(pair: Pair) -> dict[str, Any]:
@@ -153,8 +162,12 @@ def scenario_stall(pair: Pair) -> dict[str, Any]:
     src = pair.p_pool.take_pages(4)
     sender.send(src)
     concluded = wait_for(lambda: terminal(sender.poll()), pair.config.transfer_deadline + 5)
-    stalled = {"prefill": KVPoll(sender.poll()).name, "decode": KVPoll(recv.poll()).name,
-               "seconds": round(time.time() - t0, 2), "concluded": concluded}
+    stalled = {
+        "prefill": KVPoll(sender.poll()).name,
+        "decode": KVPoll(recv.poll()).name,
+        "seconds": round(time.time() - t0, 2),
+        "concluded": concluded,
+    }
     # while the handle may still write (quarantined), decode must not hear its pages are free
     wait_for(lambda: terminal(recv.poll()), 1.0)
     stalled["decode_while_quarantined"] = KVPoll(recv.poll()).name
@@ -169,9 +182,11 @@ def scenario_stall(pair: Pair) -> dict[str, Any]:
     nsrc = pair.p_pool.take_pages(4)
     nxt.send(nsrc)
     wait_for(lambda: terminal(nxt.poll()) and terminal(nrecv.poll()), 5)
-    return {"stalled_room": stalled,
-            "next_room": {"prefill": KVPoll(nxt.poll()).name, "decode": KVPoll(nrecv.poll()).name},
-            **pair.rooms_summary()}
+    return {
+        "stalled_room": stalled,
+        "next_room": {"prefill": KVPoll(nxt.poll()).name, "decode": KVPoll(nrecv.poll()).name},
+        **pair.rooms_summary(),
+    }
 
 
 def _quarantined(pair: Pair) -> int:
@@ -188,8 +203,12 @@ def scenario_prefill_abort(pair: Pair) -> dict[str, Any]:
     time.sleep(0.1)
     sender.abort()
     told = wait_for(lambda: terminal(recv.poll()), 2.0)
-    return {"decode_told": told, "decode_status": KVPoll(recv.poll()).name,
-            "prefill_status": KVPoll(sender.poll()).name, **pair.rooms_summary()}
+    return {
+        "decode_told": told,
+        "decode_status": KVPoll(recv.poll()).name,
+        "prefill_status": KVPoll(sender.poll()).name,
+        **pair.rooms_summary(),
+    }
 
 
 def _roundtrip_once(pair: Pair, room: int) -> dict[str, str]:
@@ -227,13 +246,17 @@ def scenario_hook_error(pair: Pair) -> dict[str, Any]:
         def fail(*args: Any, **kwargs: Any) -> Any:
             setattr(ledger, name, originals[name])  # once
             raise RuntimeError(f"injected failure in RoomLedger.{name}")
+
         return fail
 
     for name in broken:
         setattr(ledger, name, failing(name))
     rooms = [_roundtrip_once(pair, 8100 + i) for i in range(3)]
-    return {"rooms": rooms, "errors": _errors(pair.prefill),
-            "threads_dead": {k: list(v) for k, v in pair.prefill.pdwarden.threads.dead().items()}}
+    return {
+        "rooms": rooms,
+        "errors": _errors(pair.prefill),
+        "threads_dead": {k: list(v) for k, v in pair.prefill.pdwarden.threads.dead().items()},
+    }
 
 
 def scenario_enqueue_popped(pair: Pair) -> dict[str, Any]:
@@ -246,8 +269,12 @@ def scenario_enqueue_popped(pair: Pair) -> dict[str, Any]:
     sender.send(src)
     concluded = wait_for(lambda: terminal(sender.poll()), 3)
     decode_told = wait_for(lambda: terminal(recv.poll()), 3)
-    return {"concluded": concluded, "prefill": KVPoll(sender.poll()).name, "decode_told": decode_told,
-            "decode": KVPoll(recv.poll()).name}
+    return {
+        "concluded": concluded,
+        "prefill": KVPoll(sender.poll()).name,
+        "decode_told": decode_told,
+        "decode": KVPoll(recv.poll()).name,
+    }
 
 
 class _PoisonChunk:
@@ -279,9 +306,13 @@ def scenario_prefill_vanished(pair: Pair) -> dict[str, Any]:
     _sender, recv, _dst = pair.open_room(room, 4)
     deadline = pair.config.inflight_deadline or 0.0
     concluded = wait_for(lambda: terminal(recv.poll()), deadline + 10)
-    return {"concluded": concluded, "decode": KVPoll(recv.poll()).name, "seconds": round(time.time() - t0, 2),
-            "marked_for_drain": room in pair.decode.pdwarden.decode_deadline_rooms,
-            "decode_outcomes": {k: v for k, v in pair.decode.pdwarden.tracker.outcomes().items() if v}}
+    return {
+        "concluded": concluded,
+        "decode": KVPoll(recv.poll()).name,
+        "seconds": round(time.time() - t0, 2),
+        "marked_for_drain": room in pair.decode.pdwarden.decode_deadline_rooms,
+        "decode_outcomes": {k: v for k, v in pair.decode.pdwarden.tracker.outcomes().items() if v},
+    }
 
 
 SCENARIOS: dict[str, Callable[[Pair], dict[str, Any]]] = {
@@ -309,10 +340,13 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenario(s) {unknown}")
-    config = HardeningConfig(fixes=ALL_FIXES if args.hardening == "on" else NO_FIXES,
-                             transfer_deadline=args.transfer_deadline,
-                             inflight_deadline=args.inflight_deadline,
-                             fault=FaultSwitch("none"), race_window=5.0)
+    config = HardeningConfig(
+        fixes=ALL_FIXES if args.hardening == "on" else NO_FIXES,
+        transfer_deadline=args.transfer_deadline,
+        inflight_deadline=args.inflight_deadline,
+        fault=FaultSwitch("none"),
+        race_window=5.0,
+    )
     results: dict[str, Any] = {}
     try:
         pair = Pair(args.port, config)
