@@ -22,6 +22,7 @@ from pdwarden_localcluster.kubelet.ipam import IpAllocator
 from pdwarden_localcluster.kubelet.podstatus import pod_status, will_restart
 from pdwarden_localcluster.kubelet.probes import ProbeState, now, run_probe
 from pdwarden_localcluster.network import NetPlan
+from pdwarden_localcluster.paths import REPO_ROOT
 from pdwarden_localcluster.teardown import CREATED_MOUNT_POINTS, cgroup_name
 
 JSON = dict[str, Any]
@@ -32,6 +33,10 @@ RETRY_S = 2.0  # a volume or config that is not there yet is looked at again thi
 # Paths a non-root container must be able to traverse to reach the project's interpreter and
 # venv (an image's own files would be readable by its user).
 TRAVERSABLE = ("/root",)
+# What every container runs from (a cluster's image): the checkout with its venv, and the
+# interpreter the venv is made from. A volume mounted over a directory holding them leaves
+# them visible (sandbox.py).
+IMAGE_PATHS = (str(REPO_ROOT), os.path.realpath(sys.base_prefix))
 NSENTER = "nsenter"
 BACKOFF = BackOff()
 SANDBOX = [sys.executable, "-m", "pdwarden_localcluster.kubelet.sandbox"]
@@ -528,6 +533,7 @@ class PodWorker(threading.Thread):
             "noNewPrivs": sec.no_new_privs,
             "seccompRuntimeDefault": sec.seccomp_default,
             "traversable": list(TRAVERSABLE),
+            "image": list(IMAGE_PATHS),
             "createdLog": str(self.cfg.state_dir / CREATED_MOUNT_POINTS),
         }
         path = self.pod_dir / f"{run.name}.sandbox.json"

@@ -11,6 +11,7 @@ Only the standard library: this runs once per container start.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import json
@@ -231,6 +232,27 @@ def _seccomp_runtime_default() -> None:
         lib.seccomp_release(ctx)
 
 
+def _open_image(paths: list[str]) -> dict[str, int]:
+    """O_PATH descriptors of the "image" (the project's checkout and interpreter, which every
+    container runs from): a volume mounted over a directory holding them must not hide them."""
+    out = {}
+    for path in paths:
+        with contextlib.suppress(OSError):
+            out[os.path.abspath(path)] = os.open(path, os.O_PATH | os.O_DIRECTORY)
+    return out
+
+
+def _show_image_under(target: str, image: dict[str, int]) -> None:
+    """Bind the image's directories that lie under `target` back over the volume just mounted
+    there, as an image's files stay visible beside a volume (e.g. /tmp as an emptyDir while the
+    checkout lives under /tmp)."""
+    root = os.path.abspath(target).rstrip("/") + "/"
+    for path, fd in image.items():
+        if path.startswith(root):
+            os.makedirs(path, exist_ok=True)
+            mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
+
+
 def apply(spec: dict[str, Any]) -> None:
     _check(_libc.unshare(CLONE_NEWNS), "unshare the mount namespace")
     # host mounts still reach the container; its own never reach the host
@@ -240,10 +262,12 @@ def apply(spec: dict[str, Any]) -> None:
         for path in spec.get("traversable") or []:
             _traversable(path)
     targets = []
+    image = _open_image(spec.get("image") or [])
     for m in spec.get("mounts") or []:
         _record_created(m["target"], spec.get("createdLog"))
         _ensure_target(m["source"], m["target"])
         mount(m["source"], m["target"], None, MS_BIND | MS_REC)
+        _show_image_under(m["target"], image)
         if m.get("readOnly"):
             mount(None, m["target"], None, MS_BIND | MS_REMOUNT | MS_RDONLY)
         targets.append(m["target"])
