@@ -48,6 +48,7 @@ class ContainerRun:
     kill_deadline: float | None = None
     kill_message: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    user: tuple[int, int] = (0, 0)  # (uid, gid) its sandbox runs it as; exec probes enter as it
 
     @property
     def log_path(self) -> Path:

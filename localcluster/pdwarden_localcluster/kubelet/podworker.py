@@ -189,15 +189,8 @@ class PodWorker(threading.Thread):
         """An exec probe runs in the container's namespaces, as its user."""
         if run.proc is None:
             return self._exec_prefix()
-        creds = json.loads((self.pod_dir / f"{run.name}.sandbox.json").read_text())
-        return [
-            NSENTER,
-            f"--target={run.proc.pid}",
-            "--mount",
-            "--net",
-            f"--setuid={creds['uid']}",
-            f"--setgid={creds['gid']}",
-        ]
+        uid, gid = run.user
+        return [NSENTER, f"--target={run.proc.pid}", "--mount", "--net", f"--setuid={uid}", f"--setgid={gid}"]
 
     # --- running ----------------------------------------------------------------------
     def _step(self, pod: JSON) -> None:
@@ -536,6 +529,7 @@ class PodWorker(threading.Thread):
             "image": list(IMAGE_PATHS),
             "createdLog": str(self.cfg.state_dir / CREATED_MOUNT_POINTS),
         }
+        run.user = (sec.uid, sec.gid)
         path = self.pod_dir / f"{run.name}.sandbox.json"
         path.write_text(json.dumps(doc) + "\n")
         return [*SANDBOX, str(path), "--"]
