@@ -21,6 +21,7 @@ import shutil
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -210,57 +211,42 @@ class Provisioner:
                 raise
         log.info("deleted %s and %s", name, path)
 
-    def _resync(self) -> str:
-        classes = self.classes()
-        for pv in self.api.get("/api/v1/persistentvolumes").get("items", []):
-            self.reclaim(pv)
-        listing = self.api.get("/api/v1/persistentvolumeclaims")
-        for claim in listing.get("items", []):
-            self.provision(claim, classes)
-        return str(listing["metadata"]["resourceVersion"])
-
-    def run_claims(self) -> None:
-        """Claims: a list, then a watch (relisting every 30 s and after any error)."""
+    def _list_and_watch(self, what: str, path: str, handler: Callable[[], Callable[[JSON], None]]) -> None:
+        """A small informer: list `path` and hand every item to a handler made for this list,
+        then watch from the list's version; relist every 30 s and after any error."""
         while not self.stop.is_set():
             try:
-                rv = self._resync()
-                classes = self.classes()
-                params = {"resourceVersion": rv}
-                for etype, obj in self.api.watch("/api/v1/persistentvolumeclaims", params, 30):
+                handle = handler()
+                listing = self.api.get(path)
+                for item in listing.get("items", []):
+                    handle(item)
+                params = {"resourceVersion": str(listing["metadata"]["resourceVersion"])}
+                for etype, obj in self.api.watch(path, params, 30):
                     if self.stop.is_set():
                         return
                     if etype == "ERROR":
                         break
                     if etype in ("ADDED", "MODIFIED"):
-                        self.provision(obj, classes)
+                        handle(obj)
             except ApiError as exc:
-                log.warning("claims: %s; relisting", exc)
+                log.warning("%s: %s; relisting", what, exc)
                 self.stop.wait(1.0)
             except Exception:
-                log.exception("claims failed; relisting")
+                log.exception("%s failed; relisting", what)
                 self.stop.wait(1.0)
+
+    def run_claims(self) -> None:
+        """Claims: provisioned against the StorageClasses read at each (re)list."""
+
+        def handler() -> Callable[[JSON], None]:
+            classes = self.classes()
+            return lambda claim: self.provision(claim, classes)
+
+        self._list_and_watch("claims", "/api/v1/persistentvolumeclaims", handler)
 
     def run_volumes(self) -> None:
         """Volumes: Released ones of this provisioner are deleted."""
-        while not self.stop.is_set():
-            try:
-                listing = self.api.get("/api/v1/persistentvolumes")
-                for pv in listing.get("items", []):
-                    self.reclaim(pv)
-                params = {"resourceVersion": str(listing["metadata"]["resourceVersion"])}
-                for etype, obj in self.api.watch("/api/v1/persistentvolumes", params, 30):
-                    if self.stop.is_set():
-                        return
-                    if etype == "ERROR":
-                        break
-                    if etype in ("ADDED", "MODIFIED"):
-                        self.reclaim(obj)
-            except ApiError as exc:
-                log.warning("volumes: %s; relisting", exc)
-                self.stop.wait(1.0)
-            except Exception:
-                log.exception("volumes failed; relisting")
-                self.stop.wait(1.0)
+        self._list_and_watch("volumes", "/api/v1/persistentvolumes", lambda: self.reclaim)
 
 
 def main(argv: list[str] | None = None) -> int:
