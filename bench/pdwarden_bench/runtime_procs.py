@@ -24,6 +24,27 @@ from typing import Any
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import wait_for
 
+# A small KV geometry for `pdwarden runtime serve`: two layers of 64 KiB pages, 16 tokens a
+# page, chunks of two pages; enough pool and aux slots for tens of concurrent rooms.
+SMALL_KV: dict[str, object] = {
+    "layers": 2,
+    "page_bytes": 65536,
+    "pool_pages": 256,
+    "aux_slots": 256,
+    "page_size": 16,
+    "chunk_pages": 2,
+}
+
+
+def serve_flags(**options: object) -> list[str]:
+    """`pdwarden runtime serve` flags: SMALL_KV with `options` over it (`pool_pages=512` is
+    `--pool-pages 512`; True is a bare flag, such as `allow_fault_injection=True`)."""
+    flags: list[str] = []
+    for name, value in {**SMALL_KV, **options}.items():
+        flag = "--" + name.replace("_", "-")
+        flags += [flag] if value is True else [flag, str(value)]
+    return flags
+
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
     try:

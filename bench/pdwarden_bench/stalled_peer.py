@@ -29,7 +29,7 @@ import click
 
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
 from pdwarden_bench.promtext import metric_sum, samples
-from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, wait_healthy
+from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, serve_flags, wait_healthy
 from pdwarden_runtime import contract as c
 
 ENV: Final = {"UCX_TLS": "tcp,self"}
@@ -38,26 +38,9 @@ LATER_REQUESTS: Final = 24
 
 
 def runtime_flags(transfer_deadline: float, hardening: str) -> list[str]:
-    return [
-        "--hardening",
-        hardening,
-        "--layers",
-        "2",
-        "--page-bytes",
-        "65536",
-        "--pool-pages",
-        "512",
-        "--aux-slots",
-        "256",
-        "--page-size",
-        "16",
-        "--chunk-pages",
-        "2",
-        "--transfer-deadline",
-        str(transfer_deadline),
-        "--inflight-deadline",
-        "120",
-    ]
+    return serve_flags(
+        hardening=hardening, pool_pages=512, transfer_deadline=transfer_deadline, inflight_deadline=120
+    )
 
 
 @dataclass

@@ -16,30 +16,12 @@ import pytest
 
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
 from pdwarden_bench.promtext import metric_sum, samples
-from pdwarden_bench.runtime_procs import Fleet, Runtime, http_get, http_post_json, wait_healthy
+from pdwarden_bench.runtime_procs import Fleet, Runtime, http_get, http_post_json, serve_flags, wait_healthy
 from pdwarden_runtime import contract as c
 
 pytestmark = pytest.mark.integration
 
-FLAGS = [
-    "--allow-fault-injection",
-    "--layers",
-    "2",
-    "--page-bytes",
-    "65536",
-    "--pool-pages",
-    "256",
-    "--aux-slots",
-    "256",
-    "--page-size",
-    "16",
-    "--chunk-pages",
-    "2",
-    "--transfer-deadline",
-    "1.5",
-    "--inflight-deadline",
-    "6",
-]
+FLAGS = serve_flags(allow_fault_injection=True, transfer_deadline=1.5, inflight_deadline=6)
 ENV = {"UCX_TLS": "tcp,self"}
 
 

@@ -24,6 +24,7 @@ from pdwarden_bench.runtime_procs import (
     Router,
     Runtime,
     http_post_json,
+    serve_flags,
     wait_healthy,
     wait_router,
 )
@@ -33,27 +34,9 @@ from pdwarden_runtime import contract as c
 pytestmark = pytest.mark.integration
 
 TRANSFER_DEADLINE = 2.0
-FLAGS = [
-    "--allow-fault-injection",
-    "--layers",
-    "2",
-    "--page-bytes",
-    "65536",
-    "--pool-pages",
-    "256",
-    "--aux-slots",
-    "256",
-    "--page-size",
-    "16",
-    "--chunk-pages",
-    "2",
-    "--race-window",
-    "20",
-    "--transfer-deadline",
-    str(TRANSFER_DEADLINE),
-    "--inflight-deadline",
-    "120",
-]
+FLAGS = serve_flags(
+    allow_fault_injection=True, race_window=20, transfer_deadline=TRANSFER_DEADLINE, inflight_deadline=120
+)
 # UCX over TCP: a SIGSTOPped decode then stalls prefill's WRITEs (UCX's cma transport,
 # its default on one host, writes into a stopped process without the process's help).
 ENV = {"UCX_TLS": "tcp,self"}
