@@ -245,13 +245,13 @@ class _StateCollector(Collector):
             "Rooms concluded per peer pod and outcome (by its IP; bounded, rest as 'other').",
             labels=[R, c.LABEL_METRIC_PEER, c.LABEL_METRIC_OUTCOME],
         )
-        if with_samples and self._peers is not None:
-            figures = self._peers.snapshot()
-            for peer, count in sorted(figures.inflight.items()):
-                peer_inflight.add_metric([role, peer], count)
-                for outcome, total in sorted(figures.outcomes.get(peer, {}).items()):
-                    peer_transfers.add_metric([role, peer, outcome], total)
         if with_samples:
+            if self._peers is not None:
+                figures = self._peers.snapshot()
+                for peer, count in sorted(figures.inflight.items()):
+                    peer_inflight.add_metric([role, peer], count)
+                    for outcome, total in sorted(figures.outcomes.get(peer, {}).items()):
+                        peer_transfers.add_metric([role, peer, outcome], total)
             ages = self._table.oldest_in_state()
             for state in NON_TERMINAL:
                 in_state.add_metric([role, state.label], ages.get(state, 0.0))
