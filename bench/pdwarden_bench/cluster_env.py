@@ -1,4 +1,4 @@
-"""The watchdog's cluster harness, shared by the e2e tests (tests/support/watchdog_env.py) and
+"""The watchdog's cluster harness, shared by the watchdog e2e tests and
 `pdwarden bench remediation`: raw API access to one namespace, operator processes, router-like
 load, and the race fault that wedges one prefill pod.
 

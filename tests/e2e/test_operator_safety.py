@@ -19,11 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_cli import demo_traffic
-from pdwarden_localcluster.testing import wait_for
-from pdwarden_runtime import contract
-from tests.support.watchdog_env import (
+from pdwarden_bench.cluster_env import (
     API_TRANSIENT,
     EMULATED_PORT_PREFILL,
     INTERVAL,
@@ -37,6 +33,10 @@ from tests.support.watchdog_env import (
     remediations,
     wedge,
 )
+from pdwarden_bench.operator_process import OperatorProcess
+from pdwarden_cli import demo_traffic
+from pdwarden_localcluster.testing import wait_for
+from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
 

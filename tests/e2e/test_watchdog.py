@@ -3,7 +3,7 @@
 Each test runs its own operator process (scoped to the test's namespace) against 2 prefill +
 2 decode synthetic pods, drives load at them the way sglang-router does, injects faults into
 ONE pod and checks what the watchdog decided (status, Events, metrics, pods). The harness is
-tests/support/watchdog_env.py.
+bench/pdwarden_bench/cluster_env.py.
 
 The healthy soak runs PDWARDEN_E2E_SOAK_ROUNDS watchdog rounds (default 12: a minute).
 """
@@ -20,10 +20,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_localcluster.testing import wait_for
-from pdwarden_operator.models import WatchdogSpec
-from pdwarden_runtime import contract
-from tests.support.watchdog_env import (
+from pdwarden_bench.cluster_env import (
     API_TRANSIENT,
     EMULATED_PORT_PREFILL,
     INTERVAL,
@@ -43,6 +40,9 @@ from tests.support.watchdog_env import (
     wedge,
     with_outcome,
 )
+from pdwarden_localcluster.testing import wait_for
+from pdwarden_operator.models import WatchdogSpec
+from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
 

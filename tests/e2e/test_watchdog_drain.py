@@ -1,7 +1,7 @@
 """Action drain end to end: a wedged prefill pod is quarantined, replaced, drained and deleted
 under steady traffic; a drain interrupted by the operator's death is finished by the next one.
 
-Harness: tests/support/watchdog_env.py (2 prefill + 2 decode synthetic pods, router-like load,
+Harness: bench/pdwarden_bench/cluster_env.py (2 prefill + 2 decode synthetic pods, router-like load,
 the emulated port's race wedging ONE prefill pod).
 """
 
@@ -13,9 +13,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_localcluster.testing import wait_for
-from pdwarden_runtime import contract
-from tests.support.watchdog_env import (
+from pdwarden_bench.cluster_env import (
     API_TRANSIENT,
     EMULATED_PORT_PREFILL,
     STUCK,
@@ -29,6 +27,8 @@ from tests.support.watchdog_env import (
     up,
     wedge,
 )
+from pdwarden_localcluster.testing import wait_for
+from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,7 @@ synthetic pods under steady traffic, the decode-side transfer stall injected int
 Both prefill pods see their rooms with that decode end at the transfer deadline (real NIXL
 WRITEs into an agent that never progresses) while the decode still answers HTTP; the
 watchdog must blame the decode, restart it, touch no prefill pod, and traffic must recover.
-The harness is tests/support/watchdog_env.py.
+The harness is bench/pdwarden_bench/cluster_env.py.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_localcluster.testing import wait_for
-from pdwarden_runtime import contract
-from tests.support.watchdog_env import (
+from pdwarden_bench.cluster_env import (
     API_TRANSIENT,
     CHARGED,
     STUCK,
@@ -30,6 +28,8 @@ from tests.support.watchdog_env import (
     up,
     with_outcome,
 )
+from pdwarden_localcluster.testing import wait_for
+from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
 

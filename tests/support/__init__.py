@@ -1,3 +1,3 @@
-"""Harnesses the tests share: the watchdog e2e scenarios' cluster access and load
-(`watchdog_env`), a runtime's metrics on a fake clock (`runtime_metrics`), a scenario
-child's last JSON line (`child_result`)."""
+"""Harnesses the tests share: a runtime's metrics on a fake clock (`runtime_metrics`), a
+scenario child's last JSON line (`child_result`). The watchdog e2e scenarios' cluster access
+and load live in pdwarden_bench.cluster_env, which the remediation benchmark shares."""
