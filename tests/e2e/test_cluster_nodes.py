@@ -18,6 +18,7 @@ from .test_cluster_network import fetched, fetcher, server, service
 
 pytestmark = pytest.mark.e2e
 
+NOT_READY = "node.kubernetes.io/not-ready"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -37,7 +38,14 @@ def node_index(node: dict[str, Any]) -> int:
 def test_gpu_nodes_carry_the_device_plugins_labels_taint_and_capacity(
     kubectl: Kubectl, cluster: ClusterInfo
 ) -> None:
-    every = nodes(kubectl)
+    # A node registers with node.kubernetes.io/not-ready until the node lifecycle controller
+    # has seen it Ready: the shape asserted below is the settled one.
+    def settled() -> list[dict[str, Any]] | None:
+        found = nodes(kubectl)
+        lifted = not any(t["key"] == NOT_READY for n in found for t in n["spec"].get("taints") or [])
+        return found if lifted else None
+
+    every = wait_for(settled, 60, "the nodes' not-ready taints lifted")
     assert [n["metadata"]["name"] for n in every] == cluster.nodes
     gpus = gpu_nodes(kubectl)
     assert gpus, "the cluster has GPU nodes"
