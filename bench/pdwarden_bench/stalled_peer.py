@@ -22,9 +22,11 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import aiohttp
 import click
 
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
@@ -35,6 +37,8 @@ from pdwarden_runtime import contract as c
 ENV: Final = {"UCX_TLS": "tcp,self"}
 PROMPT_TOKENS: Final = 160  # 10 pages of 16 tokens: 5 chunks of 2 pages
 LATER_REQUESTS: Final = 24
+FREEZE_ATTEMPTS: Final = 5  # freezes tried until one catches a transfer in flight
+STALL_CHECK_S: Final = 0.3  # after the SIGSTOP: is a room still moving KV?
 
 
 def runtime_flags(transfer_deadline: float, hardening: str) -> list[str]:
@@ -67,6 +71,76 @@ async def _poll_state(rt: Runtime) -> dict[str, Any]:
     return await asyncio.get_running_loop().run_in_executor(None, rt.state)
 
 
+async def _freeze_under_load(
+    session: aiohttp.ClientSession,
+    endpoint: Endpoint,
+    prefill: Runtime,
+    decode: Runtime,
+    rooms: Iterator[int],
+    result: PairRun,
+    *,
+    freeze: float,
+    concurrency: int,
+    settle_timeout: float,
+    last: bool,
+) -> bool:
+    """Freeze the decode while a room moves KV; False (and nothing recorded) when every room
+    in flight had already finished at the freeze, so that there was nothing to stall: the
+    kernel's socket buffers can take a whole small transfer just before the SIGSTOP lands."""
+    stop_load = asyncio.Event()
+
+    async def client() -> None:
+        while not stop_load.is_set():
+            await pd_request(
+                session, endpoint, next(rooms), prompt_tokens=PROMPT_TOKENS, timeout=freeze + settle_timeout
+            )
+
+    load = [asyncio.ensure_future(client()) for _ in range(concurrency)]
+    try:
+        # under load: wait until a room is moving KV, then freeze the decode
+        end = time.monotonic() + 30
+        while _moving(await _poll_state(prefill)) == 0 and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+        decode.proc.signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        stop_load.set()  # clients finish the requests they have in flight
+        try:
+            await asyncio.sleep(STALL_CHECK_S)
+            state = await _poll_state(prefill)
+            if not last and _moving(state) == 0 and not state.get("quarantined_handles"):
+                return False
+            # drained: no room waiting for or moving KV from then until the resume (a
+            # first poll may fall between a room that just finished and the next one)
+            drained_since: float | None = None
+            while True:
+                held = int(state.get("quarantined_handles", 0))
+                result.max_quarantined = max(result.max_quarantined, held)
+                if _moving(state) > 0:
+                    drained_since = None
+                elif drained_since is None:
+                    drained_since = time.monotonic() - t0
+                if time.monotonic() - t0 >= freeze:
+                    break
+                await asyncio.sleep(0.1)
+                state = await _poll_state(prefill)
+            state = await _poll_state(prefill)
+            result.stuck_at_resume = _moving(state)
+            result.drained_after_s = drained_since if result.stuck_at_resume == 0 else None
+            ages = state.get("oldest_in_state", {})
+            result.oldest_transferring_s = float(ages.get("transferring", 0.0))
+        finally:
+            decode.proc.signal(signal.SIGCONT)
+        _, pending = await asyncio.wait(load, timeout=settle_timeout)
+        if pending:
+            raise TimeoutError(f"{len(pending)} clients still waiting {settle_timeout:.0f}s after SIGCONT")
+        return True
+    finally:
+        stop_load.set()
+        for task in load:
+            task.cancel()
+        await asyncio.gather(*load, return_exceptions=True)
+
+
 async def run_pair(
     prefill: Runtime,
     decode: Runtime,
@@ -80,58 +154,21 @@ async def run_pair(
     result = PairRun()
     rooms = itertools.count(room_base)
     before = samples(prefill.metrics())
-    stop_load = asyncio.Event()
     async with new_session() as session:
-
-        async def client() -> None:
-            while not stop_load.is_set():
-                await pd_request(
-                    session,
-                    endpoint,
-                    next(rooms),
-                    prompt_tokens=PROMPT_TOKENS,
-                    timeout=freeze + settle_timeout,
-                )
-
-        load = [asyncio.ensure_future(client()) for _ in range(concurrency)]
-        try:
-            # under load: wait until a room is moving KV, then freeze the decode
-            end = time.monotonic() + 30
-            while _moving(await _poll_state(prefill)) == 0 and time.monotonic() < end:
-                await asyncio.sleep(0.02)
-            decode.proc.signal(signal.SIGSTOP)
-            t0 = time.monotonic()
-            stop_load.set()  # clients finish the requests they have in flight
-            try:
-                # drained: no room waiting for or moving KV from then until the resume (a
-                # first poll may fall between a room that just finished and the next one)
-                drained_since: float | None = None
-                while time.monotonic() - t0 < freeze:
-                    state = await _poll_state(prefill)
-                    held = int(state.get("quarantined_handles", 0))
-                    result.max_quarantined = max(result.max_quarantined, held)
-                    if _moving(state) > 0:
-                        drained_since = None
-                    elif drained_since is None:
-                        drained_since = time.monotonic() - t0
-                    await asyncio.sleep(0.1)
-                state = await _poll_state(prefill)
-                result.stuck_at_resume = _moving(state)
-                result.drained_after_s = drained_since if result.stuck_at_resume == 0 else None
-                ages = state.get("oldest_in_state", {})
-                result.oldest_transferring_s = float(ages.get("transferring", 0.0))
-            finally:
-                decode.proc.signal(signal.SIGCONT)
-            _, pending = await asyncio.wait(load, timeout=settle_timeout)
-            if pending:
-                raise TimeoutError(
-                    f"{len(pending)} clients still waiting {settle_timeout:.0f}s after SIGCONT"
-                )
-        finally:
-            stop_load.set()
-            for task in load:
-                task.cancel()
-            await asyncio.gather(*load, return_exceptions=True)
+        for attempt in range(1, FREEZE_ATTEMPTS + 1):
+            if await _freeze_under_load(
+                session,
+                endpoint,
+                prefill,
+                decode,
+                rooms,
+                result,
+                freeze=freeze,
+                concurrency=concurrency,
+                settle_timeout=settle_timeout,
+                last=attempt == FREEZE_ATTEMPTS,
+            ):
+                break
         # later requests reuse the pages the stalled rooms held
         outcomes = await asyncio.gather(
             *(
