@@ -30,6 +30,7 @@ from pdwarden_runtime.hardening.config import (
     DEFAULT_TRANSFER_DEADLINE,
     HARDENING_MODES,
 )
+from pdwarden_runtime.transfer import nixl_progress
 
 
 @dataclass
@@ -54,6 +55,7 @@ class ServeOptions:
     aux_slots: int
     chunk_pages: int
     compute_ms: float
+    nixl_progress_poll_us: int = nixl_progress.DEFAULT_POLL_US
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
@@ -210,6 +212,14 @@ def _deadline(value: str) -> float | None:
     help="Synthetic prefill: simulated compute time between chunks.",
 )
 @click.option(
+    "--nixl-progress-poll-us",
+    type=click.IntRange(0, nixl_progress.MAX_POLL_US),
+    default=nixl_progress.DEFAULT_POLL_US,
+    show_default=True,
+    help="Synthetic engine: how long NIXL's progress thread may sleep when no transfer event "
+    "arrives (an event wakes it at once); 0 is NIXL's own busy polling, a core per process.",
+)
+@click.option(
     "--nnodes",
     type=click.IntRange(1, 64),
     default=1,
@@ -278,6 +288,7 @@ def _serve_synthetic(options: ServeOptions) -> int:
     from pdwarden_runtime.hardening.config import FaultSwitch, config_for_mode
     from pdwarden_runtime.server import run_synthetic
 
+    nixl_progress.set_poll_us(options.nixl_progress_poll_us)
     hardening: HardeningConfig = config_for_mode(
         options.hardening,
         transfer_deadline=options.transfer_deadline,

@@ -18,7 +18,7 @@ import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -32,6 +32,12 @@ from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.transfer.kvpool import PagesExhausted
 
 log = logging.getLogger(__name__)
+
+# After SIGTERM, requests in flight get this long to finish before they are cancelled (aiohttp
+# then waits as long again for the cancelled handlers) and the process exits: well inside a
+# pod's termination grace period (30 s), so that a request wedged on a stalled peer does not
+# hold the pod until the kubelet's SIGKILL.
+SHUTDOWN_GRACE_S: Final = 5.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -207,7 +213,9 @@ class RuntimeServer:
 
     async def start(self, host: str, port: int, metrics_port: int) -> None:
         for app, bind in ((self.http_app(), port), (self.metrics_app(), metrics_port)):
-            runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+            runner = web.AppRunner(
+                app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_GRACE_S
+            )
             await runner.setup()
             await web.TCPSite(runner, host=host, port=bind, reuse_address=True).start()
             self._runners.append(runner)

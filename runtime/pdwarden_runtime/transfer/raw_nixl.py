@@ -30,6 +30,9 @@ SHAPES = ("large", "batched")
 def _agent(name: str) -> Any:
     from nixl._api import nixl_agent, nixl_agent_config
 
+    from pdwarden_runtime.transfer import nixl_progress
+
+    nixl_progress.install()  # as the stock and hardened runtimes' agents
     return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from pdwarden_runtime.hardening import HardeningConfig, install
 from pdwarden_runtime.hardening.config import ALL_FIXES, FAULT_EMULATED_PORT_RACE, NO_FIXES, FaultSwitch
 from pdwarden_runtime.kvpoll import KVPoll
+from pdwarden_runtime.transfer import nixl_progress
 from pdwarden_runtime.transfer.context import publish_sglang_context
 from pdwarden_runtime.transfer.kvpool import KVPool, PoolShape
 
@@ -35,6 +36,7 @@ class Pair:
     def __init__(self, port: int, config: HardeningConfig) -> None:
         install(config)
         publish_sglang_context(host=HOST, bootstrap_port=port)
+        nixl_progress.install()
         from sglang.srt.disaggregation.utils import (
             DisaggregationMode,
             KVClassType,

@@ -1,0 +1,63 @@
+"""A synthetic runtime process as a node sees it: idle, it leaves the CPU to others; told to
+stop while a request is wedged, it exits inside a pod's termination grace period."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from pdwarden_bench.runtime_procs import Fleet, Runtime, http_post_json, wait_healthy
+from pdwarden_localcluster.testing import wait_for
+from pdwarden_runtime import contract as c
+
+pytestmark = pytest.mark.integration
+
+POD_GRACE_S = 30  # the operator's terminationGracePeriodSeconds for runtime pods
+
+
+@pytest.fixture
+def prefill() -> Iterator[Runtime]:
+    with Fleet() as fleet:
+        rt = fleet.runtime(c.ROLE_PREFILL)
+        wait_healthy([rt], timeout=300)
+        yield rt
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_an_idle_runtime_does_not_keep_a_core_busy(prefill: Runtime) -> None:
+    # NIXL's progress thread polls with a zero timeout unless told otherwise: a whole core
+    before, t0 = _cpu_seconds(prefill.proc.pid), time.monotonic()
+    time.sleep(5)
+    used = (_cpu_seconds(prefill.proc.pid) - before) / (time.monotonic() - t0)
+    assert used < 0.3, f"an idle runtime used {used:.2f} of a core"
+
+
+def test_sigterm_with_a_wedged_request_exits_inside_the_grace_period(prefill: Runtime) -> None:
+    # a prefill request whose decode never comes waits for it (here: far longer than the grace)
+    body = {
+        "text": "never answered",
+        "sampling_params": {"max_new_tokens": 4},
+        "bootstrap_host": prefill.host,
+        "bootstrap_port": prefill.bootstrap_port,
+        "bootstrap_room": 4_242_424,
+    }
+    holder = threading.Thread(
+        target=lambda: http_post_json(f"{prefill.url}/generate", body, timeout=3 * POD_GRACE_S), daemon=True
+    )
+    holder.start()
+    wait_for(lambda: prefill.state()["pending_requests"] >= 1, 30, "the request in flight", 0.2)
+    t0 = time.monotonic()
+    prefill.proc.signal(signal.SIGTERM)
+    wait_for(lambda: not prefill.proc.alive(), POD_GRACE_S - 5, "the runtime's exit after SIGTERM", 0.2)
+    assert prefill.proc.popen.returncode == 0, prefill.proc.log_tail()
+    assert time.monotonic() - t0 < POD_GRACE_S - 5
