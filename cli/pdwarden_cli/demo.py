@@ -29,7 +29,6 @@ from pdwarden_cli import chart, demo_alerts, demo_traffic
 from pdwarden_cli.demo_kube import DemoCluster, DemoError, Obj, pod_ip, selector
 from pdwarden_cli.demo_report import Steps, summary_table
 from pdwarden_cli.demo_scenario import (
-    CHART_VALUES,
     DEMO_RULE_VALUES,
     EXAMPLE,
     INFLIGHT_ALERTS,
@@ -39,13 +38,16 @@ from pdwarden_cli.demo_scenario import (
     RECOVERY_SETTLE_S,
     RECOVERY_WINDOW_S,
     RELEASE,
+    SCOPES,
     SCRAPE_STEP_S,
     TRAFFIC,
     WARMUP_S,
     DemoResult,
     Observed,
+    chart_values,
     demo_manifest,
     event_relevant,
+    operator_scope,
     recovered,
     remediations_for,
     wedge_seen,
@@ -163,13 +165,20 @@ async def inject_fault(ip: str) -> Obj:
     return answer
 
 
-async def run_demo(kube: DemoCluster, steps: Steps, result: DemoResult, seen: Observed, example: Obj) -> None:
+async def run_demo(
+    kube: DemoCluster, steps: Steps, result: DemoResult, seen: Observed, example: Obj, scope: str
+) -> None:
     manifest = demo_manifest(example)
     model = manifest["metadata"]["name"]
 
-    steps.say(f"Installing the pdwarden chart (release {RELEASE}, namespace {NAMESPACE})")
+    watched = "every namespace" if scope == "cluster" else f"only namespace {NAMESPACE}"
+    steps.say(
+        f"Installing the pdwarden chart (release {RELEASE}, namespace {NAMESPACE}, operator.scope "
+        f"{scope}: it watches {watched})"
+    )
     with steps.waiting("helm install --wait ..."):
-        await asyncio.to_thread(kube.helm_install, RELEASE, NAMESPACE, CHART_VALUES)
+        await asyncio.to_thread(kube.helm_install, RELEASE, NAMESPACE, chart_values(scope))
+    result.operator_scope = scope
     steps.ok("operator running (its RBAC is the chart's, through its ServiceAccount)")
 
     steps.say(
@@ -373,7 +382,16 @@ def cleanup(kube: DemoCluster | None, steps: Steps, model: str) -> None:
     "--json", "as_json", is_flag=True, help="Print one JSON line of results (progress goes to stderr)."
 )
 @click.option("--keep", is_flag=True, help="Leave the cluster, the chart and the model running afterwards.")
-def demo(as_json: bool, keep: bool) -> None:
+@click.option(
+    "--scope",
+    type=click.Choice(SCOPES),
+    default="auto",
+    show_default=True,
+    help="The operator's scope: cluster (the chart's default: every namespace) or namespace (only "
+    "the demo's); auto: cluster on a cluster the demo starts itself, else namespace, so that the "
+    "demo never acts on models it did not create.",
+)
+def demo(as_json: bool, keep: bool, scope: str) -> None:
     """Wedge one prefill pod under traffic and watch pdwarden find it, restart it and alert."""
     console = Console(stderr=as_json, log_path=False)
     steps = Steps(console)
@@ -394,7 +412,7 @@ def demo(as_json: bool, keep: bool) -> None:
         steps.ok(f"cluster up: Kubernetes {info.kubernetes_version}, kubeconfig {info.kubeconfig}")
         kube = DemoCluster(info.kubeconfig)
         kube.ensure_namespace(NAMESPACE)
-        asyncio.run(run_demo(kube, steps, result, seen, example))
+        asyncio.run(run_demo(kube, steps, result, seen, example, operator_scope(scope, started_cluster)))
     except (DemoError, chart.HelmError, chart.ToolMissing, RuntimeError) as exc:
         result.error = str(exc)
         console.log(f"[red]demo step failed: {exc}")

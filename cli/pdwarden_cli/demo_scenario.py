@@ -30,8 +30,29 @@ INFLIGHT_ALERTS = ("PdwardenInflightStuck", "PdwardenInflightOldestAgeHigh")
 # caught: what the runtime's fix is for), so that informational alert may fire any time.
 ALLOWED_BEFORE_FAULT = ("PdwardenStatusWritesRefused",)
 
-# The operator watches only the demo's namespace, so the demo never touches other models.
-CHART_VALUES = {"operator.scope": "namespace", "operator.watchNamespace": NAMESPACE}
+# Where the demo's operator watches: "cluster" is the chart's default (every namespace);
+# "namespace" watches only the demo's own, so that on a cluster that was already up the demo
+# never acts on models it did not create. "auto": cluster scope only on a cluster the demo
+# started itself.
+SCOPES = ("auto", "cluster", "namespace")
+
+
+def operator_scope(asked: str, started_cluster: bool) -> str:
+    """The chart's operator.scope for the demo's choice ``asked`` (one of SCOPES)."""
+    if asked not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(SCOPES)}, not {asked!r}")
+    if asked == "auto":
+        return "cluster" if started_cluster else "namespace"
+    return asked
+
+
+def chart_values(scope: str) -> dict[str, str]:
+    """The demo's helm values for the operator's ``scope`` ("cluster" or "namespace")."""
+    if scope == "namespace":
+        return {"operator.scope": "namespace", "operator.watchNamespace": NAMESPACE}
+    return {"operator.scope": "cluster"}
+
+
 # The chart's alert rules with windows sized for a demo that lasts minutes, not hours.
 DEMO_RULE_VALUES = {
     "monitoring.prometheusRule.enabled": "true",
@@ -98,6 +119,7 @@ class DemoResult:
     alerts_before_fault: list[str] | None = None  # None: not evaluated
     wedged_pod: str | None = None
     replacement_pod: str | None = None
+    operator_scope: str | None = None
     error: str | None = None
 
     def failures(self) -> list[str]:
@@ -135,6 +157,7 @@ class DemoResult:
             "alerts_fired",
             "alerts_for_wedged_pod",
             "alerts_before_fault",
+            "operator_scope",
         )
         data = asdict(self)
         out = {k: data[k] for k in keys}

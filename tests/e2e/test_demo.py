@@ -18,8 +18,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def test_demo_detects_remediates_recovers_alerts_and_cleans_up(cluster: Any) -> None:
     pdwarden = Path(sys.executable).with_name("pdwarden")
+    # the chart's default scope (the demo picks it by itself only on a cluster it started)
     proc = subprocess.run(
-        [str(pdwarden), "demo", "--json"],
+        [str(pdwarden), "demo", "--json", "--scope", "cluster"],
         capture_output=True,
         text=True,
         timeout=900,
@@ -30,6 +31,7 @@ def test_demo_detects_remediates_recovers_alerts_and_cleans_up(cluster: Any) -> 
     assert lines, f"no JSON line; stderr tail:\n{proc.stderr[-4000:]}"
     result = json.loads(lines[-1])
     assert proc.returncode == 0, f"{result}\n{proc.stderr[-4000:]}"
+    assert result["operator_scope"] == "cluster"
     assert result["wedges_injected"] == 1
     assert result["wedges_detected"] == 1
     assert result["remediations"] >= 1

@@ -145,3 +145,24 @@ def test_series_grid_marks_missed_scrapes() -> None:
     rows = {r["series"]: r["values"] for r in store.input_series()}
     assert rows['up{instance="i", job="a\\"b"}'] == "1 _ 0 _"
     assert rows['up{instance="k", job="a\\"b"}'] == "_ _ _ 0.5"
+
+
+@pytest.mark.parametrize(
+    ("asked", "started", "scope"),
+    [
+        ("auto", True, "cluster"),  # a cluster the demo started holds nothing else
+        ("auto", False, "namespace"),  # a cluster that was up may hold a user's models
+        ("cluster", False, "cluster"),
+        ("namespace", True, "namespace"),
+    ],
+)
+def test_the_demo_chooses_its_operators_scope(asked: str, started: bool, scope: str) -> None:
+    assert demo_scenario.operator_scope(asked, started) == scope
+
+
+def test_the_demo_scopes_values_are_the_charts() -> None:
+    assert demo_scenario.chart_values("cluster") == {"operator.scope": "cluster"}
+    values = demo_scenario.chart_values("namespace")
+    assert values == {"operator.scope": "namespace", "operator.watchNamespace": demo_scenario.NAMESPACE}
+    with pytest.raises(ValueError, match="scope must be one of"):
+        demo_scenario.operator_scope("everywhere", True)
