@@ -4,6 +4,8 @@ The model becomes Ready with each group's ranks on different nodes; requests thr
 router succeed; a worker rank killed from outside gets its whole group restarted by the
 operator (one remediation naming the group and the rank) while the other group is left
 alone, and traffic recovers; scaling decode from 2 groups to 1 removes a whole group.
+A wedge injected into a group's leader (the emulated NIXL port's status race) gets that
+whole group restarted, not the leader alone.
 The ranks tolerate the GPU taint without asking for GPUs, so that any two nodes will do.
 """
 
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from pdwarden_bench.cluster_env import EMULATED_PORT_PREFILL, inject, race_once, stuck_since
 from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.testing import Kubectl, wait_for
 from pdwarden_runtime import contract
@@ -35,12 +38,13 @@ TOLERATE_GPU_TAINT = {
 }
 
 
-def _role(replicas: int) -> dict[str, Any]:
+def _role(replicas: int, args: list[str] | None = None) -> dict[str, Any]:
     return {
         "replicas": replicas,
         "nodesPerReplica": 2,
         "tensorParallel": 2,
         "podTemplate": TOLERATE_GPU_TAINT,
+        "args": args or [],
     }
 
 
@@ -48,11 +52,12 @@ def _model() -> dict[str, Any]:
     return {
         "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
         "kind": contract.KIND,
-        "metadata": {"name": NAME},
+        # the leader-wedge test injects the emulated port's race (it wedges only when injected)
+        "metadata": {"name": NAME, "annotations": {contract.ANNOTATION_ALLOW_FAULT_INJECTION: "true"}},
         "spec": {
             "model": {"path": "synthetic/tiny", "servedName": NAME},
             "engine": "synthetic",
-            "prefill": _role(1),
+            "prefill": _role(1, EMULATED_PORT_PREFILL),
             "decode": _role(2),
             "router": {"replicas": 1, "policy": "round_robin"},
             "transfer": {
@@ -224,3 +229,66 @@ def test_groups_are_ready_spread_serve_restart_as_a_whole_and_scale_by_groups(
     wait_for(lambda: _groups_ready(kubectl, ns, 1, 1), 300, "1 prefill and 1 decode group Ready", 2.0)
     assert len(_group_pods(kubectl, ns, "grp-decode-0")) == 2
     wait_for(lambda: _generate(kubectl, ns), 180, "traffic through the remaining group", 2.0)
+
+
+def _ready_with_one_prefill_group(k: Kubectl, ns: str) -> bool:
+    """Ready, whatever decode's group count (the other test of this module scales it)."""
+    status = ((_get(k, "dm", NAME, "-n", ns) or {}).get("status")) or {}
+    prefill = status.get("prefill") or {}
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
+    return prefill.get("readyGroups") == 1 and prefill.get("readyPods") == 2 and ready.get("status") == "True"
+
+
+@pytest.mark.timeout(1800)
+def test_a_wedge_in_a_groups_leader_restarts_the_whole_group(kubectl: Kubectl, model: str) -> None:
+    ns = model
+    wait_for(lambda: _ready_with_one_prefill_group(kubectl, ns), 600, "the model Ready", 2.0)
+    wait_for(lambda: _generate(kubectl, ns), 180, "a /generate answer through the router", 2.0)
+    group = "grp-prefill-0"
+    leader, worker = _group_pods(kubectl, ns, group)
+    old_uids = {leader["metadata"]["uid"], worker["metadata"]["uid"]}
+    decode_uids = {
+        p["metadata"]["uid"] for p in _pods(kubectl, ns) if p["metadata"]["name"].startswith("grp-decode-")
+    }
+    decode_leader = next(p for p in _pods(kubectl, ns) if p["metadata"]["name"].endswith("-decode-0-0"))
+    before = {e.get("id") for e in _remediations(kubectl, ns)}
+
+    # the emulated port's status race, triggered on the leader: a room stuck in its inflight queue
+    inject(leader, contract.FAULT_EMULATED_PORT_RACE)
+    for _ in range(5):
+        race_once(leader, decode_leader)
+        try:
+            wait_for(lambda: stuck_since(leader), 10, "a stuck room on the group's leader", 0.5)
+            break
+        except AssertionError:
+            continue
+    else:
+        pytest.fail("the race never wedged the group's leader")
+
+    def remediated() -> dict[str, Any] | None:
+        done = [
+            e
+            for e in _remediations(kubectl, ns)
+            if e.get("id") not in before and e.get("outcome") == "deleted"
+        ]
+        return done[0] if done else None
+
+    entry = wait_for(remediated, 240, "the group's remediation", 2.0)
+    # one entry for the group (not its pods one by one), naming the wedged rank
+    assert entry["pod"] == group and entry["role"] == "prefill", entry
+    assert f"rank 0 (pod {leader['metadata']['name']}) is wedged" in entry["reason"], entry
+    assert [e["pod"] for e in _remediations(kubectl, ns) if e.get("id") not in before] == [group]
+
+    def replaced() -> bool:
+        pods = _group_pods(kubectl, ns, group)
+        uids = {p["metadata"]["uid"] for p in pods}
+        return len(pods) == 2 and not uids & old_uids and all(_ready(p) for p in pods)
+
+    # both ranks, the healthy worker too: its peer's new incarnation could not join it
+    wait_for(replaced, 600, f"both ranks of {group} replaced and Ready", 2.0)
+    now_decode = {
+        p["metadata"]["uid"] for p in _pods(kubectl, ns) if p["metadata"]["name"].startswith("grp-decode-")
+    }
+    assert now_decode <= decode_uids, "a decode group was touched"
+    wait_for(lambda: _ready_with_one_prefill_group(kubectl, ns), 300, "the model Ready again", 2.0)
+    wait_for(lambda: _generate(kubectl, ns), 180, "traffic through the router again", 2.0)
