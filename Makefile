@@ -26,16 +26,21 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
+# Test processes side by side (pytest-xdist; a module's tests stay on one worker, and the
+# `exclusive` ones run alone: tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope)
+
 # Every test, the multi-minute safety scenarios (marked `slow`) included, in a random order
 # (pytest-randomly prints its seed; ARGS=--randomly-seed=N repeats an order).
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly --durations=25 $(ARGS)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly $(PYTEST_PARALLEL) --durations=25 $(ARGS)
 
 # The inner loop: everything but the `slow` scenarios.
 test-fast: setup
-	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly -m "not slow" $(ARGS)
+	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly $(PYTEST_PARALLEL) -m "not slow" $(ARGS)
 
 test-unit: setup
 	$(VENV)/bin/python -m pytest -m unit

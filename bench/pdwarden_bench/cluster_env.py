@@ -190,16 +190,13 @@ class Env:
     def install_crd(self, crd: dict[str, Any]) -> None:
         name = crd["metadata"]["name"]
         path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
-        try:
-            self.call("GET", path)
-            self.call(
-                "PATCH",
-                f"{path}?fieldManager=pdwarden-e2e&force=true",
-                crd,
-                content_type="application/apply-patch+yaml",
-            )
-        except Exception:
-            self.call("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+        # server-side apply creates it or brings it up to date, whoever else applies it meanwhile
+        self.call(
+            "PATCH",
+            f"{path}?fieldManager=pdwarden-e2e&force=true",
+            crd,
+            content_type="application/apply-patch+yaml",
+        )
         wait_for(
             lambda: any(
                 c["type"] == "Established" and c["status"] == "True"
@@ -432,6 +429,9 @@ def open_env(kubeconfig: Path, namespace: str, tmp: Path) -> Iterator[Env]:
         print(e.operator_logs(), file=sys.stderr)  # shown by pytest only when the test failed
         with contextlib.suppress(Exception):
             e.call("DELETE", f"/api/v1/namespaces/{namespace}")
+        with contextlib.suppress(Exception):
+            # the scenario is over: its pods need no grace period (a wedged one would use it all)
+            e.call("DELETE", f"/api/v1/namespaces/{namespace}/pods", {"gracePeriodSeconds": 0})
         with contextlib.suppress(Exception):
             wait_for(
                 lambda: not e.call("GET", f"/api/v1/namespaces/{namespace}/pods")["items"],

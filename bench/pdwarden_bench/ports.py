@@ -3,6 +3,7 @@ its variant for a whole local cluster's ports)."""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from collections.abc import Iterable
@@ -11,10 +12,34 @@ from collections.abc import Iterable
 # any moment by an outgoing connection's local end, so a process told to listen on it may
 # find it busy at start.
 PORT_RANGE = (31000, 31999)
+# "LO-HI" inside PORT_RANGE: this process's share of it, so that processes that hand out
+# ports side by side (parallel test workers) never hand out the same one.
+ENV_PORT_RANGE = "PDWARDEN_PORT_RANGE"
 _taken: set[int] = set()
 # Not the `random` module's state: pytest-randomly reseeds that before every test, which
 # would hand every test process the same sequence of ports.
 _rng = random.SystemRandom()
+
+
+def port_range() -> tuple[int, int]:
+    """PORT_RANGE, or this process's share of it from $PDWARDEN_PORT_RANGE."""
+    given = os.environ.get(ENV_PORT_RANGE)
+    if not given:
+        return PORT_RANGE
+    try:
+        lo, hi = (int(part) for part in given.split("-"))
+    except ValueError:
+        raise ValueError(f"${ENV_PORT_RANGE} must be LO-HI, not {given!r}") from None
+    if not PORT_RANGE[0] <= lo <= hi <= PORT_RANGE[1]:
+        raise ValueError(f"${ENV_PORT_RANGE}={given} is not inside {PORT_RANGE[0]}-{PORT_RANGE[1]}")
+    return lo, hi
+
+
+def share_of_port_range(index: int, count: int) -> str:
+    """The $PDWARDEN_PORT_RANGE value of share ``index`` of ``count`` equal shares."""
+    size = (PORT_RANGE[1] - PORT_RANGE[0] + 1) // count
+    lo = PORT_RANGE[0] + index * size
+    return f"{lo}-{lo + size - 1}"
 
 
 def _binds(host: str, port: int) -> bool:
@@ -26,8 +51,11 @@ def _binds(host: str, port: int) -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1", lo: int = PORT_RANGE[0], hi: int = PORT_RANGE[1]) -> int:
-    """A port in [lo, hi] that binds now on host and was not handed out before in this process."""
+def free_port(host: str = "127.0.0.1", lo: int | None = None, hi: int | None = None) -> int:
+    """A port in [lo, hi] (default: ``port_range()``) that binds now on host and was not handed
+    out before in this process."""
+    if lo is None or hi is None:
+        lo, hi = port_range()
     for _ in range(500):
         port = _rng.randint(lo, hi)
         if port in _taken:

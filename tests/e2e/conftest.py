@@ -1,11 +1,13 @@
 """Fixtures of the e2e tests: the embedded local cluster, kubectl, a fresh namespace.
 
-`cluster` reuses a cluster that is already up (and leaves it up) or starts one (and stops
-it at the end of the session). While the session runs, KUBECONFIG points at it.
+`cluster` reuses a cluster that is already up (and leaves it up) or starts one, which the
+session stops at its end (tests/conftest.py: parallel workers share it). While the session
+runs, KUBECONFIG points at it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 from collections.abc import Iterator
 
@@ -16,13 +18,18 @@ from pdwarden_localcluster import tools
 from pdwarden_localcluster.cluster import ClusterInfo
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.testing import Kubectl, create_namespace, unique_namespace
+from tests.support.session import STARTED_CLUSTER, session_dir
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterInfo]:
     try:
-        tools.install(progress=False)
-        info = localcluster.ensure_up()
+        with open(session_dir() / "cluster-start", "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one worker starts it, the others then find it up
+            tools.install(progress=False)
+            info = localcluster.ensure_up()
+            if info.started:
+                (session_dir() / STARTED_CLUSTER).touch()
     except ClusterError as exc:
         pytest.fail(f"the local cluster cannot start: {exc}", pytrace=False)
     previous = os.environ.get("KUBECONFIG")
@@ -34,8 +41,6 @@ def cluster() -> Iterator[ClusterInfo]:
             os.environ.pop("KUBECONFIG", None)
         else:
             os.environ["KUBECONFIG"] = previous
-        if info.started:
-            localcluster.down(progress=lambda _msg: None)
 
 
 @pytest.fixture(scope="session")

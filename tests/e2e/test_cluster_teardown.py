@@ -19,7 +19,8 @@ from pdwarden_localcluster.cluster import Ports
 from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
 from tests.support.clusters import free_cluster_base
 
-pytestmark = pytest.mark.e2e
+# a second local cluster beside the shared one, its kubelet killed
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 
 PDWARDEN = str(Path(sys.executable).parent / "pdwarden")
 NODES = 2  # a CPU node and a GPU node

@@ -13,7 +13,8 @@ import pytest
 
 from pdwarden_cli import demo_scenario
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# exclusive: its operator, in cluster scope, watches every namespace
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
 
 
 def test_demo_detects_remediates_recovers_alerts_and_cleans_up(cluster: Any) -> None:

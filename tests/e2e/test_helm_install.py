@@ -179,7 +179,14 @@ def assert_runs_as_the_chart_says(pod: dict[str, Any]) -> None:
     assert "ro" in mounts[os.path.realpath("/var/run/secrets/kubernetes.io/serviceaccount")]
 
 
-@pytest.mark.parametrize("scope", ["cluster", "namespace"])  # cluster: the chart's default
+@pytest.mark.parametrize(
+    "scope",
+    [
+        # the chart's default; exclusive: that operator watches every namespace
+        pytest.param("cluster", marks=pytest.mark.exclusive),
+        "namespace",
+    ],
+)
 def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
     kubeconfig: Path, namespace: str, scope: str
 ) -> None:

@@ -281,6 +281,7 @@ def _other_cluster_env(tmp_path: Path, base: int) -> dict[str, str]:
     }
 
 
+@pytest.mark.exclusive  # a second local cluster beside the shared one
 def test_a_port_in_use_is_a_clear_error(cluster: ClusterInfo, tmp_path: Path) -> None:
     base = other_cluster_base()
     env = _other_cluster_env(tmp_path, base)
@@ -295,6 +296,7 @@ def test_a_port_in_use_is_a_clear_error(cluster: ClusterInfo, tmp_path: Path) ->
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.exclusive  # a second local cluster beside the shared one
 def test_up_after_a_killed_run_recovers_and_down_leaves_nothing(cluster: ClusterInfo, tmp_path: Path) -> None:
     base = other_cluster_base()
     env = _other_cluster_env(tmp_path, base)

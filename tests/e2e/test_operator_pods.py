@@ -254,6 +254,7 @@ def weights_claim(kubectl: Kubectl, namespace: str, tmp_path: Path) -> Iterator[
         kubectl.run("delete", "pv", pv, "--wait=false", check=False)
 
 
+@pytest.mark.exclusive  # taints every node of the shared cluster
 def test_gpu_taint_keeps_pods_pending_until_the_template_tolerates_it(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str, tainted_nodes: None, weights_claim: str
 ) -> None:

@@ -19,7 +19,8 @@ from pdwarden_bench.promtext import metric_sum, samples
 from pdwarden_bench.runtime_procs import Fleet, Runtime, http_get, http_post_json, serve_flags, wait_healthy
 from pdwarden_runtime import contract as c
 
-pytestmark = pytest.mark.integration
+# exclusive: freezes and deadlines of a second or two, judged on a machine no other test loads
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
 
 FLAGS = serve_flags(allow_fault_injection=True, transfer_deadline=1.5, inflight_deadline=6)
 ENV = {"UCX_TLS": "tcp,self"}

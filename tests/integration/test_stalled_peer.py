@@ -20,7 +20,8 @@ from pdwarden_bench.pdclient import COMPLETED
 from pdwarden_bench.runtime_procs import Fleet, Runtime, wait_healthy
 from pdwarden_bench.stalled_peer import LATER_REQUESTS, run_pair, start_pair
 
-pytestmark = pytest.mark.integration
+# exclusive: freezes and deadlines of a second or two, judged on a machine no other test loads
+pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
 
 DEADLINE = 1.5
 FREEZE = 2 * DEADLINE + 1.0

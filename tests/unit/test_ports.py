@@ -1,0 +1,28 @@
+"""The test port range's shares: parallel workers never hand out the same port."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdwarden_bench import ports
+
+@pytest.mark.unit
+def test_shares_split_the_range_without_overlap() -> None:
+    shares = [ports.share_of_port_range(i, 2) for i in range(2)]
+    (lo0, hi0), (lo1, hi1) = (tuple(int(p) for p in s.split("-")) for s in shares)
+    assert lo0 == ports.PORT_RANGE[0] and hi0 < lo1 and hi1 <= ports.PORT_RANGE[1]
+
+
+@pytest.mark.integration  # binds sockets
+def test_free_port_stays_in_this_process_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ports.ENV_PORT_RANGE, ports.share_of_port_range(1, 2))
+    lo, hi = ports.port_range()
+    assert all(lo <= ports.free_port() <= hi for _ in range(20))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("given", ["31000", "abc-def", "30000-31100", "31500-31400"])
+def test_a_bad_share_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, given: str) -> None:
+    monkeypatch.setenv(ports.ENV_PORT_RANGE, given)
+    with pytest.raises(ValueError, match=ports.ENV_PORT_RANGE):
+        ports.port_range()
