@@ -6,6 +6,7 @@ import pytest
 
 from pdwarden_bench import ports
 
+
 @pytest.mark.unit
 def test_shares_split_the_range_without_overlap() -> None:
     shares = [ports.share_of_port_range(i, 2) for i in range(2)]
