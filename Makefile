@@ -29,7 +29,7 @@ lint: setup
 # Test processes side by side (pytest-xdist; a module's tests stay on one worker, and the
 # `exclusive` ones run alone: tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
-PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope)
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 # Every test, the multi-minute safety scenarios (marked `slow`) included, in a random order
 # (pytest-randomly prints its seed; ARGS=--randomly-seed=N repeats an order).

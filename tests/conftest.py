@@ -35,6 +35,17 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ[ports.ENV_PORT_RANGE] = ports.share_of_port_range(index, count)
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules with multi-minute scenarios first, then the other e2e modules, then the rest,
+    each class in the shuffled order: workers take whole modules (``--no-loadscope-reorder``
+    keeps this order), so the session does not end with one worker on a long module while the
+    other idles."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    e2e = {item.path for item in items if item.get_closest_marker("e2e") is not None}
+    items.sort(key=lambda item: 0 if item.path in slow else 1 if item.path in e2e else 2)
+
+
 @pytest.fixture(autouse=True)
 def _hold_the_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("unit") is not None:

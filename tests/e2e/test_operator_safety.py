@@ -182,7 +182,6 @@ def test_many_models_wedged_at_once_engage_the_fleet_brake_then_it_releases(env:
     assert any(e["reason"] == "FleetBrakeReleased" for e in env.events(names[1]))
 
 
-@pytest.mark.exclusive  # "no action" is judged on a machine no other test loads
 def test_many_clients_through_the_router_with_cancellations_take_no_action(env: Env) -> None:
     """The load shape that once got a busy prefill pod restarted as wedged: many concurrent
     clients through the real router, long prompts, a third giving up at random moments, a

@@ -135,7 +135,6 @@ def test_sigstopped_decode_pod_is_found_unobserved_and_not_remediated_on_that_gr
     assert remediations(env, name, meta["name"]) == []  # unobserved is never a ground for action
 
 
-@pytest.mark.exclusive  # "no action" is judged on a machine no other test loads
 def test_heavy_healthy_load_with_deep_queues_takes_no_action(env: Env) -> None:
     name = "soak"
     # slow prefill compute between chunks and long prompts: requests pile up in flight. The
