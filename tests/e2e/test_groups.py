@@ -206,7 +206,10 @@ def test_groups_are_ready_spread_serve_restart_as_a_whole_and_scale_by_groups(
     wait_for(replaced, 600, "both ranks of grp-decode-0 replaced and Ready", 2.0)
     assert {p["metadata"]["uid"] for p in _group_pods(kubectl, ns, "grp-decode-1")} == other_uids
     events = (_get(kubectl, "events", "-n", ns) or {}).get("items") or []
-    restarted = [e for e in events if e.get("reason") == "GroupRestarted"]
+    # (the module's other test restarts the prefill group, in the same namespace)
+    restarted = [
+        e for e in events if e.get("reason") == "GroupRestarted" and "grp-decode-0" in e.get("message", "")
+    ]
     # one Event, on the model (a group is no Pod), naming the group and the rank
     assert [(e["involvedObject"]["kind"], e.get("count", 1)) for e in restarted] == [(contract.KIND, 1)], (
         restarted
