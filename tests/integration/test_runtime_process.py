@@ -51,9 +51,15 @@ def test_sigterm_with_a_wedged_request_exits_inside_the_grace_period(prefill: Ru
         "bootstrap_port": prefill.bootstrap_port,
         "bootstrap_room": 4_242_424,
     }
-    holder = threading.Thread(
-        target=lambda: http_post_json(f"{prefill.url}/generate", body, timeout=3 * POD_GRACE_S), daemon=True
-    )
+    answers: list[object] = []
+
+    def hold() -> None:
+        try:
+            answers.append(http_post_json(f"{prefill.url}/generate", body, timeout=3 * POD_GRACE_S)[0])
+        except OSError as err:  # the process closed the connection as it exited
+            answers.append(err)
+
+    holder = threading.Thread(target=hold, daemon=True)
     holder.start()
     wait_for(lambda: prefill.state()["pending_requests"] >= 1, 30, "the request in flight", 0.2)
     t0 = time.monotonic()
@@ -61,3 +67,7 @@ def test_sigterm_with_a_wedged_request_exits_inside_the_grace_period(prefill: Ru
     wait_for(lambda: not prefill.proc.alive(), POD_GRACE_S - 5, "the runtime's exit after SIGTERM", 0.2)
     assert prefill.proc.popen.returncode == 0, prefill.proc.log_tail()
     assert time.monotonic() - t0 < POD_GRACE_S - 5
+    holder.join(10)
+    # the request was ended (the connection closed, or an error answer), not left hanging
+    assert answers, "the wedged request was still open after the process exited"
+    assert isinstance(answers[0], OSError) or answers[0] != 200, answers
