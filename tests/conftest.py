@@ -37,17 +37,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules with an ``exclusive`` test first (while both workers run those, an exclusive
-    test waits only for short ones), then modules with multi-minute scenarios, then the other
-    e2e modules, then the rest; each class in the shuffled order. Workers take whole modules in
-    this order (``--no-loadscope-reorder``), so the session does not end with one worker on a
-    long module while the other idles."""
-
-    def modules(marker: str) -> set[object]:
-        return {item.path for item in items if item.get_closest_marker(marker) is not None}
-
-    classes = [modules("exclusive"), modules("slow"), modules("e2e")]
-    items.sort(key=lambda item: next((i for i, c in enumerate(classes) if item.path in c), len(classes)))
+    """Modules with multi-minute scenarios first, then the other e2e modules, then the rest,
+    each class in the shuffled order: workers take whole modules (``--no-loadscope-reorder``
+    keeps this order), so the session does not end with one worker on a long module while the
+    other idles."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    e2e = {item.path for item in items if item.get_closest_marker("e2e") is not None}
+    items.sort(key=lambda item: 0 if item.path in slow else 1 if item.path in e2e else 2)
 
 
 @pytest.fixture(autouse=True)
