@@ -28,7 +28,12 @@ def kubectl_with_crd(kubeconfig: str | Path) -> Kubectl:
 def operator_for_prefix(kubectl: Kubectl, ns_prefix: str, log: Path) -> Iterator[OperatorProcess]:
     """An operator watching the namespaces that start with `ns_prefix`, for a module's tests,
     yielded once it sees namespaces created after its start."""
-    with OperatorProcess(kubectl.env["KUBECONFIG"], namespaces=(f"{ns_prefix}*",), log_path=log) as op:
+    # a Lease of its own: operators of other modules, running beside it on another worker,
+    # would otherwise share the default one (namespace default) and only one of them would act
+    lease = ("--leader-election-id", f"pdwarden-e2e-{ns_prefix.rstrip('-')}")
+    with OperatorProcess(
+        kubectl.env["KUBECONFIG"], namespaces=(f"{ns_prefix}*",), log_path=log, extra_args=lease
+    ) as op:
         wait_watching_new_namespaces(kubectl, ns_prefix)
         yield op
     print(f"operator log: {log}")
