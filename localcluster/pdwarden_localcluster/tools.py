@@ -11,6 +11,7 @@ to them. A second run with everything in place only checks the links (well under
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 import sys
@@ -141,9 +142,15 @@ def link_into_venv() -> None:
 
 
 def install(progress: bool = True) -> dict[str, Path]:
-    install_npm_tools()
-    install_promtool()
-    link_into_venv()
+    lock = cache_dir() / "tools" / "install.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as fh:
+        # processes that install at once (parallel test workers, a demo) take turns: each
+        # step replaces directories and links that another would be reading
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        install_npm_tools()
+        install_promtool()
+        link_into_venv()
     paths = {name: venv_bin() / name for name in TOOLS}
     if progress:
         for name, path in paths.items():

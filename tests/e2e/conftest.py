@@ -7,7 +7,6 @@ runs, KUBECONFIG points at it.
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Iterator
 
@@ -24,12 +23,11 @@ from tests.support.session import STARTED_CLUSTER, session_dir
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[ClusterInfo]:
     try:
-        with open(session_dir() / "cluster-start", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one worker starts it, the others then find it up
-            tools.install(progress=False)
-            info = localcluster.ensure_up()
-            if info.started:
-                (session_dir() / STARTED_CLUSTER).touch()
+        # both lock: one worker installs and starts, the others then find everything up
+        tools.install(progress=False)
+        info = localcluster.ensure_up()
+        if info.started:
+            (session_dir() / STARTED_CLUSTER).touch()
     except ClusterError as exc:
         pytest.fail(f"the local cluster cannot start: {exc}", pytrace=False)
     previous = os.environ.get("KUBECONFIG")
