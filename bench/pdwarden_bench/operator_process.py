@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import IO
 
 from pdwarden_bench.ports import free_port
+from pdwarden_localcluster import procs
 from pdwarden_localcluster.testing import WaitTimeout, wait_for
 
 
@@ -114,9 +115,7 @@ class OperatorProcess:
     def cpu_seconds(self) -> float:
         """User + system CPU time the operator process has used so far."""
         assert self.proc is not None
-        stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return procs.cpu_seconds(self.proc.pid)
 
     def _log_hint(self) -> str:
         return f" (log: {self.log_path})" if self.log_path else ""

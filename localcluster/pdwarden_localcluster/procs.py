@@ -17,17 +17,28 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def start_time(pid: int) -> int | None:
-    """Kernel start time of `pid` in clock ticks, or None if no such process."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat from field 3 (state) on, or None if no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] == "Z":  # a zombie has exited; it only waits to be reaped
+    return stat.rsplit(")", 1)[1].split()
+
+
+def start_time(pid: int) -> int | None:
+    """Kernel start time of `pid` in clock ticks, or None if no such process."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] == "Z":  # a zombie has exited; it only waits to be reaped
         return None
     return int(fields[19])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time `pid` has used so far (0.0 if no such process)."""
+    fields = _stat_fields(pid)
+    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)

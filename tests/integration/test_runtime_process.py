@@ -3,7 +3,6 @@ stop while a request is wedged, it exits inside a pod's termination grace period
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time
@@ -12,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from pdwarden_bench.runtime_procs import Fleet, Runtime, http_post_json, wait_healthy
+from pdwarden_localcluster import procs
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_runtime import contract as c
 
@@ -28,17 +28,11 @@ def prefill() -> Iterator[Runtime]:
         yield rt
 
 
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def test_an_idle_runtime_does_not_keep_a_core_busy(prefill: Runtime) -> None:
     # NIXL's progress thread polls with a zero timeout unless told otherwise: a whole core
-    before, t0 = _cpu_seconds(prefill.proc.pid), time.monotonic()
+    before, t0 = procs.cpu_seconds(prefill.proc.pid), time.monotonic()
     time.sleep(5)
-    used = (_cpu_seconds(prefill.proc.pid) - before) / (time.monotonic() - t0)
+    used = (procs.cpu_seconds(prefill.proc.pid) - before) / (time.monotonic() - t0)
     assert used < 0.3, f"an idle runtime used {used:.2f} of a core"
 
 

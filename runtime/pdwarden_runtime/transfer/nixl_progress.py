@@ -26,11 +26,6 @@ _poll_us = DEFAULT_POLL_US
 _installed = False
 
 
-def poll_us() -> int:
-    """The delay the next NIXL agent of this process gets."""
-    return _poll_us
-
-
 def set_poll_us(micros: int) -> None:
     """Give every NIXL agent created from now on in this process ``micros`` of idle poll delay."""
     global _poll_us
@@ -42,7 +37,7 @@ def set_poll_us(micros: int) -> None:
 
 
 def install() -> None:
-    """Make NIXL agents created from now on in this process get ``poll_us()`` (idempotent)."""
+    """Make NIXL agents created from now on in this process get the delay last set (idempotent)."""
     global _installed
     with _lock:
         if _installed:
