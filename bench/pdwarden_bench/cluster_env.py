@@ -351,8 +351,12 @@ def stuck_since(pod: dict[str, Any]) -> float | None:
 
 def wedge(env: Env, name: str, victim: dict[str, Any]) -> float:
     """Inject the emulated port's race into `victim` and trigger it; returns when its stuck room was born."""
+    return wedge_pod(victim, env.live_ready_pods(name, contract.ROLE_DECODE)[0])
+
+
+def wedge_pod(victim: dict[str, Any], decode: dict[str, Any]) -> float:
+    """`wedge` with the decode pod given: the race's requests go to `victim` and `decode`."""
     inject(victim, contract.FAULT_EMULATED_PORT_RACE)
-    decode = env.live_ready_pods(name, contract.ROLE_DECODE)[0]
     for _ in range(5):
         race_once(victim, decode)
         with contextlib.suppress(AssertionError):

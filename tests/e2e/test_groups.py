@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.cluster_env import EMULATED_PORT_PREFILL, inject, race_once, stuck_since
+from pdwarden_bench.cluster_env import EMULATED_PORT_PREFILL, wedge_pod
 from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.testing import Kubectl, wait_for
 from pdwarden_runtime import contract
@@ -97,10 +97,12 @@ def _ready(pod: dict[str, Any]) -> bool:
     return live and any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
 
 
-def _groups_ready(k: Kubectl, ns: str, prefill: int, decode: int) -> dict[str, Any] | None:
+def _groups_ready(k: Kubectl, ns: str, prefill: int, decode: int | None) -> dict[str, Any] | None:
+    """The model when Ready with these groups per role, all their pods Ready (decode None:
+    whatever decode's group count; this module's other test scales it)."""
     dm = _get(k, "dm", NAME, "-n", ns)
     status = (dm or {}).get("status") or {}
-    want = {"prefill": prefill, "decode": decode}
+    want = {"prefill": prefill} if decode is None else {"prefill": prefill, "decode": decode}
     for role, n in want.items():
         got = status.get(role) or {}
         if got.get("groups") != n or got.get("readyGroups") != n or got.get("readyPods") != 2 * n:
@@ -234,18 +236,10 @@ def test_groups_are_ready_spread_serve_restart_as_a_whole_and_scale_by_groups(
     wait_for(lambda: _generate(kubectl, ns), 180, "traffic through the remaining group", 2.0)
 
 
-def _ready_with_one_prefill_group(k: Kubectl, ns: str) -> bool:
-    """Ready, whatever decode's group count (the other test of this module scales it)."""
-    status = ((_get(k, "dm", NAME, "-n", ns) or {}).get("status")) or {}
-    prefill = status.get("prefill") or {}
-    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == "Ready"), {})
-    return prefill.get("readyGroups") == 1 and prefill.get("readyPods") == 2 and ready.get("status") == "True"
-
-
 @pytest.mark.timeout(1800)
 def test_a_wedge_in_a_groups_leader_restarts_the_whole_group(kubectl: Kubectl, model: str) -> None:
     ns = model
-    wait_for(lambda: _ready_with_one_prefill_group(kubectl, ns), 600, "the model Ready", 2.0)
+    wait_for(lambda: _groups_ready(kubectl, ns, 1, None), 600, "the model Ready", 2.0)
     wait_for(lambda: _generate(kubectl, ns), 180, "a /generate answer through the router", 2.0)
     group = "grp-prefill-0"
     leader, worker = _group_pods(kubectl, ns, group)
@@ -257,16 +251,7 @@ def test_a_wedge_in_a_groups_leader_restarts_the_whole_group(kubectl: Kubectl, m
     before = {e.get("id") for e in _remediations(kubectl, ns)}
 
     # the emulated port's status race, triggered on the leader: a room stuck in its inflight queue
-    inject(leader, contract.FAULT_EMULATED_PORT_RACE)
-    for _ in range(5):
-        race_once(leader, decode_leader)
-        try:
-            wait_for(lambda: stuck_since(leader), 10, "a stuck room on the group's leader", 0.5)
-            break
-        except AssertionError:
-            continue
-    else:
-        pytest.fail("the race never wedged the group's leader")
+    wedge_pod(leader, decode_leader)
 
     def remediated() -> dict[str, Any] | None:
         done = [
@@ -293,5 +278,5 @@ def test_a_wedge_in_a_groups_leader_restarts_the_whole_group(kubectl: Kubectl, m
         p["metadata"]["uid"] for p in _pods(kubectl, ns) if p["metadata"]["name"].startswith("grp-decode-")
     }
     assert now_decode <= decode_uids, "a decode group was touched"
-    wait_for(lambda: _ready_with_one_prefill_group(kubectl, ns), 300, "the model Ready again", 2.0)
+    wait_for(lambda: _groups_ready(kubectl, ns, 1, None), 300, "the model Ready again", 2.0)
     wait_for(lambda: _generate(kubectl, ns), 180, "traffic through the router again", 2.0)
