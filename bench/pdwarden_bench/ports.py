@@ -51,11 +51,10 @@ def _binds(host: str, port: int) -> bool:
     return True
 
 
-def free_port(host: str = "127.0.0.1", lo: int | None = None, hi: int | None = None) -> int:
-    """A port in [lo, hi] (default: ``port_range()``) that binds now on host and was not handed
-    out before in this process."""
-    if lo is None or hi is None:
-        lo, hi = port_range()
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port in ``port_range()`` that binds now on host and was not handed out before in this
+    process."""
+    lo, hi = port_range()
     for _ in range(500):
         port = _rng.randint(lo, hi)
         if port in _taken:

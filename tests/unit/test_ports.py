@@ -8,9 +8,12 @@ from pdwarden_bench import ports
 
 
 @pytest.mark.unit
-def test_shares_split_the_range_without_overlap() -> None:
-    shares = [ports.share_of_port_range(i, 2) for i in range(2)]
-    (lo0, hi0), (lo1, hi1) = (tuple(int(p) for p in s.split("-")) for s in shares)
+def test_shares_split_the_range_without_overlap(monkeypatch: pytest.MonkeyPatch) -> None:
+    def share(index: int) -> tuple[int, int]:
+        monkeypatch.setenv(ports.ENV_PORT_RANGE, ports.share_of_port_range(index, 2))
+        return ports.port_range()
+
+    (lo0, hi0), (lo1, hi1) = share(0), share(1)
     assert lo0 == ports.PORT_RANGE[0] and hi0 < lo1 and hi1 <= ports.PORT_RANGE[1]
 
 
