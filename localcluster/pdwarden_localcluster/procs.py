@@ -36,9 +36,12 @@ def start_time(pid: int) -> int | None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time `pid` has used so far (0.0 if no such process)."""
+    """User + system CPU time `pid` has used so far. A process that is gone raises
+    ProcessLookupError: read as 0.0, a dead process would pass for an idle one."""
     fields = _stat_fields(pid)
-    return 0.0 if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    if fields is None:
+        raise ProcessLookupError(f"no process {pid}")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
