@@ -18,23 +18,12 @@ def session_dir() -> Path:
 
 
 @contextmanager
-def _flock(name: str, mode: int) -> Iterator[None]:
-    with open(session_dir() / name, "a+") as f:
-        fcntl.flock(f, mode)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-@contextmanager
 def cluster_hold(exclusive: bool) -> Iterator[None]:
     """A shared or an exclusive hold on the cluster and the machine. An exclusive request keeps
-    the gate while it waits for the shared holders to end, so that no new one starts meanwhile."""
-    with open(session_dir() / "hold", "a+") as hold:
-        with _flock("gate", fcntl.LOCK_EX):
-            fcntl.flock(hold, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(hold, fcntl.LOCK_UN)
+    the gate while it waits for the shared holders to end, so that no new one starts meanwhile.
+    Closing the hold's file gives the hold back."""
+    with open(session_dir() / "gate", "a+") as gate, open(session_dir() / "hold", "a+") as hold:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        fcntl.flock(hold, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        yield
