@@ -37,7 +37,7 @@ LABEL_APP_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_GROUP: Final = "pdwarden.io/group"
 LABEL_RANK: Final = "pdwarden.io/rank"
 LABEL_POD_INDEX: Final = "apps.kubernetes.io/pod-index"
-# sglang-router's service discovery reads the prefill bootstrap port from this annotation.
+# The router's (smg's) service discovery reads the prefill bootstrap port from this annotation.
 ANNOTATION_BOOTSTRAP_PORT: Final = "sglang.ai/bootstrap-port"
 # Testing only: on a DisaggregatedModel, makes the operator start runtime pods with
 # --allow-fault-injection so a test or the demo can inject a fault into ONE pod.
@@ -106,9 +106,21 @@ METRIC_RUNTIME_INFO: Final = "pdwarden_runtime_info"
 # a room waiting for bootstrap or its forward pass is queueing; only time in Transferring
 # (or waiting for a prefill that stopped sending, on decode) means a transfer is stuck.
 METRIC_KV_OLDEST_IN_STATE: Final = "pdwarden_kv_oldest_in_state_seconds"
-# The `state` label value of the Transferring state (kvpoll.STATE_LABELS agrees): the one state
-# the watchdog's age clause judges.
+# The `state` label values of pdwarden_kv_rooms and pdwarden_kv_oldest_in_state_seconds, one per
+# SGLang KVPoll status (kvpoll.STATE_LABELS maps the statuses to these). Transferring is the one
+# state the watchdog's age clause judges.
+KV_STATE_FAILED: Final = "failed"
+KV_STATE_BOOTSTRAPPING: Final = "bootstrapping"
+KV_STATE_WAITING_FOR_INPUT: Final = "waiting_for_input"
 KV_STATE_TRANSFERRING: Final = "transferring"
+KV_STATE_SUCCESS: Final = "success"
+KV_STATES: Final = (
+    KV_STATE_FAILED,
+    KV_STATE_BOOTSTRAPPING,
+    KV_STATE_WAITING_FOR_INPUT,
+    KV_STATE_TRANSFERRING,
+    KV_STATE_SUCCESS,
+)
 # Liveness of the runtime's threads (SGLang's NIXL bootstrap, transfer workers, heartbeat;
 # the synthetic engine's): alive count per thread kind, and the count that should be alive.
 METRIC_RUNTIME_THREADS: Final = "pdwarden_runtime_threads"
@@ -129,6 +141,15 @@ QUARANTINE_ENDED_DONE: Final = "done"
 QUARANTINE_ENDED_ERROR: Final = "error"
 QUARANTINE_ENDED_PEER_GONE: Final = "peer_gone"
 QUARANTINE_ENDINGS: Final = (QUARANTINE_ENDED_DONE, QUARANTINE_ENDED_ERROR, QUARANTINE_ENDED_PEER_GONE)
+# Rooms whose request has ended (the client left, a peer aborted, a deadline) that this pod
+# still holds for a write that may land: on decode their pages, kept until the prefill's
+# drain ACK; on prefill rooms with quarantined handles. Never a wedge of the pod holding them.
+METRIC_KV_ROOMS_ABANDONED: Final = "pdwarden_kv_rooms_abandoned"
+# Decode pages held per writer (`peer`: the prefill's IP) for requests that ended while a
+# write may still land, and how long the oldest of them has been held: kept until that
+# prefill's drain ACK or proof that it is gone, never freed on a timer.
+METRIC_KV_PAGES_HELD: Final = "pdwarden_kv_pages_held"
+METRIC_KV_PAGES_HELD_SECONDS: Final = "pdwarden_kv_pages_held_seconds"
 # Decode-side page verification failures (synthetic engine): corrupted KV pages seen.
 METRIC_KV_VERIFY_FAILURES_TOTAL: Final = "pdwarden_kv_verify_failures_total"
 METRIC_KV_VERIFY_FAILURES_BASE: Final = "pdwarden_kv_verify_failures"
@@ -164,5 +185,8 @@ METRIC_OPERATOR_SCRAPE_DURATION: Final = "pdwarden_operator_scrape_duration_seco
 METRIC_OPERATOR_BUDGET_EXHAUSTED: Final = "pdwarden_operator_remediation_budget_exhausted"
 METRIC_OPERATOR_LEADER: Final = "pdwarden_operator_leader"
 METRIC_OPERATOR_BRAKE_ENGAGED: Final = "pdwarden_operator_brake_engaged"
+# Abandoned rooms the model's pods report (METRIC_KV_ROOMS_ABANDONED), per role: named in the
+# verdicts, never remediated.
+METRIC_OPERATOR_ABANDONED_ROOMS: Final = "pdwarden_operator_abandoned_rooms"
 OPERATOR_METRICS_PORT: Final = 8080
 OPERATOR_HEALTH_PORT: Final = 8081

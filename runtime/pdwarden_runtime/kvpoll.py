@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from typing import Final
 
+from pdwarden_runtime import contract
+
 
 class KVPoll(enum.IntEnum):
     """Status of one KV room (a bootstrap_room). The order is SGLang's, not a lifecycle:
@@ -34,11 +36,11 @@ TERMINAL: Final = frozenset({KVPoll.Failed, KVPoll.Success})
 OPENING: Final = frozenset({KVPoll.Bootstrapping, KVPoll.WaitingForInput})
 
 STATE_LABELS: Final[dict[KVPoll, str]] = {
-    KVPoll.Failed: "failed",
-    KVPoll.Bootstrapping: "bootstrapping",
-    KVPoll.WaitingForInput: "waiting_for_input",
-    KVPoll.Transferring: "transferring",
-    KVPoll.Success: "success",
+    KVPoll.Failed: contract.KV_STATE_FAILED,
+    KVPoll.Bootstrapping: contract.KV_STATE_BOOTSTRAPPING,
+    KVPoll.WaitingForInput: contract.KV_STATE_WAITING_FOR_INPUT,
+    KVPoll.Transferring: contract.KV_STATE_TRANSFERRING,
+    KVPoll.Success: contract.KV_STATE_SUCCESS,
 }
 
 # int (or KVPoll, which hashes as its int) -> member; one dict lookup on the hot path.

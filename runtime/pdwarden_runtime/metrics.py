@@ -34,6 +34,7 @@ from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.peers import PeerFigures
 
 if TYPE_CHECKING:
+    from pdwarden_runtime.hardening.held_pages import HeldPages
     from pdwarden_runtime.hardening.threads import ThreadWatch
 from pdwarden_runtime.status import NON_TERMINAL, STICKY_TRANSITIONS, ClosedRoom, RoomStatusTable
 
@@ -91,6 +92,8 @@ class RuntimeMetrics:
         quarantined: Callable[[], int] | None = None,
         quarantine_endings: Callable[[], dict[str, int]] | None = None,
         error_wheres: tuple[str, ...] = (),
+        abandoned: Callable[[], int] | None = None,
+        held_pages: HeldPages | None = None,
     ) -> None:
         if role not in c.RUNTIME_ROLES:
             raise ValueError(f"unknown runtime role {role!r}; expected one of {c.RUNTIME_ROLES}")
@@ -100,7 +103,16 @@ class RuntimeMetrics:
         self.peers = PeerFigures()
         tracker.add_conclude_listener(self.peers.concluded)
         self._state = _StateCollector(
-            role, table, tracker, expire_on_scrape, threads, quarantined, quarantine_endings, self.peers
+            role,
+            table,
+            tracker,
+            expire_on_scrape,
+            threads,
+            quarantined,
+            quarantine_endings,
+            self.peers,
+            abandoned,
+            held_pages,
         )
         self.registry.register(self._state)
         role_label = [c.LABEL_METRIC_ROLE]
@@ -173,6 +185,8 @@ class _StateCollector(Collector):
         quarantined: Callable[[], int] | None,
         quarantine_endings: Callable[[], dict[str, int]] | None = None,
         peers: PeerFigures | None = None,
+        abandoned: Callable[[], int] | None = None,
+        held_pages: HeldPages | None = None,
     ) -> None:
         self._role = role
         self._table = table
@@ -182,6 +196,8 @@ class _StateCollector(Collector):
         self._quarantined = quarantined
         self._quarantine_endings = quarantine_endings
         self._peers = peers
+        self._abandoned = abandoned
+        self._held_pages = held_pages
 
     def describe(self) -> list[Metric]:
         return list(self._families())
@@ -245,7 +261,29 @@ class _StateCollector(Collector):
             "Rooms concluded per peer pod and outcome (by its IP; bounded, rest as 'other').",
             labels=[R, c.LABEL_METRIC_PEER, c.LABEL_METRIC_OUTCOME],
         )
+        abandoned = GaugeMetricFamily(
+            c.METRIC_KV_ROOMS_ABANDONED,
+            "Rooms whose request ended that this pod still holds for a write that may land "
+            "(decode: pages until the prefill's drain ACK; prefill: rooms with quarantined handles).",
+            labels=[R],
+        )
+        pages_held = GaugeMetricFamily(
+            c.METRIC_KV_PAGES_HELD,
+            "Decode pages held per writer for requests that ended (freed on its drain ACK or "
+            "proof that it is gone, never on a timer).",
+            labels=[R, c.LABEL_METRIC_PEER],
+        )
+        pages_held_seconds = GaugeMetricFamily(
+            c.METRIC_KV_PAGES_HELD_SECONDS,
+            "Seconds the oldest page held for each writer has been held.",
+            labels=[R, c.LABEL_METRIC_PEER],
+        )
         if with_samples:
+            abandoned.add_metric([role], self._abandoned() if self._abandoned is not None else 0)
+            if self._held_pages is not None:
+                for peer, (pages, seconds) in sorted(_held_by_peer(self._held_pages).items()):
+                    pages_held.add_metric([role, peer], pages)
+                    pages_held_seconds.add_metric([role, peer], seconds)
             if self._peers is not None:
                 figures = self._peers.snapshot()
                 for peer, count in sorted(figures.inflight.items()):
@@ -276,6 +314,21 @@ class _StateCollector(Collector):
                 refused.add_metric([role, *labels], counted.get(labels, 0))
         yield from (inflight, oldest, rooms, transfers, refused, in_state)
         yield from (threads, threads_expected, quarantined, endings, peer_inflight, peer_transfers)
+        yield from (abandoned, pages_held, pages_held_seconds)
+
+
+# Held-page series per writer: the peers' bound (peers.py), the rest under PEER_OTHER.
+_MAX_HELD_PEERS: Final = 32
+
+
+def _held_by_peer(held: HeldPages) -> dict[str, tuple[int, float]]:
+    """(pages, oldest hold in seconds) per writer; bounded like the per-peer figures."""
+    out: dict[str, tuple[int, float]] = {}
+    for entry in held.held():
+        peer = entry.peer if entry.peer in out or len(out) < _MAX_HELD_PEERS else c.PEER_OTHER
+        pages, seconds = out.get(peer, (0, 0.0))
+        out[peer] = (pages + entry.pages, max(seconds, entry.seconds))
+    return out
 
 
 # --- serving -------------------------------------------------------------------------------

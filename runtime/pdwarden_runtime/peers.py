@@ -3,7 +3,7 @@
 A peer is the other side of a room: on prefill the decode pod(s) its KV goes to, on
 decode the prefill pod it comes from. Its identity is the peer's **IP address** as this
 runtime knows it (on prefill the ``endpoint`` decode advertised in its transfer info; on
-decode the host of the prefill's bootstrap address, which sglang-router takes from the
+decode the host of the prefill's bootstrap address, which the router (smg) takes from the
 prefill pod's IP): the operator maps it to a pod through ``status.podIP``, and it never
 names anything a user sent.
 

@@ -2,7 +2,9 @@
 an exception in a pdwarden hook leaves the transfer worker running; a chunk enqueued for a
 live room that lost its transfer info fails the room (SGLang drops it silently: shown on
 the emulated port); a decode whose prefill went silent fails the room by its deadline and
-keeps the pages for the abort-and-drain release; a dead transfer worker is seen."""
+keeps the pages for the abort-and-drain release; a dead transfer worker is seen; a decode
+that gives up before sending its metadata ends the prefill's room, even one the prefill
+opens only afterwards; a room whose decode leg never comes is bounded by the deadline."""
 
 from __future__ import annotations
 
@@ -46,8 +48,12 @@ def _run(scenarios: str, hardening: str) -> subprocess.Popen[str]:
 @pytest.fixture(scope="module")
 def results() -> Iterator[dict[str, dict[str, Any]]]:
     procs = {
-        "on": _run("hook-error,enqueue-popped,prefill-vanished,dead-worker", "on"),
-        "emulated-port": _run("enqueue-popped", "emulated-port"),
+        "on": _run(
+            "abort-before-metadata,early-abort,bootstrap-deadline,hook-error,enqueue-popped,"
+            "prefill-vanished,dead-worker",
+            "on",
+        ),
+        "emulated-port": _run("enqueue-popped,early-abort", "emulated-port"),
     }
     try:
         yield {mode: last_json_result(proc, 240) for mode, proc in procs.items()}
@@ -88,3 +94,24 @@ def test_a_dead_transfer_worker_is_seen(results: dict) -> None:
     assert run["dead"]["nixl_transfer_worker"] == [workers - 1, workers]
     # the scenario before it stopped the prefill's deadline reaper: seen as well
     assert run["dead"]["pdwarden_deadline_reaper"] == [0, 1]
+
+
+def test_a_decode_abort_before_its_metadata_fails_the_waiting_prefill_room(results: dict) -> None:
+    run = results["on"]["abort-before-metadata"]
+    assert run["failed"] and run["prefill"] == "Failed" and run["seconds"] < 2.0, run
+    assert "abort" in (run["reason"] or "").lower()
+
+
+def test_an_abort_for_a_room_the_prefill_does_not_have_yet_fails_it_when_it_opens(results: dict) -> None:
+    run = results["on"]["early-abort"]
+    assert run["failed"] and run["prefill"] == "Failed", run
+    assert run["reason"] == "Aborted by decode before this prefill opened the room"
+    control = results["emulated-port"]["early-abort"]  # SGLang drops it: the room waits
+    assert control["failed"] is False and control["prefill"] == "Bootstrapping", control
+
+
+def test_a_room_whose_decode_leg_never_comes_fails_by_the_inflight_deadline(results: dict) -> None:
+    run = results["on"]["bootstrap-deadline"]
+    assert run["bootstrap_timeout"] == INFLIGHT_DEADLINE
+    assert run["failed"] and INFLIGHT_DEADLINE - 0.5 <= run["seconds"] <= INFLIGHT_DEADLINE + 3, run
+    assert run["outcomes"].get("deadline") == 1, run

@@ -1,7 +1,7 @@
-"""The whole PD path for real: sglang-router -> synthetic prefill -> NIXL -> synthetic decode.
+"""The whole PD path for real: SGLang's router (smg) -> synthetic prefill -> NIXL -> synthetic decode.
 
 A hardened prefill/decode pair runs as separate processes for the module, behind the real
-sglang-router. Faults are switched on at run time through ``POST /debug/fault``. The
+SGLang's router. Faults are switched on at run time through ``POST /debug/fault``. The
 stalled peer (stock SGLang beside the hardened runtime) is in test_stalled_peer.py; the
 emulated-port race control in test_transfer_hardening.py and test_sglang_nixl_race.py.
 """
@@ -74,7 +74,7 @@ def pairs(fleet: Fleet) -> dict[str, Pair]:
 @pytest.fixture(scope="module")
 def router(fleet: Fleet, pairs: dict[str, Pair]) -> Router:
     hardened = pairs["hardened"]
-    r = fleet.router(hardened.prefill, hardened.decode)
+    r = fleet.router([hardened.prefill], [hardened.decode])
     wait_router(r, timeout=240)
     return r
 
@@ -240,15 +240,19 @@ def wait_room(rt: Runtime, room: int, wanted: str, timeout: float = 30.0) -> boo
 def _legs(
     session: aiohttp.ClientSession, pair: Pair, room: int, extra: dict[str, Any] | None = None
 ) -> tuple[asyncio.Future[Any], asyncio.Future[Any]]:
-    """The two legs of one request, as sglang-router sends them."""
+    """The two legs of one request, as the router sends them."""
     body = {**request_body(room, LONG_PROMPT, 4, pair.endpoint), **(extra or {})}
 
-    async def post(url: str) -> int:
-        async with session.post(f"{url}/generate", json=body) as resp:
-            await resp.read()
-            return resp.status
+    return (
+        asyncio.ensure_future(_post_status(session, pair.prefill.url, body)),
+        asyncio.ensure_future(_post_status(session, pair.decode.url, body)),
+    )
 
-    return asyncio.ensure_future(post(pair.prefill.url)), asyncio.ensure_future(post(pair.decode.url))
+
+async def _post_status(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> int:
+    async with session.post(f"{url}/generate", json=body) as resp:
+        await resp.read()
+        return resp.status
 
 
 async def _cancel(*tasks: asyncio.Future[Any]) -> None:
@@ -302,3 +306,93 @@ def test_emulated_port_race_concludes_failed_with_hardening(pairs: dict[str, Pai
     assert result["room_after"] is None  # concluded Failed and cleared
     assert _refused_failed_to_transferring(hardened.prefill) == refused_before + 1
     assert settled(hardened.prefill)["rooms"] == {}
+
+
+def test_a_prefill_leg_cancelled_while_bootstrapping_ends_its_room_at_once(pairs: dict[str, Pair]) -> None:
+    """The router closes the prefill leg of a request whose client left before decode sent
+    its metadata: the prefill's HTTP handler is cancelled and the Bootstrapping room ends."""
+    hardened = pairs["hardened"]
+    room = 779001
+
+    async def scenario() -> tuple[bool, bool]:
+        async with new_session() as session:
+            body = request_body(room, LONG_PROMPT, 4, hardened.endpoint)
+            leg = asyncio.ensure_future(_post_status(session, hardened.prefill.url, body))
+            loop = asyncio.get_running_loop()
+            opened = await loop.run_in_executor(None, wait_room, hardened.prefill, room, "bootstrapping")
+            await _cancel(leg)
+            try:
+                await loop.run_in_executor(
+                    None, wait_for, lambda: room_state(hardened.prefill, room) is None, 5.0, "room gone", 0.05
+                )
+            except WaitTimeout:
+                return opened, False
+            return opened, True
+
+    opened, gone = asyncio.run(scenario())
+    assert opened and gone
+    assert settled(hardened.prefill)["pending_requests"] == 0
+
+
+def test_a_decode_leg_that_ends_before_its_metadata_fails_the_prefill_room_at_once(
+    pairs: dict[str, Pair],
+) -> None:
+    """Decode waits for KV pages (another request holds most of its pool) when its client
+    leaves: decode never sent its metadata, but its ABORT still reaches the prefill, whose
+    room fails at once instead of waiting out its bootstrap timeout."""
+    hardened = pairs["hardened"]
+    big, room = 779101, 779102
+    pool = hardened.decode.state()["total_pages"]
+
+    async def scenario() -> dict[str, Any]:
+        async with new_session() as session:
+            # `big` holds most of decode's pages while prefill sends it slowly (compute per chunk)
+            big_body = {
+                **request_body(big, (pool - 40) * 16, 4, hardened.endpoint),
+                "synthetic_compute_ms": 40,
+            }
+            big_legs = [
+                asyncio.ensure_future(_post_status(session, url, big_body))
+                for url in (hardened.prefill.url, hardened.decode.url)
+            ]
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, wait_room, hardened.prefill, big, "transferring")
+            prefill_leg, decode_leg = _legs(session, hardened, room, {"input_ids": list(range(100 * 16))})
+            await loop.run_in_executor(None, wait_room, hardened.prefill, room, "bootstrapping")
+            await asyncio.sleep(0.5)
+            waiting_for_pages = hardened.decode.state()["admission_waiting"]
+            await _cancel(decode_leg)  # the client leaves; the router closes the decode leg first
+            t0 = time.monotonic()
+            await asyncio.wait([prefill_leg], timeout=10)
+            ended_s = time.monotonic() - t0
+            status = prefill_leg.result() if prefill_leg.done() else None
+            if not prefill_leg.done():
+                await _cancel(prefill_leg)
+            big_status = [await leg for leg in big_legs]
+            return {"waiting": waiting_for_pages, "status": status, "seconds": ended_s, "big": big_status}
+
+    result = asyncio.run(scenario())
+    assert result["waiting"] == 1, result  # decode's request waited for pages, metadata unsent
+    assert result["status"] == 500 and result["seconds"] < 5.0, result
+    assert result["big"] == [200, 200], result
+    for rt in (hardened.prefill, hardened.decode):
+        state = settled(rt)
+        assert state["rooms"] == {} and state["free_pages"] == state["total_pages"], state
+
+
+def test_a_room_number_is_used_once(pairs: dict[str, Pair]) -> None:
+    """A resend of a request that already ran (a router's retry of the same body) is refused
+    on both roles: its room's pages are never written twice."""
+    hardened = pairs["hardened"]
+    room = 779201
+
+    async def twice() -> list[list[int]]:
+        async with new_session() as session:
+            statuses = []
+            for _ in range(2):
+                legs = _legs(session, hardened, room)
+                statuses.append([await leg for leg in legs])
+            return statuses
+
+    first, second = asyncio.run(twice())
+    assert first == [200, 200] and second == [409, 409]

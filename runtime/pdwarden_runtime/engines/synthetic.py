@@ -14,8 +14,13 @@ NixlKVSender/NixlKVReceiver exactly as SGLang's schedulers drive them:
 A client that disconnects aborts its request (``sender.abort()`` / ``receiver.abort()``,
 as SGLang does); decode keeps an aborted request's pages until prefill acknowledges the
 drain (SGLang's deferred KV release) or a timeout, so a late write cannot corrupt a
-later request. Blocking SGLang calls (bootstrap HTTP) run in a thread pool; status
-changes wake the waiting request through the manager's status listener.
+later request. A decode request that ends before its metadata went out (no pages in time,
+an error, a disconnect) still sends prefill its ABORT, so the prefill room ends at once
+instead of waiting for metadata that never comes. Requests wait in FIFO order for KV pages
+(``kv_admission``), as SGLang's queues hold them, instead of failing when the pool is
+full; a room number is used once per process (a resend of the same request is refused).
+Blocking SGLang calls (bootstrap HTTP) run in a thread pool; status changes wake the
+waiting request through the manager's status listener.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any, Final
 import numpy as np
 
 from pdwarden_runtime import contract as c
+from pdwarden_runtime.engines.kv_admission import KVAdmission
 from pdwarden_runtime.engines.synthetic_pattern import (
     BadRequest,
     RequestSpec,
@@ -49,7 +55,7 @@ from pdwarden_runtime.hardening.nixl import HardenedNixlKVManager
 from pdwarden_runtime.hardening.runtime import RoomRuntime
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.transfer.context import publish_sglang_context
-from pdwarden_runtime.transfer.kvpool import KVPool, PagesExhausted, PoolShape
+from pdwarden_runtime.transfer.kvpool import KVPool, PoolShape
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,9 @@ REPOLL_S: Final = 0.05
 # How long decode keeps an aborted request's pages without prefill's drain ACK.
 ABORT_RELEASE_TIMEOUT_S: Final = 30.0
 PARALLEL_INFO_TIMEOUT_S: Final = 30.0
+# How long a request may wait for KV pages when the inflight deadline is off (SGLang's own
+# bootstrap and waiting timeouts have this default).
+ADMISSION_TIMEOUT_S: Final = 300.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +168,7 @@ class SyntheticEngine:
         self.verify_failures = 0
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="synthetic")
         self._waiters: _Waiters | None = None
+        self._admission: KVAdmission | None = None
         self._ready = threading.Event()
         self._background: set[asyncio.Task[Any]] = set()
 
@@ -174,6 +184,7 @@ class SyntheticEngine:
         """Build SGLang's KV manager (and, on prefill, its bootstrap server)."""
         loop = asyncio.get_running_loop()
         self._waiters = _Waiters(loop)
+        self._admission = KVAdmission(self.pool, loop)
         await loop.run_in_executor(self._executor, self._start_blocking)
         assert self.rt is not None
         self.rt.status_listeners.append(self._waiters.listener)
@@ -273,10 +284,20 @@ class SyntheticEngine:
             log.exception("clearing a room's failure record failed")
 
     def _give(self, pages: np.ndarray | None, aux: int | None) -> None:
-        if pages is not None:
-            self.pool.give_pages(pages)
-        if aux is not None:
-            self.pool.give_aux(aux)
+        if self._admission is not None:
+            self._admission.give(pages, aux)
+
+    async def _take(self, spec: RequestSpec) -> tuple[np.ndarray, int]:
+        """The request's pages and aux slot, after the requests queued before it; bounded
+        by the inflight deadline (PagesExhausted past it)."""
+        assert self._admission is not None
+        return await self._admission.take(spec.pages, self.hardening.inflight_deadline or ADMISSION_TIMEOUT_S)
+
+    def _claim_room(self, room: int) -> None:
+        """A room number names one request: a second request with a live or recently ended
+        room is refused (a router's resend of the same body must not reuse its KV pages)."""
+        if room in self.pending or (self.rt is not None and self.rt.table.is_cleared(room)):
+            raise RequestFailed(f"bootstrap_room {room} is already in use", status=409)
 
     async def health_generate(self) -> tuple[bool, str]:
         """A local round through the engine's own path: pool, pattern, SGLang threads
@@ -288,18 +309,17 @@ class SyntheticEngine:
 
     def _local_round(self) -> tuple[bool, str]:
         spec = RequestSpec(room=0, tokens=self.options.page_size, pages=1, max_new_tokens=1, digest=1)
-        try:
-            pages = self.pool.take_pages(1)
-            aux = self.pool.take_aux()
-        except PagesExhausted as err:
-            return False, f"pool exhausted: {err}"
+        assert self._admission is not None
+        granted = self._admission.try_take(1)
+        if granted is None:  # every page is serving requests: busy is not unhealthy
+            return True, "ok (KV pool busy: local round skipped)"
+        pages, aux = granted
         try:
             fill(self.pool, spec, pages, 0, aux)
             problems = verify(self.pool, spec, pages, aux)
             return (not problems), "; ".join(problems) or "ok"
         finally:
-            self.pool.give_pages(pages)
-            self.pool.give_aux(aux)
+            self._give(pages, aux)
 
     def spec_for(self, body: Any) -> RequestSpec:
         return RequestSpec.from_body(body, self.options.page_size, self.options.pool_pages)
@@ -325,6 +345,7 @@ class SyntheticEngine:
             "free_aux": self.pool.free_aux,
             "total_aux": self.options.aux_slots,
             "background_tasks": len(self._background),
+            "admission_waiting": self._admission.waiting if self._admission is not None else 0,
             "sglang_threads": self.sglang_threads_alive(),
             "stock_classes": self.hardening.stock_classes,
         }
@@ -397,8 +418,7 @@ class PrefillEngine(SyntheticEngine):
 
         sender_cls = get_kv_class(TransferBackend.NIXL, KVClassType.SENDER)
         room = spec.room
-        if room in self.pending:
-            raise RequestFailed(f"bootstrap_room {room} is already in use", status=409)
+        self._claim_room(room)
         self.pending[room] = "bootstrapping"
         self._waiters.register(room)
         sender = sender_cls(self.mgr, f"{host}:{self.options.bootstrap_port}", room)
@@ -412,23 +432,9 @@ class PrefillEngine(SyntheticEngine):
                 (KVPoll.WaitingForInput, KVPoll.Failed, KVPoll.Transferring, KVPoll.Success),
             )
             if state != KVPoll.Failed:
-                self.pending[room] = "sending"
-                pages = self.pool.take_pages(spec.pages)
-                aux = self.pool.take_aux()
-                sender.init(spec.pages, aux_index=aux)
-                step = max(1, self.options.chunk_pages)
-                compute_ms = self._compute_ms(body)
-                # The request's KV is computed first (one fill), then sent chunk by chunk
-                # (with the simulated compute between chunks): SGLang's transfer latency
-                # then measures the transfer path alone.
-                fill(self.pool, spec, pages, 0, aux)
-                for first in range(0, spec.pages, step):
-                    last = first + step >= spec.pages
-                    sender.send(pages[first : first + step])
-                    if compute_ms > 0 and not last:
-                        await asyncio.sleep(compute_ms / 1000)
-                self.pending[room] = "inflight"
-                state = await self._waiters.until(room, sender.poll, (KVPoll.Success, KVPoll.Failed))
+                self.pending[room] = "admission"
+                pages, aux = await self._take(spec)
+                state = await self._send(sender, body, spec, pages, aux)
             concluded = True
             if state == KVPoll.Success:
                 metric = sender.get_transfer_metric()
@@ -466,6 +472,28 @@ class PrefillEngine(SyntheticEngine):
             # Chunks of a failed room may still be read by a worker; their bytes only
             # reach decode pages that decode holds until the drain (or discards).
             self._give(pages, aux)
+
+    async def _send(self, sender: Any, body: Any, spec: RequestSpec, pages: np.ndarray, aux: int) -> int:
+        """Fill the request's pages and send them chunk by chunk; the room's final status."""
+        assert self._waiters is not None
+        room = spec.room
+        if sender.poll() == KVPoll.Failed:  # failed while it waited for pages (decode's ABORT)
+            return int(KVPoll.Failed)
+        self.pending[room] = "sending"
+        sender.init(spec.pages, aux_index=aux)
+        step = max(1, self.options.chunk_pages)
+        compute_ms = self._compute_ms(body)
+        # The request's KV is computed first (one fill), then sent chunk by chunk (with the
+        # simulated compute between chunks): SGLang's transfer latency then measures the
+        # transfer path alone.
+        fill(self.pool, spec, pages, 0, aux)
+        for first in range(0, spec.pages, step):
+            last = first + step >= spec.pages
+            sender.send(pages[first : first + step])
+            if compute_ms > 0 and not last:
+                await asyncio.sleep(compute_ms / 1000)
+        self.pending[room] = "inflight"
+        return await self._waiters.until(room, sender.poll, (KVPoll.Success, KVPoll.Failed))
 
     def _compute_ms(self, body: dict[str, Any]) -> float:
         """Simulated compute per chunk: the flag, or the request's ``synthetic_compute_ms``
@@ -509,8 +537,7 @@ class DecodeEngine(SyntheticEngine):
             raise BadRequest(f"bootstrap_port must be a TCP port, got {port!r}")
         addr = f"{host}:{port}"
         room = spec.room
-        if room in self.pending:
-            raise RequestFailed(f"bootstrap_room {room} is already in use", status=409)
+        self._claim_room(room)
         await self._ensure_prefill(addr)
         from sglang.srt.disaggregation.utils import KVClassType, TransferBackend, get_kv_class
 
@@ -526,8 +553,8 @@ class DecodeEngine(SyntheticEngine):
             loop = asyncio.get_running_loop()
             init = loop.run_in_executor(self._executor, receiver.init, 0)
             await asyncio.shield(init)
-            pages = self.pool.take_pages(spec.pages)
-            aux = self.pool.take_aux()
+            self.pending[room] = "admission"
+            pages, aux = await self._take(spec)
             receiver.send_metadata(pages, aux_index=aux)
             self.pending[room] = "waiting"
             state = await self._waiters.until(room, receiver.poll, (KVPoll.Success, KVPoll.Failed))
@@ -585,9 +612,20 @@ class DecodeEngine(SyntheticEngine):
             self._waiters.drop(room)
             self.pending.pop(room, None)
             if not handed_off:
+                if receiver.init_time is None:
+                    # Ended before its metadata went out (no pages in time, an error):
+                    # nothing can write its pages, but prefill holds the room until it hears.
+                    self._abort_quiet(receiver)
                 if receiver.conclude_state is None or self.mgr.request_status.get(room) is not None:
                     self._failure_reason_quiet(receiver)
                 self._give(pages, aux)
+
+    @staticmethod
+    def _abort_quiet(receiver: Any) -> None:
+        try:
+            receiver.abort()  # sends prefill the ABORT once the receiver knows its prefill
+        except Exception:
+            log.exception("aborting room %s before its metadata failed", receiver.bootstrap_room)
 
     async def _abort_and_release(
         self, receiver: Any, init: asyncio.Future[Any] | None, pages: np.ndarray | None, aux: int | None

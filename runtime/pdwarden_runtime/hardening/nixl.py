@@ -22,7 +22,9 @@ What each override adds (letters as in ``FIX_NAMES``):
 - D the inflight tracker's deadline fails any room that has waited for or moved KV too
   long (from leaving Bootstrapping: queueing is not a wedge). On prefill decode is told
   like in B; on decode the engine aborts the room and holds its pages until prefill
-  acknowledges the drain.
+  acknowledges the drain. A prefill room still waiting for decode's metadata is bounded by
+  the same deadline: SGLang's bootstrap timeout (300 s) is lowered to it, so a room whose
+  decode leg is gone without a word never holds a client longer than the deadline.
 - E the table, tracker, RuntimeMetrics and thread watch live in ``RoomRuntime``
   (``mgr.pdwarden``). Every hook pdwarden adds inside SGLang's threads runs under
   ``RoomRuntime.guard``: an exception in it is logged and counted
@@ -116,7 +118,7 @@ _EARLY_ABORTS_KEPT: Final = 16384
 def outcome_for(reason: str | None) -> str:
     """The contract outcome of a failed room, from SGLang's/pdwarden's failure reason."""
     text = (reason or "").lower()
-    if "deadline" in text:
+    if "deadline" in text or "timed out" in text:  # SGLang's bootstrap and waiting timeouts
         return OUTCOME_DEADLINE
     if "abort" in text:
         return OUTCOME_ABORTED
@@ -215,6 +217,10 @@ class HardenedNixlKVManager(NixlKVManager):
             queues: list[Any] = list(self.transfer_queues)  # type: ignore[has-type]
             self.transfer_queues = [self._pdw_queue(q) for q in queues]
         self.pdwarden.tracker.on_deadline = self._pdw_on_deadline
+        deadline = self.pdwarden.tracker.deadline
+        if role == ROLE_PREFILL and deadline is not None:
+            # D: SGLang's sender fails a room still Bootstrapping after this many seconds.
+            self.bootstrap_timeout: float = min(float(self.bootstrap_timeout), deadline)
         if self._pdw_quarantine is not None:
             self._pdw_quarantine.start()
             self.pdwarden.threads.watch(self._pdw_quarantine.thread)
@@ -720,6 +726,18 @@ class HardenedNixlKVManager(NixlKVManager):
             message[4] = stalled.name.encode("ascii")
         return message
 
+    # --- decode: pages held for their writer (held_pages) -----------------------------
+    def register_deferred_abort_room(self, bootstrap_room: int) -> int:
+        # SGLang arms the drain-ACK wait for a room whose metadata went out and whose request
+        # ended: its pages are held from here until they are freed.
+        with self._pdw_guard(WHERE_ABORT):
+            self.pdwarden.held_pages.hold(bootstrap_room)
+        return int(super().register_deferred_abort_room(bootstrap_room))
+
+    def clear_deferred_abort_state(self, bootstrap_room: int) -> None:
+        super().clear_deferred_abort_state(bootstrap_room)
+        self.pdwarden.held_pages.release(bootstrap_room)
+
     def shutdown_pdwarden(self) -> None:
         if self._pdw_quarantine is not None:
             self._pdw_quarantine.stop()
@@ -755,6 +773,20 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
         if isinstance(mgr, HardenedNixlKVManager):
             mgr._pdw_stall_flip()
         super().init(prefill_dp_rank)
+
+    def send_metadata(self, kv_indices: Any, *args: Any, **kwargs: Any) -> None:
+        super().send_metadata(kv_indices, *args, **kwargs)
+        mgr = self.kv_mgr
+        room = self.bootstrap_room
+        if isinstance(mgr, HardenedNixlKVManager) and self.init_time is not None and room is not None:
+            with mgr._pdw_guard(WHERE_PEERS):  # published: the prefill may write these pages now
+                mgr.pdwarden.held_pages.published(room, peer_of_address(self.bootstrap_addr), len(kv_indices))
+
+    def clear(self) -> None:
+        super().clear()
+        mgr = self.kv_mgr
+        if isinstance(mgr, HardenedNixlKVManager) and self.bootstrap_room is not None:
+            mgr.pdwarden.held_pages.release(self.bootstrap_room)
 
 
 class HardenedNixlKVBootstrapServer(NixlKVBootstrapServer):

@@ -88,6 +88,11 @@ class HandleQuarantine:
         with self._lock:
             return sum(len(e.handles) for e in self._entries)
 
+    def rooms(self) -> int:
+        """Rooms with quarantined handles now: requests that ended, held for their writes."""
+        with self._lock:
+            return len({e.room for e in self._entries})
+
     def holds(self, room: int) -> bool:
         with self._lock:
             return any(e.room == room for e in self._entries)

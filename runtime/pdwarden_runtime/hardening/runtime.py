@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Final
 
 from pdwarden_runtime.contract import ROLE_DECODE, ROLE_PREFILL
 from pdwarden_runtime.hardening.config import HardeningConfig
+from pdwarden_runtime.hardening.held_pages import HeldPages
 from pdwarden_runtime.hardening.rooms import RoomLedger, RoomStatusMap
 from pdwarden_runtime.hardening.threads import ThreadWatch
 from pdwarden_runtime.inflight import DeadlineReaper, InflightTracker
@@ -67,6 +68,8 @@ class RoomRuntime:
         # Decode rooms failed by the deadline: the engine must abort them and hold their
         # pages until prefill acknowledges the drain.
         self.decode_deadline_rooms: set[int] = set()
+        # Decode: published rooms, and those held for their writer after their request ended.
+        self.held_pages = HeldPages()
         self.metrics = RuntimeMetrics(
             role,
             self.table,
@@ -78,6 +81,8 @@ class RoomRuntime:
             quarantined=self.quarantined_handles,
             quarantine_endings=self.quarantine_endings,
             error_wheres=ERROR_WHERES,
+            abandoned=self.abandoned_rooms,
+            held_pages=self.held_pages if role == ROLE_DECODE else None,
         )
         self.rooms = RoomStatusMap(self.table)
         self.ledger = RoomLedger()
@@ -119,6 +124,12 @@ class RoomRuntime:
 
     def quarantined_handles(self) -> int:
         return self.quarantine.count() if self.quarantine is not None else 0
+
+    def abandoned_rooms(self) -> int:
+        """Rooms whose request ended that this pod holds for a write that may still land."""
+        if self.role == ROLE_DECODE:
+            return self.held_pages.rooms()
+        return self.quarantine.rooms() if self.quarantine is not None else 0
 
     def quarantine_endings(self) -> dict[str, int]:
         return self.quarantine.ended() if self.quarantine is not None else {}

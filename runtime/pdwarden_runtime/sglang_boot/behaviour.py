@@ -40,8 +40,14 @@ PINNED_SIGNATURES: Final = {
         "self bootstrap_room* required_dst_info_num* kv_indices* aux_index* state_indices* "
         "decode_prefix_len* is_dummy* device_kv_indices*="
     ),
+    ("NixlKVManager", "register_deferred_abort_room"): "self bootstrap_room",
+    ("NixlKVManager", "clear_deferred_abort_state"): "self bootstrap_room",
     ("NixlKVSender", "clear"): "self",
     ("NixlKVReceiver", "init"): "self prefill_dp_rank",
+    ("NixlKVReceiver", "send_metadata"): (
+        "self kv_indices aux_index= state_indices= decode_prefix_len= destination= device_kv_indices="
+    ),
+    ("NixlKVReceiver", "clear"): "self",
 }
 CHECK_DEADLINE_S: Final = 0.5
 

@@ -317,7 +317,61 @@ def scenario_prefill_vanished(pair: Pair) -> dict[str, Any]:
     }
 
 
+def scenario_abort_before_metadata(pair: Pair) -> dict[str, Any]:
+    """Decode gives up on a room before sending its metadata (its client left while it waited
+    for KV pages): its ABORT must end the prefill room that waits for that metadata."""
+    room = 8400
+    recv = pair.receiver_cls(pair.decode, pair.addr, room)
+    recv.init(prefill_dp_rank=0)
+    sender = pair.sender_cls(pair.prefill, pair.addr, room)
+    t0 = time.monotonic()
+    recv.abort()
+    failed = wait_for(lambda: sender.poll() == KVPoll.Failed, 3)
+    return {
+        "failed": failed,
+        "seconds": round(time.monotonic() - t0, 2),
+        "prefill": KVPoll(sender.poll()).name,
+        "reason": pair.prefill.failure_records.get(room),
+    }
+
+
+def scenario_early_abort(pair: Pair) -> dict[str, Any]:
+    """Decode's ABORT arrives before the prefill has the room at all (decode gave up before
+    the prefill's request came in): the room must fail when the prefill opens it."""
+    room = 8500
+    recv = pair.receiver_cls(pair.decode, pair.addr, room)
+    recv.init(prefill_dp_rank=0)
+    recv.abort()
+    time.sleep(0.3)  # the ABORT reaches the prefill's bootstrap thread first
+    sender = pair.sender_cls(pair.prefill, pair.addr, room)
+    failed = wait_for(lambda: sender.poll() == KVPoll.Failed, 2)
+    return {
+        "failed": failed,
+        "prefill": KVPoll(sender.poll()).name,
+        "reason": pair.prefill.failure_records.get(room),
+    }
+
+
+def scenario_bootstrap_deadline(pair: Pair) -> dict[str, Any]:
+    """A prefill room whose decode leg never shows up (nothing tells the prefill): bounded by
+    the inflight deadline (SGLang's own bootstrap timeout is 300 s)."""
+    room = 8600
+    sender = pair.sender_cls(pair.prefill, pair.addr, room)
+    t0 = time.monotonic()
+    bound = (pair.config.inflight_deadline or 0.0) + 5
+    failed = wait_for(lambda: sender.poll() == KVPoll.Failed, bound)
+    return {
+        "failed": failed,
+        "seconds": round(time.monotonic() - t0, 2),
+        "bootstrap_timeout": pair.prefill.bootstrap_timeout,
+        "outcomes": {k: v for k, v in pair.prefill.pdwarden.tracker.outcomes().items() if v},
+    }
+
+
 SCENARIOS: dict[str, Callable[[Pair], dict[str, Any]]] = {
+    "abort-before-metadata": scenario_abort_before_metadata,
+    "early-abort": scenario_early_abort,
+    "bootstrap-deadline": scenario_bootstrap_deadline,
     "hook-error": scenario_hook_error,
     "enqueue-popped": scenario_enqueue_popped,
     "dead-worker": scenario_dead_worker,
