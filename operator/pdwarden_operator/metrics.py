@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from pdwarden_runtime.contract import (
     ENV_POD_IP,
+    METRIC_OPERATOR_ABANDONED_ROOMS,
     METRIC_OPERATOR_BRAKE_ENGAGED,
     METRIC_OPERATOR_BUDGET_EXHAUSTED,
     METRIC_OPERATOR_LEADER,
@@ -45,6 +46,12 @@ class OperatorMetrics:
         self.unobserved_pods = Gauge(
             METRIC_OPERATOR_UNOBSERVED_PODS,
             "Runtime pods whose /metrics could not be scraped or parsed",
+            [*_MODEL, "role"],
+            registry=r,
+        )
+        self.abandoned_rooms = Gauge(
+            METRIC_OPERATOR_ABANDONED_ROOMS,
+            "Rooms the model's runtime pods hold for requests that ended (never remediated)",
             [*_MODEL, "role"],
             registry=r,
         )
@@ -86,7 +93,7 @@ class OperatorMetrics:
 
     def forget_model(self, namespace: str, model: str) -> None:
         """Drop a deleted model's gauges so they do not report stale values."""
-        for gauge in (self.wedged_pods, self.unobserved_pods):
+        for gauge in (self.wedged_pods, self.unobserved_pods, self.abandoned_rooms):
             for role in RUNTIME_ROLES:
                 with contextlib.suppress(KeyError):
                     gauge.remove(namespace, model, role)

@@ -255,3 +255,70 @@ def test_the_judged_state_is_the_runtimes_transferring_label() -> None:
     from pdwarden_runtime.kvpoll import KVPoll
 
     assert KVPoll.Transferring.label == STUCK_STATE
+
+
+def rooms_body(
+    inflight: float, success: float, states: dict[str, float], abandoned: float | None = None
+) -> str:
+    """`body` plus the per-state room counts (and the abandoned-rooms gauge) a runtime serves."""
+    lines = ["# HELP pdwarden_kv_rooms Rooms per KV status.", "# TYPE pdwarden_kv_rooms gauge"]
+    lines += [f'pdwarden_kv_rooms{{role="prefill",state="{s}"}} {n}' for s, n in states.items()]
+    if abandoned is not None:
+        lines += [
+            "# HELP pdwarden_kv_rooms_abandoned Rooms held for requests that ended.",
+            "# TYPE pdwarden_kv_rooms_abandoned gauge",
+            f'pdwarden_kv_rooms_abandoned{{role="prefill"}} {abandoned}',
+        ]
+    return "\n".join(lines) + "\n" + body(inflight, 120, success, transferring=0.0)
+
+
+def test_rooms_waiting_on_a_peer_to_bootstrap_are_not_a_wedge() -> None:
+    # 55 rooms wait for decode's metadata for minutes (their decode legs gave up) and nothing
+    # finishes: the pod has nothing of its own to move; the verdict names the rooms
+    bodies = [rooms_body(55, 544, {"bootstrapping": 55}) for _ in range(20)]
+    verdicts = replay(bodies)
+    assert {v.state for v in verdicts} == {"ok"}
+    last = verdicts[-1]
+    assert last.reason.startswith("idle") and "55 waiting on a peer to bootstrap" in last.reason
+    assert last.figures["bootstrapping"] == 55 and last.figures["inflight"] == 55
+
+
+def test_rooms_of_its_own_beside_bootstrapping_ones_still_make_a_wedge() -> None:
+    bodies = [rooms_body(10, 544, {"bootstrapping": 7, "waiting_for_input": 3}) for _ in range(12)]
+    verdicts = replay(bodies)
+    assert verdicts[-1].state == "wedged"
+    assert "no progress" in verdicts[-1].reason and "7 waiting on a peer" in verdicts[-1].reason
+
+
+def test_abandoned_rooms_are_named_and_never_make_a_wedge() -> None:
+    bodies = [rooms_body(0, 300, {"failed": 4}, abandoned=4) for _ in range(20)]
+    verdicts = replay(bodies)
+    assert {v.state for v in verdicts} == {"ok"}
+    assert verdicts[-1].figures["abandonedRooms"] == 4
+    assert "4 abandoned" in verdicts[-1].reason
+
+
+def test_a_runtime_without_per_state_counts_is_judged_on_all_its_rooms() -> None:
+    # an older runtime: no pdwarden_kv_rooms; every room in flight counts, as before
+    sample = parse_metrics(body(5, 10, 3))
+    assert sample.bootstrapping is None and sample.abandoned is None and sample.working == 5
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        'pdwarden_kv_rooms{role="prefill",state="stuck-forever"} 3\n',
+        'pdwarden_kv_rooms{role="prefill",state="bootstrapping"} -1\n',
+        'pdwarden_kv_rooms{role="prefill",state="bootstrapping"} NaN\n',
+        "# TYPE pdwarden_kv_rooms_abandoned counter\npdwarden_kv_rooms_abandoned_total 3\n",
+    ],
+)
+def test_garbage_per_state_or_abandoned_figures_leave_the_pod_unobserved(garbage: str) -> None:
+    with pytest.raises(ParseError):
+        parse_metrics(garbage + body(5, 10, 3))
+
+
+def test_per_state_counts_above_inflight_are_clamped() -> None:
+    # the two gauges are read at slightly different instants
+    sample = parse_metrics(rooms_body(3, 10, {"bootstrapping": 5}))
+    assert sample.bootstrapping == 3 and sample.working == 0

@@ -323,6 +323,9 @@ class ModelWatchdog:
             self.metrics.unobserved_pods.labels(ns, name, role).set(
                 sum(v.state == "unobserved" for v in of_role)
             )
+            self.metrics.abandoned_rooms.labels(ns, name, role).set(
+                sum(v.figures.get("abandonedRooms", 0.0) for v in of_role)
+            )
         self.metrics.budget_exhausted.labels(ns, name).set(1.0 if state.exhausted else 0.0)
 
 

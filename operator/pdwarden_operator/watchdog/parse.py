@@ -14,7 +14,9 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdwarden_runtime.contract import (
+    KV_STATE_BOOTSTRAPPING,
     KV_STATE_TRANSFERRING,
+    KV_STATES,
     LABEL_METRIC_OUTCOME,
     LABEL_METRIC_PEER,
     LABEL_METRIC_STATE,
@@ -25,6 +27,8 @@ from pdwarden_runtime.contract import (
     METRIC_KV_PEER_INFLIGHT,
     METRIC_KV_PEER_TRANSFERS_BASE,
     METRIC_KV_PEER_TRANSFERS_TOTAL,
+    METRIC_KV_ROOMS,
+    METRIC_KV_ROOMS_ABANDONED,
     METRIC_KV_TRANSFERS_BASE,
     METRIC_KV_TRANSFERS_TOTAL,
     METRIC_RUNTIME_THREADS,
@@ -34,6 +38,9 @@ from pdwarden_runtime.contract import (
 # The one room state in which only a transfer fault holds a room (prefill sending; decode
 # waiting for a prefill that stopped sending): rooms in the other states are queueing.
 STUCK_STATE = KV_STATE_TRANSFERRING
+# Rooms in this state wait on the peer (prefill: for decode's metadata; decode: for its
+# prefill's bootstrap info): not the pod's own work, so no progress is owed for them.
+WAITING_ON_PEER_STATE = KV_STATE_BOOTSTRAPPING
 
 # A runtime pod's body is a few KiB; anything far bigger is hostile or broken.
 DEFAULT_MAX_BYTES = 1 << 20
@@ -50,8 +57,11 @@ _COUNTER_FAMILIES: dict[str, tuple[str, ...]] = {
     METRIC_KV_TRANSFERS_BASE: ("counter",),
     METRIC_KV_TRANSFERS_TOTAL: ("unknown",),
 }
+# Optional gauges: absent (an older runtime) means unknown, never an error.
+_OPTIONAL_GAUGES = (METRIC_KV_ROOMS_ABANDONED,)
 # Only lines about these names reach the (pure-Python, comparatively slow) parser.
 _PREFIXES = (
+    METRIC_KV_ROOMS,  # also covers METRIC_KV_ROOMS_ABANDONED
     METRIC_INFLIGHT_REQUESTS,
     METRIC_INFLIGHT_OLDEST_AGE,
     METRIC_KV_TRANSFERS_TOTAL,
@@ -95,6 +105,18 @@ class PodSample:
     # Per-peer figures; None when the runtime exports none or they do not parse (pair-aware
     # blame then has no evidence from this pod; the pod itself is still judged).
     peers: PeerFigures | None = None
+    # Inflight rooms still waiting on the peer (WAITING_ON_PEER_STATE), and rooms whose request
+    # ended that the pod still holds for a writer; None when not exported.
+    bootstrapping: float | None = None
+    abandoned: float | None = None
+
+    @property
+    def working(self) -> float:
+        """Inflight rooms the pod itself must move (waiting for or moving KV): what the
+        progress clause judges. Rooms waiting on the peer are the peer's to advance."""
+        if self.bootstrapping is None:
+            return self.inflight
+        return max(0.0, self.inflight - self.bootstrapping)
 
 
 def _relevant_lines(text: str) -> str:
@@ -151,6 +173,8 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
     in_state: list[float] | None = None
     threads: dict[str, dict[str, float]] = {name: {} for name in _THREAD_FAMILIES}
     peer_families: list[Any] = []
+    per_state: dict[str, float] | None = None
+    optional: dict[str, list[float]] = {name: [] for name in _OPTIONAL_GAUGES}
     for family in text_string_to_metric_families(_relevant_lines(text)):
         if family.name == METRIC_KV_PEER_INFLIGHT or family.name in _PEER_TRANSFER_FAMILIES:
             peer_families.append(family)
@@ -163,6 +187,16 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
                 if sample.name == family.name:
                     kind = sample.labels.get(LABEL_METRIC_THREAD, "")
                     by_kind[kind] = by_kind.get(kind, 0.0) + _checked(sample.name, sample.value)
+            continue
+        if family.name == METRIC_KV_ROOMS:
+            per_state = _per_state(family, seen) if per_state is None else per_state
+            continue
+        if family.name in optional:
+            if family.type not in ("gauge", "unknown"):
+                raise ParseError(f"{family.name}: type {family.type!r}, expected a gauge")
+            for sample in family.samples:
+                if sample.name == family.name:
+                    optional[family.name].append(_checked(sample.name, sample.value))
             continue
         if family.name == METRIC_KV_OLDEST_IN_STATE:
             if family.type not in ("gauge", "unknown"):
@@ -211,6 +245,12 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
     transferring_age: float | None = None
     if in_state is not None:  # exported: no Transferring series (or an idle pod) means age 0
         transferring_age = max(in_state, default=0.0) if inflight > 0 else 0.0
+    bootstrapping: float | None = None
+    if per_state is not None:
+        # read with inflight from one scrape; never more than inflight (the gauges are read
+        # at slightly different instants)
+        bootstrapping = min(inflight, per_state.get(WAITING_ON_PEER_STATE, 0.0))
+    abandoned = optional[METRIC_KV_ROOMS_ABANDONED]
     return PodSample(
         inflight=inflight,
         oldest_age=oldest_age,
@@ -218,7 +258,28 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
         transferring_age=transferring_age,
         dead_threads=_dead_threads(threads[METRIC_RUNTIME_THREADS], threads[METRIC_RUNTIME_THREADS_EXPECTED]),
         peers=_peer_figures(peer_families),
+        bootstrapping=bootstrapping,
+        abandoned=sum(abandoned) if abandoned else None,
     )
+
+
+def _per_state(family: Any, seen: set[tuple[str, tuple[tuple[str, str], ...]]]) -> dict[str, float]:
+    """Rooms per state; a state label outside the contract's is garbage."""
+    if family.type not in ("gauge", "unknown"):
+        raise ParseError(f"{family.name}: type {family.type!r}, expected a gauge")
+    counts: dict[str, float] = {}
+    for sample in family.samples:
+        if sample.name != family.name:
+            continue
+        key = (sample.name, tuple(sorted(sample.labels.items())))
+        if key in seen:
+            raise ParseError(f"{sample.name}: duplicate series {dict(key[1])}")
+        seen.add(key)
+        state = sample.labels.get(LABEL_METRIC_STATE, "")
+        if state not in KV_STATES:
+            raise ParseError(f"{sample.name}: unknown state {state[:40]!r}")
+        counts[state] = counts.get(state, 0.0) + _checked(sample.name, sample.value)
+    return counts
 
 
 def _peer_figures(families: list[Any]) -> PeerFigures | None:

@@ -1,13 +1,15 @@
 """The wedge rule (docs: architecture.md "Wedge: definition and remediation"), as a pure function.
 
 A pod is wedged when, for at least `stuckAfterSeconds` and two consecutive scrapes, it has
-rooms in flight and its finished-transfer counter did not move; or when its oldest room in
+rooms in flight that it must move itself (waiting for or moving KV: rooms still waiting for
+bootstrap wait on their peer) and its finished-transfer counter did not move; or when its oldest room in
 the Transferring state has been in that state longer than `stuckAfterSeconds` on two
 consecutive scrapes (the same room, still ageing). Rooms waiting for bootstrap or for their
 forward pass are queueing, not stuck: a busy pod that keeps finishing transfers is never
 wedged. A pod that does not export the per-state age is judged by the progress clause alone.
 A failed latest scrape makes it *unobserved*, never wedged. A counter that went down means
-the process restarted: evidence before that point is discarded.
+the process restarted: evidence before that point is discarded. Abandoned rooms (a request
+that ended, held for a write that may still land) are named in the verdict, never judged.
 
 Separately, a pod is wedged when an essential thread of its runtime (SGLang's NIXL
 bootstrap thread, transfer workers, decode listener, heartbeat; pdwarden's own) is dead on
@@ -17,7 +19,7 @@ two consecutive scrapes: SGLang never restarts them, so the pod cannot recover b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
 from pdwarden_operator.watchdog.history import Observation
@@ -95,12 +97,35 @@ def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
         return Verdict("unobserved", f"scrape failed: {last.error or 'unknown error'}")
 
     run = _trusted_run(observations)
-    now, latest = run[-1]
+    latest = run[-1][1]
     figures = {
         "inflight": latest.inflight,
         "oldestAgeSeconds": latest.oldest_age,
         "transfersTotal": latest.transfers,
     }
+    if latest.bootstrapping is not None:
+        figures["bootstrapping"] = latest.bootstrapping
+    if latest.abandoned is not None:
+        figures["abandonedRooms"] = latest.abandoned
+    verdict = _judge_run(run, figures, stuck_after)
+    return _naming_abandoned(verdict, latest)
+
+
+def _naming_abandoned(verdict: Verdict, latest: PodSample) -> Verdict:
+    """The verdict, its reason naming the rooms the pod holds for requests that ended and the
+    rooms that wait on a peer: neither is what made it wedged (or ok)."""
+    notes = []
+    if latest.bootstrapping:
+        notes.append(f"{latest.bootstrapping:g} waiting on a peer to bootstrap")
+    if latest.abandoned:
+        notes.append(f"{latest.abandoned:g} abandoned (request ended, held for a write that may land)")
+    if not notes:
+        return verdict
+    return replace(verdict, reason=f"{verdict.reason}; rooms not judged: {', '.join(notes)}")
+
+
+def _judge_run(run: list[tuple[float, PodSample]], figures: dict[str, float], stuck_after: float) -> Verdict:
+    now, latest = run[-1]
 
     dead = _dead_threads_clause(run, figures)
     if dead is not None:
@@ -108,11 +133,11 @@ def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
 
     # (1) no progress while busy: walk back over samples busy with the same counter value
     start = len(run) - 1
-    while start > 0 and run[start - 1][1].inflight > 0 and run[start - 1][1].transfers == latest.transfers:
+    while start > 0 and run[start - 1][1].working > 0 and run[start - 1][1].transfers == latest.transfers:
         start -= 1
     scrapes = len(run) - start
     stalled_for = now - run[start][0]
-    if latest.inflight > 0 and scrapes >= 2 and stalled_for >= stuck_after:
+    if latest.working > 0 and scrapes >= 2 and stalled_for >= stuck_after:
         figures |= {"stalledSeconds": stalled_for, "scrapes": float(scrapes)}
         return Verdict(
             "wedged",
@@ -146,7 +171,7 @@ def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
                 figures,
             )
 
-    if latest.inflight == 0:
+    if latest.working == 0:
         return Verdict("ok", "idle", figures, cleared=True)
     half = stuck_after / 2
     stalling = (scrapes >= 2 and stalled_for >= half) or (
