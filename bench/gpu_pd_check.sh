@@ -2,11 +2,11 @@
 # GPU check of the sglang engine (one GPU, ~8 minutes): a tiny random-weight Llama served
 # by one prefill and one decode SGLang server on the SAME GPU, both started through
 # `pdwarden runtime serve --engine sglang` (NIXL transfer backend, hardening active in
-# every SGLang process), the real sglang-router in PD mode in front, 500 requests with
+# every SGLang process), SGLang's real router (smg) in PD mode in front, 500 requests with
 # 30% cancelled mid-flight, then one JSON line: completed, aborted, wedged rooms,
 # p50/p99 latency, KV transfer GB/s (+ the doctor's verdict and the outcome counters).
 #
-#   bench/gpu_pd_check.sh            run it (needs an NVIDIA GPU, sglang, nixl, sglang-router)
+#   bench/gpu_pd_check.sh            run it (needs an NVIDIA GPU, sglang, nixl, smg)
 #   bench/gpu_pd_check.sh --dry-run  no GPU: make the model, check it, print and check the
 #                                    launcher's SGLang arguments, print the commands
 #
@@ -97,13 +97,16 @@ say "python: $PY; work directory: $WORK"
 "${HELPER[@]}" make-model "$MODEL"
 "${HELPER[@]}" check-model "$MODEL"
 
+# SGLang's router (smg) as the operator renders it: its module and retry/breaker settings.
+read -r -a ROUTER_CMD <<<"$("$PY" -c 'from pdwarden_operator.render import ROUTER_MODULE as m, ROUTER_RESILIENCE_ARGS as a; print("-m", m, *a)')"
+
 if (( DRY_RUN )); then
   "${HELPER[@]}" plan --host "$HOST" --port "$P_HTTP" --bootstrap-port "$P_BOOT" prefill -- "${SGLANG_ARGS[@]}"
   "${HELPER[@]}" plan --host "$HOST" --port "$D_HTTP" --bootstrap-port "$P_BOOT" decode -- "${SGLANG_ARGS[@]}"
   echo "would run:"
   serve_cmd prefill "$P_HTTP" "$P_METRICS"; echo "  $(printf '%q ' "${SERVE[@]}")"
   serve_cmd decode "$D_HTTP" "$D_METRICS"; echo "  $(printf '%q ' "${SERVE[@]}")"
-  echo "  $PY -m sglang_router.launch_router --pd-disaggregation --prefill http://$HOST:$P_HTTP $P_BOOT" \
+  echo "  $PY ${ROUTER_CMD[*]} --pd-disaggregation --prefill http://$HOST:$P_HTTP $P_BOOT" \
        "--decode http://$HOST:$D_HTTP --host $HOST --port $ROUTER --prometheus-port $ROUTER_METRICS"
   echo "dry run ok"
   exit 0
@@ -126,7 +129,7 @@ serve_cmd decode "$D_HTTP" "$D_METRICS"
 start decode "${SERVE[@]}"
 "${HELPER[@]}" wait "http://$HOST:$D_HTTP/health" "http://$HOST:$D_METRICS/metrics" --timeout "$(budget_minus 110)"
 
-start router "$PY" -m sglang_router.launch_router --pd-disaggregation \
+start router "$PY" "${ROUTER_CMD[@]}" --pd-disaggregation \
   --prefill "http://$HOST:$P_HTTP" "$P_BOOT" --decode "http://$HOST:$D_HTTP" \
   --host "$HOST" --port "$ROUTER" --prometheus-port "$ROUTER_METRICS" --policy round_robin \
   --log-level warn

@@ -1,7 +1,7 @@
 """`pdwarden bench abort-storm`: many PD requests, a share of them abandoned mid-flight.
 
 It starts a synthetic prefill and decode runtime (real processes, real NIXL), sends
-``--requests`` requests through both legs as sglang-router does, and disconnects
+``--requests`` requests through both legs as the router (smg) does, and disconnects
 ``--abort-ratio`` of them at a random point: the client (both legs, as through the
 router) or, for ``--decode-abort-share`` of them, decode alone (prefill learns of it only
 through SGLang's ABORT message, as in the emulated port's race). ``--transfer-abort-share`` of the

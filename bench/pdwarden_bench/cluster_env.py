@@ -2,7 +2,7 @@
 `pdwarden bench remediation`: raw API access to one namespace, operator processes, router-like
 load, and the race fault that wedges one prefill pod.
 
-Load is sent the way sglang-router sends it (the same body with bootstrap host/port/room to a
+Load is sent the way the router (smg) sends it (the same body with bootstrap host/port/room to a
 prefill and a decode pod; the router pod itself is not on the path), so the scenarios depend
 only on the runtime pods.
 """
@@ -210,7 +210,7 @@ class Env:
 
 
 class Load:
-    """Steady traffic on background threads, sent the way sglang-router sends it: the same body
+    """Steady traffic on background threads, sent the way the router sends it: the same body
     (with bootstrap host/port/room) to a prefill and a decode pod at once; success = both 200.
     Pods are re-listed continuously, so a replaced pod is picked up as the router would."""
 

@@ -1,4 +1,4 @@
-"""A PD client that does what sglang-router does for one request, and can walk away.
+"""A PD client that does what the router (smg) does for one request, and can walk away.
 
 The same body goes to prefill and decode with ``bootstrap_host``/``bootstrap_port``/
 ``bootstrap_room``; the answer is decode's. ``abort_after`` closes both connections at

@@ -1,8 +1,9 @@
-"""Start, watch and stop synthetic runtime processes (and sglang-router) on loopback.
+"""Start, watch and stop synthetic runtime processes (and SGLang's router, smg) on loopback.
 
 Used by the transfer/abort-storm benchmarks and the integration tests: every process is
-a real ``pdwarden runtime serve`` (or ``python -m sglang_router.launch_router``) in its
-own session, so a test can SIGSTOP one and stopping kills its whole tree.
+a real ``pdwarden runtime serve`` (or ``python -m smg.launch_router``, with the retry and
+circuit-breaker settings the operator renders) in its own session, so a test can SIGSTOP
+one and stopping kills its whole tree.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import wait_for
+from pdwarden_operator.render import ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
 
 # A small KV geometry for `pdwarden runtime serve`: two layers of 64 KiB pages, 16 tokens a
 # page, chunks of two pages; enough pool and aux slots for tens of concurrent rooms.
@@ -235,18 +237,28 @@ class Router:
         return f"http://{self.host}:{self.port}"
 
 
-def start_router(prefill: Runtime, decode: Runtime, log_dir: Path, host: str = "127.0.0.1") -> Router:
+def start_router(
+    prefills: Sequence[Runtime],
+    decodes: Sequence[Runtime],
+    log_dir: Path,
+    host: str = "127.0.0.1",
+    python: str | None = None,
+    module: str = ROUTER_MODULE,
+) -> Router:
+    """SGLang's router over static workers, with the operator's retry and breaker settings
+    (``python``/``module``: another router installation, to compare one with the project's)."""
     port = free_port(host)
+    workers: list[str] = []
+    for prefill in prefills:
+        workers += ["--prefill", prefill.url, str(prefill.bootstrap_port)]
+    for decode in decodes:
+        workers += ["--decode", decode.url]
     argv = [
-        _python_bin(),
+        python or _python_bin(),
         "-m",
-        "sglang_router.launch_router",
+        module,
         "--pd-disaggregation",
-        "--prefill",
-        prefill.url,
-        str(prefill.bootstrap_port),
-        "--decode",
-        decode.url,
+        *workers,
         "--host",
         host,
         "--port",
@@ -257,6 +269,7 @@ def start_router(prefill: Runtime, decode: Runtime, log_dir: Path, host: str = "
         "warn",
         "--worker-startup-check-interval",
         "1",
+        *ROUTER_RESILIENCE_ARGS,
     ]
     return Router(host, port, spawn(f"router-{port}", argv, log_dir))
 
@@ -285,8 +298,14 @@ class Fleet:
         self.procs.append(rt.proc)
         return rt
 
-    def router(self, prefill: Runtime, decode: Runtime) -> Router:
-        router = start_router(prefill, decode, self.log_dir)
+    def router(
+        self,
+        prefills: Sequence[Runtime],
+        decodes: Sequence[Runtime],
+        python: str | None = None,
+        module: str = ROUTER_MODULE,
+    ) -> Router:
+        router = start_router(prefills, decodes, self.log_dir, python=python, module=module)
         self.procs.append(router.proc)
         return router
 

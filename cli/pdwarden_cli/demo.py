@@ -170,6 +170,7 @@ async def run_demo(
 ) -> None:
     manifest = demo_manifest(example)
     model = manifest["metadata"]["name"]
+    served = (manifest["spec"].get("model") or {}).get("servedName") or model  # what clients send
 
     watched = "every namespace" if scope == "cluster" else f"only namespace {NAMESPACE}"
     steps.say(
@@ -207,7 +208,7 @@ async def run_demo(
     with steps.waiting("waiting for the router to route ..."):
 
         def routes() -> bool:
-            return asyncio.run(demo_traffic.probe(router_ip))
+            return asyncio.run(demo_traffic.probe(router_ip, served))
 
         await wait_for(routes, 120, "a first request through the router", 2.0)
 
@@ -216,7 +217,7 @@ async def run_demo(
     stop = asyncio.Event()
     tasks = [
         asyncio.create_task(collect(kube, model, store, stop)),
-        asyncio.create_task(demo_traffic.run_traffic(router_ip, TRAFFIC, log, stop)),
+        asyncio.create_task(demo_traffic.run_traffic(router_ip, served, TRAFFIC, log, stop)),
     ]
     failure: DemoError | None = None
     try:

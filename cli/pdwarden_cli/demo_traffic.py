@@ -51,15 +51,23 @@ SHORT_PROMPT = "pdwarden demo: the quick brown fox"
 LONG_PROMPT = "pdwarden demo, a long prompt. " * 14
 
 
-def request_body(prompt: str, max_new_tokens: int) -> dict[str, object]:
-    return {"text": prompt, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0}}
+def request_body(model: str, prompt: str, max_new_tokens: int) -> dict[str, object]:
+    """A `/generate` body for the model's router: the router routes by `model` (the model's
+    served name, its name unless `spec.model.servedName` says otherwise)."""
+    return {
+        "model": model,
+        "text": prompt,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0},
+    }
 
 
-async def run_traffic(router_ip: str, cfg: TrafficConfig, log: TrafficLog, stop: asyncio.Event) -> None:
+async def run_traffic(
+    router_ip: str, model: str, cfg: TrafficConfig, log: TrafficLog, stop: asyncio.Event
+) -> None:
     url = f"http://{router_ip}:{contract.ROUTER_HTTP_PORT}{contract.GENERATE_PATH}"
 
     async def client(session: aiohttp.ClientSession, impatient: bool) -> None:
-        body = request_body(LONG_PROMPT if impatient else SHORT_PROMPT, cfg.max_new_tokens)
+        body = request_body(model, LONG_PROMPT if impatient else SHORT_PROMPT, cfg.max_new_tokens)
         cancel_after = cfg.cancel_after_s if impatient else None
         while not stop.is_set():
             log.record(await one_request(session, url, body, cfg.timeout_s, cancel_after))
@@ -99,8 +107,8 @@ async def one_request(
     return CANCELLED
 
 
-async def probe(router_ip: str, timeout_s: float = 10.0) -> bool:
+async def probe(router_ip: str, model: str, timeout_s: float = 10.0) -> bool:
     """One request through the router, answered 200?"""
     url = f"http://{router_ip}:{contract.ROUTER_HTTP_PORT}{contract.GENERATE_PATH}"
     async with aiohttp.ClientSession() as session:
-        return await one_request(session, url, request_body(SHORT_PROMPT, 2), timeout_s, None) == OK
+        return await one_request(session, url, request_body(model, SHORT_PROMPT, 2), timeout_s, None) == OK

@@ -31,7 +31,7 @@ def openapi_schema() -> dict[str, Any]:
     return {
         "type": "object",
         "description": "DisaggregatedModel serves one model with prefill/decode disaggregation: "
-        "prefill and decode Deployments of pdwarden runtime pods behind an sglang-router, "
+        "prefill and decode Deployments of pdwarden runtime pods behind SGLang's router (smg), "
         "watched for wedged KV transfers.",
         "required": ["spec"],
         "x-kubernetes-validations": ROOT_RULES,

@@ -507,7 +507,7 @@ class RoleSpec(_Base):
 
 
 class RouterSpec(_Base):
-    """The sglang-router in front: discovers prefill and decode pods and routes requests."""
+    """SGLang's router (smg) in front: discovers prefill and decode pods and routes requests."""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
@@ -529,7 +529,7 @@ class RouterSpec(_Base):
     )
     image: str | None = Field(
         None,
-        description="Router image (sglang-router). Defaults to the runtime image.",
+        description="Router image (with smg, SGLang's router). Defaults to the runtime image.",
         min_length=1,
         max_length=512,
     )
@@ -540,7 +540,7 @@ class RouterSpec(_Base):
         + ".",
     )
     args: list[Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=list, description="Extra sglang-router arguments.", max_length=64
+        default_factory=list, description="Extra arguments of the router (smg launch_router).", max_length=64
     )
     pod_template: RouterPodTemplate | None = Field(None)
 
@@ -686,7 +686,7 @@ LADDER_MESSAGE = (
 
 
 class DisaggregatedModelSpec(_Base):
-    """Desired state: one model served by prefill and decode pods behind an sglang-router."""
+    """Desired state: one model served by prefill and decode pods behind SGLang's router (smg)."""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(

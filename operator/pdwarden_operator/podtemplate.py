@@ -83,7 +83,7 @@ OWNED_POD_FIELDS: Final[dict[str, dict[str, str]]] = {
 }
 # The Deployment's selector and the router's discovery match these.
 OWNED_LABELS: Final = (contract.LABEL_MODEL, contract.LABEL_ROLE, contract.LABEL_GROUP, contract.LABEL_RANK)
-# sglang-router reads the prefill bootstrap port from this annotation.
+# The router (smg) reads the prefill bootstrap port from this annotation.
 OWNED_ANNOTATIONS: Final = (contract.ANNOTATION_BOOTSTRAP_PORT,)
 OWNED_VOLUMES: Final = (SHM_VOLUME, MODEL_VOLUME, CACHE_VOLUME)
 

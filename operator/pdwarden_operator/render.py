@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from pdwarden_operator import groups, podtemplate
 from pdwarden_operator.models import (
@@ -149,7 +149,8 @@ def runtime_command(
         port = spec.transfer.port(contract.DEFAULT_DIST_INIT_PORT)
         cmd += groups.group_args(owner.name, role, group, role_spec.nodes_per_replica, port)
     if spec.engine == "synthetic":
-        return cmd + list(role_spec.args)
+        # served under the model's served name, as SGLang is: the router routes by it
+        return [*cmd, "--model", served_name(owner, spec), *role_spec.args]
     rdma = spec.transfer.rdma
     ib = ["--disaggregation-ib-device", ",".join(rdma.ib_devices)] if rdma and rdma.ib_devices else []
     return [
@@ -361,7 +362,7 @@ def runtime_pod_template(
     """The role's pod template, the role's podTemplate merged in (`group`: for that group's pods)."""
     role_spec: RoleSpec = spec.role(role)
     pod_annotations = {
-        # sglang-router's service discovery reads the prefill bootstrap port from here.
+        # The router's service discovery reads the prefill bootstrap port from here.
         contract.ANNOTATION_BOOTSTRAP_PORT: str(spec.transfer.port(contract.DEFAULT_BOOTSTRAP_PORT)),
     }
     rdma = spec.transfer.rdma
@@ -452,13 +453,33 @@ def _selector_args(model: str, role: str, grouped: bool = False) -> list[str]:
     return [f"{k}={v}" for k, v in {**selector_labels(model, role), **leader}.items()]
 
 
+# SGLang's router (the model gateway, smg) as a module of the router image's Python.
+ROUTER_MODULE: Final = "smg.launch_router"
+# Its retry and circuit-breaker behaviour, set explicitly. A retry is a new PD attempt: a new
+# pair and a new bootstrap_room, so it never writes one request's KV into another's decode
+# pages; one retry (two attempts, short backoff) covers a worker that just left without
+# holding a client much past the runtime's deadlines. The circuit breaker is off: smg feeds
+# the final PD status to both workers' breakers, so one decode's failures would open the
+# only prefill's breaker (every request 503 for a minute); the watchdog and the pods' own
+# probes take a bad pod out on its own evidence.
+ROUTER_RESILIENCE_ARGS: Final = (
+    "--retry-max-retries",
+    "2",
+    "--retry-initial-backoff-ms",
+    "100",
+    "--retry-max-backoff-ms",
+    "1000",
+    "--disable-circuit-breaker",
+)
+
+
 def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
-    """sglang-router 0.3.2 in PD mode, discovering workers by pod labels in its namespace."""
+    """smg in PD mode, discovering workers by pod labels in its namespace."""
     pod_ip = f"$({contract.ENV_POD_IP})"
     return [
         "python",
         "-m",
-        "sglang_router.launch_router",
+        ROUTER_MODULE,
         "--host",
         pod_ip,
         "--port",
@@ -479,6 +500,7 @@ def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
         pod_ip,
         "--prometheus-port",
         str(contract.ROUTER_METRICS_PORT),
+        *ROUTER_RESILIENCE_ARGS,
         *spec.router.args,
     ]
 

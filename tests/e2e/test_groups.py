@@ -32,7 +32,7 @@ pytestmark = pytest.mark.e2e
 NS_PREFIX = "pdwe-groups-"
 kubectl, operator, _namespace = operator_module_fixtures(NS_PREFIX)
 NAME = "grp"
-GENERATE_BODY = {"text": "hello groups", "sampling_params": {"max_new_tokens": 4}}
+GENERATE_BODY = {"model": NAME, "text": "hello groups", "sampling_params": {"max_new_tokens": 4}}
 TOLERATE_GPU_TAINT = {
     "spec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}
 }

@@ -1,7 +1,7 @@
 """The wedge watchdog end to end: local cluster, real operator process, synthetic runtime pods.
 
 Each test runs its own operator process (scoped to the test's namespace) against 2 prefill +
-2 decode synthetic pods, drives load at them the way sglang-router does, injects faults into
+2 decode synthetic pods, drives load at them the way the router (smg) does, injects faults into
 ONE pod and checks what the watchdog decided (status, Events, metrics, pods). The harness is
 bench/pdwarden_bench/cluster_env.py.
 
@@ -14,8 +14,6 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,7 +29,6 @@ from pdwarden_bench.cluster_env import (
     Load,
     assert_each_pod_acted_on_once,
     epoch,
-    open_env,
     operator_metric,
     pod_metrics,
     remediations,
@@ -50,11 +47,6 @@ pytestmark = pytest.mark.e2e
 # stays at least two scrapes, as the CRD requires).
 QUICK_STUCK = 10
 QUICK_WATCHDOG = {**WATCHDOG, "stuckAfterSeconds": QUICK_STUCK, "scrapeIntervalSeconds": 3}
-
-
-@pytest.fixture
-def env(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Env]:
-    yield from open_env(Path(cluster.kubeconfig), namespace, tmp_path)
 
 
 def _two_ready_prefill(env: Env, name: str) -> list[dict[str, Any]]:

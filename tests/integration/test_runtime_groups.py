@@ -1,7 +1,7 @@
 """Multi-node replicas of the synthetic engine, as real processes over real TCP.
 
 A prefill replica of two ranks: the leader refuses readiness until its worker joined, then
-serves the PD path behind the real sglang-router; a rank that disappears fails the leader
+serves the PD path behind the real router (smg); a rank that disappears fails the leader
 (as SGLang does when a tensor-parallel peer dies) and a worker fails when its leader goes.
 """
 
@@ -59,7 +59,7 @@ def test_leader_is_ready_only_with_every_rank_and_serves_the_group(fleet: Fleet)
     )
     worker = fleet.runtime("prefill", extra=group_flags(2, 1, port))
     wait_healthy([leader, worker, decode], timeout=300)
-    router = fleet.router(leader, decode)
+    router = fleet.router([leader], [decode])
     wait_router(router, timeout=240)  # a real PD request: router -> leader -> NIXL -> decode
 
     worker.proc.signal(signal.SIGKILL)

@@ -32,7 +32,10 @@ def test_dry_run_prepares_everything_but_the_gpu() -> None:
         )
         assert f"runtime serve --role {role} --engine sglang" in out
     assert "--load-format dummy" in out
-    assert "sglang_router.launch_router --pd-disaggregation" in out
+    assert (
+        "-m smg.launch_router --retry-max-retries 2" in out
+        and "--disable-circuit-breaker --pd-disaggregation" in out
+    )
     # the work directory (model, tokenizer) is removed afterwards
     work = [
         line.split("work directory: ")[1].strip() for line in out.splitlines() if "work directory: " in line

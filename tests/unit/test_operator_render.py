@@ -288,7 +288,7 @@ def test_router_discovers_this_models_pods() -> None:
     objs = _by_key(_render("sglang-gpu"))
     router = objs[("Deployment", "m1-router")]
     cmd = _container(router)["command"]
-    assert cmd[:3] == ["python", "-m", "sglang_router.launch_router"]
+    assert cmd[:3] == ["python", "-m", "smg.launch_router"]
     for flag in ("--pd-disaggregation", "--service-discovery"):
         assert flag in cmd
     i = cmd.index("--prefill-selector")
@@ -298,6 +298,7 @@ def test_router_discovers_this_models_pods() -> None:
     assert cmd[cmd.index("--service-discovery-port") + 1] == "30000"
     assert cmd[cmd.index("--host") + 1] == "$(POD_IP)"
     assert _container(router)["image"] == "registry.example/router:0.3.2"
+
     assert router["spec"]["template"]["spec"]["serviceAccountName"] == "m1-router"
     role = objs[("Role", "m1-router")]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
@@ -305,6 +306,26 @@ def test_router_discovers_this_models_pods() -> None:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "m1-router", "namespace": "ns1"}]
     svc = objs[("Service", "m1-router")]
     assert svc["spec"]["selector"] == {contract.LABEL_MODEL: "m1", contract.LABEL_ROLE: "router"}
+
+
+def test_router_command_is_one_smg_parses_with_explicit_retries_and_no_breaker() -> None:
+    """The rendered command goes through smg's own argument parser (the pinned release), and
+    sets retries and the circuit breaker explicitly: a retry is a new PD attempt (a new
+    bootstrap_room), the breaker is off."""
+    from smg.launch_router import parse_router_args
+
+    for case in ("sglang-gpu", "groups-2-synthetic", "synthetic-basic"):
+        router = _by_key(_render(case))[("Deployment", "m1-router")]
+        cmd = [
+            {"$(POD_IP)": "198.18.0.9", "$(POD_NAMESPACE)": "default"}.get(arg, arg)
+            for arg in _container(router)["command"]
+        ]
+        assert cmd[:3] == ["python", "-m", "smg.launch_router"]
+        args = parse_router_args(cmd[3:])
+        assert args.pd_disaggregation and args.service_discovery
+        assert args.retry_max_retries == 2
+        assert args.disable_circuit_breaker
+        assert args.prometheus_port == 29000
 
 
 def test_pdb_per_role_uses_watchdog_max_unavailable() -> None:

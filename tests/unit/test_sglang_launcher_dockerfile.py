@@ -97,7 +97,7 @@ def test_versions_match_the_pins_and_the_hardening() -> None:
     assert defaults["SGLANG_VERSION"] in SUPPORTED_SGLANG
     assert defaults["NIXL_VERSION"] == pins["nixl"]
     assert defaults["NIXL_VERSION"] in SUPPORTED_NIXL
-    assert defaults["SGLANG_ROUTER_VERSION"] == pins["sglang-router"]
+    assert defaults["SMG_VERSION"] == pins["smg"]
     constraints = (ROOT / "constraints.txt").read_text()
     assert re.search(
         rf"^prometheus[-_]client=={re.escape(defaults['PROMETHEUS_CLIENT_VERSION'])}$",
