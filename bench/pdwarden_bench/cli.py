@@ -11,6 +11,7 @@ BENCHMARKS: dict[str, str] = {
     "status": "pdwarden_bench.status:status",
     "transfer": "pdwarden_bench.transfer:transfer",
     "abort-storm": "pdwarden_bench.abort_storm:abort_storm",
+    "cancellations": "pdwarden_bench.cancellations:cancellations",
     "stalled-peer": "pdwarden_bench.stalled_peer:stalled_peer",
     "reconcile": "pdwarden_bench.reconcile:reconcile",
     "remediation": "pdwarden_bench.remediation:remediation",

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from pdwarden_bench.cluster_env import Env, open_env
 from pdwarden_localcluster import cluster as localcluster
 from pdwarden_localcluster import tools
 from pdwarden_localcluster.cluster import ClusterInfo
@@ -54,3 +56,10 @@ def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[str]
         yield name
     finally:
         kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def env(cluster: ClusterInfo, namespace: str, tmp_path: Path) -> Iterator[Env]:
+    """The watchdog scenarios' handle on the cluster: API calls, models, operator processes
+    (stopped afterwards)."""
+    yield from open_env(Path(cluster.kubeconfig), namespace, tmp_path)

@@ -11,9 +11,7 @@ import contextlib
 import os
 import random
 import signal
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -27,7 +25,6 @@ from pdwarden_bench.cluster_env import (
     STUCK,
     WATCHDOG,
     Env,
-    open_env,
     operator_metric,
     pod_metrics,
     remediations,
@@ -39,11 +36,6 @@ from pdwarden_localcluster.testing import wait_for
 from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def env(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Env]:
-    yield from open_env(Path(cluster.kubeconfig), namespace, tmp_path)
 
 
 LEASE_DURATION_S, RETRY_S = 15, 2
@@ -199,7 +191,7 @@ def test_many_clients_through_the_router_with_cancellations_take_no_action(env: 
     async def crowd() -> None:
         stop = asyncio.Event()
         url = f"http://{router['status']['podIP']}:{contract.ROUTER_HTTP_PORT}{contract.GENERATE_PATH}"
-        body = demo_traffic.request_body(demo_traffic.LONG_PROMPT * 3, 8)
+        body = demo_traffic.request_body(name, demo_traffic.LONG_PROMPT * 3, 8)
         rng = random.Random(17)
 
         async def client(session: aiohttp.ClientSession, impatient: bool) -> None:

@@ -7,8 +7,6 @@ the emulated port's race wedging ONE prefill pod).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +20,6 @@ from pdwarden_bench.cluster_env import (
     Load,
     assert_each_pod_acted_on_once,
     epoch,
-    open_env,
     remediations,
     up,
     wedge,
@@ -34,11 +31,6 @@ pytestmark = pytest.mark.e2e
 
 DRAIN_SECONDS = 150
 DRAIN = {**WATCHDOG, "action": "drain", "drainSeconds": DRAIN_SECONDS}
-
-
-@pytest.fixture
-def env(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Env]:
-    yield from open_env(Path(cluster.kubeconfig), namespace, tmp_path)
 
 
 def model_pods(env: Env, name: str) -> dict[str, dict[str, Any]]:

@@ -9,10 +9,6 @@ The harness is bench/pdwarden_bench/cluster_env.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
-
 import pytest
 
 from pdwarden_bench.cluster_env import (
@@ -23,7 +19,6 @@ from pdwarden_bench.cluster_env import (
     Env,
     Load,
     inject,
-    open_env,
     remediations,
     up,
     with_outcome,
@@ -32,11 +27,6 @@ from pdwarden_localcluster.testing import wait_for
 from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def env(cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Env]:
-    yield from open_env(Path(cluster.kubeconfig), namespace, tmp_path)
 
 
 @pytest.mark.timeout(900)

@@ -1,0 +1,388 @@
+"""Clients that cancel, through the project's router: nothing hangs, nothing is left behind.
+
+The workload: ``--requests`` ``POST /generate`` sent to the router ``--concurrency`` at a
+time, prompts of 1 to ``--prompt-max-chars`` characters, ``max_new_tokens`` 1 to 64; a
+``--cancel-fraction`` of them is cancelled by its client (the connection is closed) after a
+random 1 to ``--cancel-max-ms`` ms; the others wait up to ``--client-timeout`` seconds. The
+same seeded workload without cancellations runs as the control, the two arms interleaved
+(ABAB, ``--rounds`` pairs) against the same runtimes and router.
+
+Meanwhile the operator's own wedge rule (``pdwarden_operator.watchdog``: parse, history,
+judge) reads every runtime's ``/metrics`` each ``--scrape-interval`` with the model's
+``--stuck-after``: a pod it judges wedged is a remediation the operator would have taken.
+After the load, ``--settle`` seconds pass and every runtime must hold no room.
+
+One JSON line: ``requests``, ``cancelled``, ``ok``, ``hung`` (not cancelled, not answered
+within the inflight deadline), ``p99_ok_seconds`` and the control's, ``rooms_left_after_settle``,
+``abandoned_rooms_max``, ``remediations``, ``router`` (name, version), ``seconds``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Final
+
+import aiohttp
+import click
+
+from pdwarden_bench.runtime_procs import (
+    Fleet,
+    Runtime,
+    exit_on_sigterm,
+    serve_flags,
+    wait_healthy,
+    wait_router,
+)
+from pdwarden_operator.render import ROUTER_MODULE
+from pdwarden_operator.watchdog.history import Histories, Observation
+from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
+from pdwarden_operator.watchdog.rule import judge
+
+OK, FAILED, CANCELLED, TIMED_OUT = "ok", "failed", "cancelled", "timed-out"
+ARM_CANCELLING, ARM_CONTROL = "cancelling", "control"
+PAGE_TOKENS: Final = 16
+
+
+@dataclass(frozen=True)
+class Workload:
+    requests: int = 600
+    concurrency: int = 64
+    cancel_fraction: float = 0.3
+    cancel_max_ms: float = 200.0
+    prompt_max_chars: int = 2000
+    max_new_tokens: int = 64
+    client_timeout: float = 120.0
+    seed: int = 29
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    chars: int
+    max_new_tokens: int
+    cancel_after: float | None  # seconds; None: the client waits for its answer
+
+
+@dataclass(frozen=True)
+class Result:
+    planned: PlannedRequest
+    outcome: str
+    seconds: float
+    status: int | None = None
+
+
+def plan(
+    workload: Workload, *, cancelling: bool, count: int | None = None, offset: int = 0
+) -> list[PlannedRequest]:
+    """The seeded requests ``offset .. offset+count``: the same prompts in both arms; only the
+    cancelling arm cancels."""
+    rng = random.Random(workload.seed)
+    out = []
+    for i in range(offset + (workload.requests if count is None else count)):
+        chars = rng.randint(1, workload.prompt_max_chars)
+        max_new = rng.randint(1, workload.max_new_tokens)
+        cancels = rng.random() < workload.cancel_fraction
+        after = rng.uniform(0.001, workload.cancel_max_ms / 1000)
+        if i >= offset:
+            out.append(PlannedRequest(chars, max_new, after if cancelling and cancels else None))
+    return out
+
+
+def request_body(planned: PlannedRequest, model: str | None = None) -> dict[str, Any]:
+    """The request's body; ``model``: the model's served name (a router that discovers its
+    workers routes by it)."""
+    body: dict[str, Any] = {
+        "text": ("pdwarden cancellations " * (planned.chars // 23 + 1))[: planned.chars],
+        "sampling_params": {"max_new_tokens": planned.max_new_tokens, "temperature": 0.0},
+    }
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    url: str,
+    planned: PlannedRequest,
+    client_timeout: float,
+    model: str | None,
+) -> Result:
+    body = request_body(planned, model)
+    start = time.monotonic()
+
+    async def send() -> int:
+        async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=client_timeout)) as resp:
+            await resp.read()
+            return resp.status
+
+    task = asyncio.ensure_future(send())
+    try:
+        status = await asyncio.wait_for(asyncio.shield(task), planned.cancel_after)
+    except TimeoutError:
+        if planned.cancel_after is not None and not task.done():
+            task.cancel()  # the client walks away: its connection closes
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            return Result(planned, CANCELLED, time.monotonic() - start)
+        return Result(planned, TIMED_OUT, time.monotonic() - start)
+    except (aiohttp.ClientError, OSError):
+        return Result(planned, FAILED, time.monotonic() - start)
+    finally:
+        if not task.done():
+            task.cancel()
+    return Result(planned, OK if status == 200 else FAILED, time.monotonic() - start, status)
+
+
+async def run_load(
+    url: str,
+    requests: Sequence[PlannedRequest],
+    concurrency: int,
+    client_timeout: float,
+    model: str | None = None,
+) -> list[Result]:
+    """Send every planned request, ``concurrency`` at a time; each one's result."""
+    sem = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def bounded(planned: PlannedRequest) -> Result:
+            async with sem:
+                return await _one(session, url, planned, client_timeout, model)
+
+        return list(await asyncio.gather(*(bounded(p) for p in requests)))
+
+
+def hung(results: Sequence[Result], within: float) -> int:
+    """Requests not cancelled by their client and not answered within ``within`` seconds."""
+    return sum(
+        1
+        for r in results
+        if r.planned.cancel_after is None and (r.outcome == TIMED_OUT or r.seconds > within)
+    )
+
+
+def p99(values: Sequence[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+@dataclass
+class WedgeWatch:
+    """The operator's wedge rule over the runtimes' /metrics, one scrape per interval."""
+
+    urls: dict[str, str]  # pod name -> metrics URL
+    stuck_after: float
+    interval: float
+    histories: Histories = field(init=False)
+    wedged: dict[str, str] = field(default_factory=dict)  # pod -> the first wedge's reason
+    abandoned_max: float = 0.0
+    waiting_on_peer_max: float = 0.0
+    scrapes: int = 0
+
+    def __post_init__(self) -> None:
+        self.histories = Histories(keep_seconds=self.stuck_after + 3 * self.interval)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session:
+            while not stop.is_set():
+                await self.round(session)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.interval)
+
+    async def round(self, session: aiohttp.ClientSession) -> None:
+        abandoned = waiting = 0.0
+        for pod, url in self.urls.items():
+            at = time.monotonic()
+            try:
+                async with session.get(url) as resp:
+                    sample = parse_metrics(await resp.read())
+                observation = Observation(at, sample)
+                abandoned += sample.abandoned or 0.0
+                waiting += sample.bootstrapping or 0.0
+            except (aiohttp.ClientError, TimeoutError, ParseError) as err:
+                observation = Observation(at, None, str(err))
+            verdict = judge(self.histories.add(pod, observation).observations(), self.stuck_after)
+            if verdict.wedged and pod not in self.wedged:
+                self.wedged[pod] = verdict.reason
+        self.abandoned_max = max(self.abandoned_max, abandoned)
+        self.waiting_on_peer_max = max(self.waiting_on_peer_max, waiting)
+        self.scrapes += 1
+
+
+@dataclass(frozen=True)
+class Leftovers:
+    """What the runtimes still hold after the load: rooms and requests, per runtime."""
+
+    rooms: dict[str, dict[str, int]]
+    requests: dict[str, int]
+
+    @property
+    def room_count(self) -> int:
+        return sum(sum(by_state.values()) for by_state in self.rooms.values())
+
+    @property
+    def request_count(self) -> int:
+        return sum(self.requests.values())
+
+
+def leftovers(runtimes: Sequence[Runtime]) -> Leftovers:
+    rooms: dict[str, dict[str, int]] = {}
+    requests: dict[str, int] = {}
+    for rt in runtimes:
+        state = rt.state()
+        name = f"{rt.role}:{rt.port}"
+        if state.get("rooms"):
+            rooms[name] = dict(state["rooms"])
+        if state.get("pending_requests"):
+            requests[name] = int(state["pending_requests"])
+    return Leftovers(rooms, requests)
+
+
+def router_identity(python: str | None, module: str) -> dict[str, str]:
+    """The router's distribution and version, as installed for ``python``."""
+    name = module.split(".", 1)[0].replace("_", "-")
+    if python is None:
+        try:
+            return {"name": name, "version": metadata.version(name)}
+        except metadata.PackageNotFoundError:
+            return {"name": name, "version": "unknown"}
+    code = f"import importlib.metadata as m; print(m.version({name!r}))"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    return {"name": name, "version": done.stdout.strip() or "unknown"}
+
+
+def _progress(message: str) -> None:
+    print(f"[bench cancellations] {message}", file=sys.stderr, flush=True)
+
+
+async def _interleaved(
+    url: str, workload: Workload, rounds: int, watch: WedgeWatch
+) -> dict[str, list[Result]]:
+    results: dict[str, list[Result]] = {ARM_CANCELLING: [], ARM_CONTROL: []}
+    stop = asyncio.Event()
+    watcher = asyncio.ensure_future(watch.run(stop))
+    try:
+        per_round = max(1, workload.requests // rounds)
+        for i in range(rounds):
+            offset = i * per_round
+            count = per_round if i < rounds - 1 else workload.requests - offset
+            for arm in (ARM_CANCELLING, ARM_CONTROL) if i % 2 == 0 else (ARM_CONTROL, ARM_CANCELLING):
+                requests = plan(workload, cancelling=arm == ARM_CANCELLING, count=count, offset=offset)
+                _progress(f"round {i + 1}/{rounds}: {arm}, {len(requests)} requests")
+                results[arm] += await run_load(url, requests, workload.concurrency, workload.client_timeout)
+    finally:
+        stop.set()
+        await watcher
+    return results
+
+
+@click.command("cancellations")
+@click.option("--requests", type=click.IntRange(1, 100_000), default=600, show_default=True, help="Per arm.")
+@click.option("--concurrency", type=click.IntRange(1, 512), default=64, show_default=True)
+@click.option("--cancel-fraction", type=click.FloatRange(0, 1), default=0.3, show_default=True)
+@click.option("--cancel-max-ms", type=click.FloatRange(min=1), default=200.0, show_default=True)
+@click.option("--prompt-max-chars", type=click.IntRange(1, 16_000), default=2000, show_default=True)
+@click.option(
+    "--rounds", type=click.IntRange(1, 100), default=2, show_default=True, help="ABAB pairs of the two arms."
+)
+@click.option("--prefills", type=click.IntRange(1, 8), default=1, show_default=True)
+@click.option("--decodes", type=click.IntRange(1, 8), default=1, show_default=True)
+@click.option("--transfer-deadline", type=click.FloatRange(min=0.5), default=20.0, show_default=True)
+@click.option("--inflight-deadline", type=click.FloatRange(min=1), default=30.0, show_default=True)
+@click.option("--stuck-after", type=click.FloatRange(min=1), default=60.0, show_default=True)
+@click.option("--scrape-interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True)
+@click.option("--settle", type=click.FloatRange(min=0), default=10.0, show_default=True)
+@click.option("--seed", type=int, default=29, show_default=True)
+@click.option(
+    "--router-python",
+    default=None,
+    help="Run the router from this interpreter (another router installation, to compare).",
+)
+@click.option("--router-module", default=ROUTER_MODULE, show_default=True, help="The router's launch module.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
+def cancellations(
+    requests: int,
+    concurrency: int,
+    cancel_fraction: float,
+    cancel_max_ms: float,
+    prompt_max_chars: int,
+    rounds: int,
+    prefills: int,
+    decodes: int,
+    transfer_deadline: float,
+    inflight_deadline: float,
+    stuck_after: float,
+    scrape_interval: float,
+    settle: float,
+    seed: int,
+    router_python: str | None,
+    router_module: str,
+    as_json: bool,
+) -> None:
+    """Clients that cancel through the router, beside the same workload without cancellations."""
+    exit_on_sigterm()
+    t0 = time.monotonic()
+    workload = Workload(
+        requests=requests,
+        concurrency=concurrency,
+        cancel_fraction=cancel_fraction,
+        cancel_max_ms=cancel_max_ms,
+        prompt_max_chars=prompt_max_chars,
+        seed=seed,
+    )
+    flags = serve_flags(transfer_deadline=transfer_deadline, inflight_deadline=inflight_deadline)
+    with Fleet() as fleet:
+        _progress(f"starting {prefills} prefill and {decodes} decode runtimes and the router")
+        p_rts = [fleet.runtime("prefill", extra=flags) for _ in range(prefills)]
+        d_rts = [fleet.runtime("decode", extra=flags) for _ in range(decodes)]
+        runtimes = [*p_rts, *d_rts]
+        wait_healthy(runtimes, timeout=300)
+        router = fleet.router(p_rts, d_rts, python=router_python, module=router_module)
+        wait_router(router, timeout=240)
+        watch = WedgeWatch(
+            {f"{rt.role}:{rt.port}": rt.metrics_url for rt in runtimes}, stuck_after, scrape_interval
+        )
+        results = asyncio.run(_interleaved(f"{router.url}/generate", workload, rounds, watch))
+        time.sleep(settle)
+        left = leftovers(runtimes)
+    cancelling, control = results[ARM_CANCELLING], results[ARM_CONTROL]
+    ok_s = [r.seconds for r in cancelling if r.outcome == OK]
+    control_ok_s = [r.seconds for r in control if r.outcome == OK]
+    p99_ok, p99_control = p99(ok_s), p99(control_ok_s)
+    line = {
+        "requests": len(cancelling),
+        "cancelled": sum(r.outcome == CANCELLED for r in cancelling),
+        "ok": sum(r.outcome == OK for r in cancelling),
+        "failed": sum(r.outcome == FAILED and r.planned.cancel_after is None for r in cancelling),
+        "hung": hung(cancelling, inflight_deadline),
+        "p99_ok_seconds": None if p99_ok is None else round(p99_ok, 3),
+        "control_ok": sum(r.outcome == OK for r in control),
+        "control_hung": hung(control, inflight_deadline),
+        "control_p99_ok_seconds": None if p99_control is None else round(p99_control, 3),
+        "p99_over_control": None if not (p99_ok and p99_control) else round(p99_ok / p99_control, 2),
+        "rooms_left_after_settle": left.room_count,
+        "requests_left_after_settle": left.request_count,
+        "abandoned_rooms_max": watch.abandoned_max,
+        "waiting_on_peer_max": watch.waiting_on_peer_max,
+        "remediations": len(watch.wedged),
+        "router": router_identity(router_python, router_module),
+        "prefills": prefills,
+        "decodes": decodes,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    if not as_json:
+        for pod, reason in watch.wedged.items():
+            _progress(f"the wedge rule judged {pod} wedged: {reason}")
+        if left.room_count or left.request_count:
+            _progress(f"left after {settle:g}s: rooms {left.rooms}, requests {left.requests}")
+    print(json.dumps(line))
