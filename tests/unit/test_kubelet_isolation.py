@@ -178,3 +178,31 @@ def test_quantities_and_limits() -> None:
 def test_service_env_points_at_the_api_server_as_pods_reach_it() -> None:
     env = envvars.service_env("https://198.18.0.1:40106")
     assert env["KUBERNETES_SERVICE_HOST"] == "198.18.0.1" and env["KUBERNETES_SERVICE_PORT"] == "40106"
+
+
+def test_a_mounted_configmap_follows_its_object_as_a_kubelet_syncs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running pod's configMap volume is rewritten when the object changes (every
+    REFRESH_S), an optional one that appears later included; the worker's set-up call on every
+    step must not keep postponing that."""
+    objects: dict[str, Any] = {}
+    pod = _pod([{"name": "c"}], volumes=[{"name": "cfg", "configMap": {"name": "cm", "optional": True}}])
+    ctx = envvars.PodContext(pod, "198.18.0.9", "127.0.0.1", "node-0")
+    vols = volumes.PodVolumes(tmp_path, objects.get, lambda path, body: {}, ctx)
+    clock = [1000.0]
+    monkeypatch.setattr(volumes.time, "monotonic", lambda: clock[0])
+    vols.prepare()
+    source = Path(vols.sources["cfg"])
+    assert not (source / "k").exists()  # optional and absent: an empty volume
+    objects["/api/v1/namespaces/ns/configmaps/cm"] = {"data": {"k": "v1"}}
+    for _ in range(10):  # the worker's steps: set-up and refresh each time
+        clock[0] += volumes.REFRESH_S / 5
+        vols.prepare()
+        vols.refresh()
+    assert (source / "k").read_text() == "v1"
+    objects["/api/v1/namespaces/ns/configmaps/cm"] = {"data": {"k": "v2"}}
+    clock[0] += volumes.REFRESH_S + 1
+    vols.prepare()
+    vols.refresh()
+    assert (source / "k").read_text() == "v2"

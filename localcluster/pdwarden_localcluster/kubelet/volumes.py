@@ -152,13 +152,16 @@ class PodVolumes:
 
     def prepare(self) -> None:
         """Set up every volume not yet set up; VolumeError names what is missing."""
+        added = False
         for i, vol in enumerate((self.pod.get("spec") or {}).get("volumes") or []):
             if vol["name"] in self.sources:
                 continue
             kind = kind_of(vol)
             where = f"spec.volumes[{i}].{kind}"
             self.sources[vol["name"]] = getattr(self, f"_{kind}")(vol, vol.get(kind) or {}, where)
-        self.refreshed_at = time.monotonic()
+            added = True
+        if added:  # just written: the next refresh is due a period from now (not from every call)
+            self.refreshed_at = time.monotonic()
 
     def refresh(self) -> None:
         """Rewrite files volumes whose data changed, tokens near the end of their lifetime."""
