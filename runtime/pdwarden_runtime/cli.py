@@ -216,8 +216,9 @@ def _deadline(value: str) -> float | None:
     type=click.IntRange(0, nixl_progress.MAX_POLL_US),
     default=nixl_progress.DEFAULT_POLL_US,
     show_default=True,
-    help="Synthetic engine: how long NIXL's progress thread may sleep when no transfer event "
-    "arrives (an event wakes it at once); 0 is NIXL's own busy polling, a core per process.",
+    help="How long NIXL's progress thread may sleep when no transfer event arrives (an event "
+    "wakes it at once), in every process that runs NIXL (the synthetic runtime, SGLang's "
+    "schedulers); 0 is NIXL's own busy polling, a core per process.",
 )
 @click.option(
     "--nnodes",

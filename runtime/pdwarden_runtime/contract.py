@@ -87,6 +87,14 @@ ENV_ROLE: Final = "PDWARDEN_ROLE"
 ENV_MODEL: Final = "PDWARDEN_MODEL"
 # A group pod's rank (its StatefulSet ordinal, from the pod-index label).
 ENV_NODE_RANK: Final = "PDWARDEN_NODE_RANK"
+# A runtime pod's UID (downward API): a prefill says which pod it is, so a decode holding
+# pages for it can match the operator's list of deleted pods.
+ENV_POD_UID: Final = "POD_UID"
+# Where a runtime pod finds the operator's list of the model's deleted runtime pods (a
+# ConfigMap `<model>-gone-pods`, key GONE_PODS_KEY, mounted read-only).
+ENV_GONE_PODS_FILE: Final = "PDWARDEN_GONE_PODS_FILE"
+GONE_PODS_SUFFIX: Final = "gone-pods"
+GONE_PODS_KEY: Final = "gone-pods.json"
 
 # --- Metrics (runtime -> operator and alerts) ----------------------------------------
 METRIC_INFLIGHT_REQUESTS: Final = "pdwarden_inflight_requests"
@@ -150,6 +158,8 @@ METRIC_KV_ROOMS_ABANDONED: Final = "pdwarden_kv_rooms_abandoned"
 # prefill's drain ACK or proof that it is gone, never freed on a timer.
 METRIC_KV_PAGES_HELD: Final = "pdwarden_kv_pages_held"
 METRIC_KV_PAGES_HELD_SECONDS: Final = "pdwarden_kv_pages_held_seconds"
+# Pages of the pod's KV pool (what held pages are a share of).
+METRIC_KV_POOL_PAGES: Final = "pdwarden_kv_pool_pages"
 # Decode-side page verification failures (synthetic engine): corrupted KV pages seen.
 METRIC_KV_VERIFY_FAILURES_TOTAL: Final = "pdwarden_kv_verify_failures_total"
 METRIC_KV_VERIFY_FAILURES_BASE: Final = "pdwarden_kv_verify_failures"

@@ -94,6 +94,7 @@ class RuntimeMetrics:
         error_wheres: tuple[str, ...] = (),
         abandoned: Callable[[], int] | None = None,
         held_pages: HeldPages | None = None,
+        pool_pages: Callable[[], int | None] | None = None,
     ) -> None:
         if role not in c.RUNTIME_ROLES:
             raise ValueError(f"unknown runtime role {role!r}; expected one of {c.RUNTIME_ROLES}")
@@ -113,6 +114,7 @@ class RuntimeMetrics:
             self.peers,
             abandoned,
             held_pages,
+            pool_pages,
         )
         self.registry.register(self._state)
         role_label = [c.LABEL_METRIC_ROLE]
@@ -187,6 +189,7 @@ class _StateCollector(Collector):
         peers: PeerFigures | None = None,
         abandoned: Callable[[], int] | None = None,
         held_pages: HeldPages | None = None,
+        pool_pages: Callable[[], int | None] | None = None,
     ) -> None:
         self._role = role
         self._table = table
@@ -198,6 +201,7 @@ class _StateCollector(Collector):
         self._peers = peers
         self._abandoned = abandoned
         self._held_pages = held_pages
+        self._pool_pages = pool_pages
 
     def describe(self) -> list[Metric]:
         return list(self._families())
@@ -278,7 +282,11 @@ class _StateCollector(Collector):
             "Seconds the oldest page held for each writer has been held.",
             labels=[R, c.LABEL_METRIC_PEER],
         )
+        pool = GaugeMetricFamily(c.METRIC_KV_POOL_PAGES, "Pages of this pod's KV pool.", labels=[R])
         if with_samples:
+            pages = self._pool_pages() if self._pool_pages is not None else None
+            if pages is not None:
+                pool.add_metric([role], pages)
             abandoned.add_metric([role], self._abandoned() if self._abandoned is not None else 0)
             if self._held_pages is not None:
                 for peer, (pages, seconds) in sorted(_held_by_peer(self._held_pages).items()):
@@ -314,7 +322,7 @@ class _StateCollector(Collector):
                 refused.add_metric([role, *labels], counted.get(labels, 0))
         yield from (inflight, oldest, rooms, transfers, refused, in_state)
         yield from (threads, threads_expected, quarantined, endings, peer_inflight, peer_transfers)
-        yield from (abandoned, pages_held, pages_held_seconds)
+        yield from (abandoned, pages_held, pages_held_seconds, pool)
 
 
 # Held-page series per writer: the peers' bound (peers.py), the rest under PEER_OTHER.

@@ -47,7 +47,12 @@ def test_doctor_finds_every_fix_active_in_the_spawned_scheduler() -> None:
     assert report["seam"] == "sitecustomize"
     assert report["fixes"] == dict.fromkeys(FIXES, True)
     # behaviour, on SGLang's real classes in the spawned child
-    assert report["behaviour"] == {"signatures": True, "sticky_failed": True, "stalled_handle_no_ack": True}
+    assert report["behaviour"] == {
+        "signatures": True,
+        "sticky_failed": True,
+        "stalled_handle_no_ack": True,
+        "held_pages_need_proof": True,
+    }
     assert report["configuration"]["transfer_deadline"] == 12.5
     assert report["configuration"]["inflight_deadline"] == 90
     main, scheduler = report["processes"]["main"], report["processes"]["scheduler"]

@@ -312,7 +312,14 @@ def config_file_args(user_args: Sequence[str]) -> list[str]:
     return tokens
 
 
-_HARDENING_OPTIONS: Final = ("hardening", "inflight_deadline", "transfer_deadline", "fault", "race_window")
+_HARDENING_OPTIONS: Final = (
+    "hardening",
+    "inflight_deadline",
+    "transfer_deadline",
+    "fault",
+    "race_window",
+    "nixl_progress_poll_us",
+)
 _MISSING: Final = object()
 
 

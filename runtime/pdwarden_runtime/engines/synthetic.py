@@ -13,9 +13,10 @@ NixlKVSender/NixlKVReceiver exactly as SGLang's schedulers drive them:
 
 A client that disconnects aborts its request (``sender.abort()`` / ``receiver.abort()``,
 as SGLang does); decode keeps an aborted request's pages until prefill acknowledges the
-drain (SGLang's deferred KV release) or a timeout, so a late write cannot corrupt a
-later request. A decode request that ends before its metadata went out (no pages in time,
-an error, a disconnect) still sends prefill its ABORT, so the prefill room ends at once
+drain (SGLang's deferred KV release) or the writer is proven gone
+(``hardening.writer_watch``), never on a timer, so a late write cannot corrupt a later
+request. A decode request that ends before its metadata went out (no pages in time, an
+error, a disconnect) still sends prefill its ABORT, so the prefill room ends at once
 instead of waiting for metadata that never comes. Requests wait in FIFO order for KV pages
 (``kv_admission``), as SGLang's queues hold them, instead of failing when the pool is
 full; a room number is used once per process (a resend of the same request is refused).
@@ -63,8 +64,6 @@ ENGINE_NAME: Final = "synthetic"
 # A waiting request re-polls at least this often even without a status change (SGLang's
 # own timeouts are evaluated inside poll()).
 REPOLL_S: Final = 0.05
-# How long decode keeps an aborted request's pages without prefill's drain ACK.
-ABORT_RELEASE_TIMEOUT_S: Final = 30.0
 PARALLEL_INFO_TIMEOUT_S: Final = 30.0
 # How long a request may wait for KV pages when the inflight deadline is off (SGLang's own
 # bootstrap and waiting timeouts have this default).
@@ -381,6 +380,7 @@ class SyntheticEngine:
                 {
                     "transfer_infos": len(mgr.transfer_infos),
                     "staging_outstanding": len(mgr._staging_outstanding),
+                    "quarantined_rooms": quarantine.room_list()[:200] if quarantine is not None else [],
                     "ledger": rt.ledger.sizes(),
                     "transfer_queue_depth": sum(
                         q.qsize() if hasattr(q, "qsize") else 0 for q in getattr(mgr, "transfer_queues", [])
@@ -393,6 +393,20 @@ class SyntheticEngine:
                     "prefill_response_tracker": len(mgr.prefill_response_tracker),
                     "required_prefill_response_num_table": len(mgr.required_prefill_response_num_table),
                     "deferred_abort_acks": len(mgr._deferred_abort_ack_tracker),
+                    "held_rooms": [
+                        {"room": h.room, "peer": h.peer, "pages": h.pages, "seconds": round(h.seconds, 3)}
+                        for h in rt.held_pages.held()[:50]
+                    ],
+                    "freed_held_rooms": [
+                        {
+                            "room": f.room,
+                            "peer": f.peer,
+                            "pages": f.pages,
+                            "seconds": round(f.held_seconds, 3),
+                            "how": f.how,
+                        }
+                        for f in rt.held_pages.freed()[-50:]
+                    ],
                 }
             )
         return state
@@ -509,19 +523,19 @@ class DecodeEngine(SyntheticEngine):
 
     def __init__(self, options: SyntheticOptions, hardening: HardeningConfig) -> None:
         super().__init__(options, hardening)
-        self._known_prefills: set[str] = set()
         self._prefill_lock = asyncio.Lock()
 
     async def _ensure_prefill(self, addr: str) -> None:
-        if addr in self._known_prefills:
-            return
+        """SGLang's decode knows the prefill at ``addr`` (it forgets one whose heartbeat
+        failed, so a prefill that restarted is asked again)."""
         assert self.mgr is not None
+        if addr in self.mgr.prefill_info_table:
+            return
         loop = asyncio.get_running_loop()
         end = time.monotonic() + PARALLEL_INFO_TIMEOUT_S
         async with self._prefill_lock:
-            while addr not in self._known_prefills:
+            while addr not in self.mgr.prefill_info_table:
                 if await loop.run_in_executor(self._executor, self.mgr.try_ensure_parallel_info, addr):
-                    self._known_prefills.add(addr)
                     return
                 if time.monotonic() > end:
                     raise RequestFailed(f"prefill bootstrap server at {addr} is not reachable", status=503)
@@ -560,12 +574,7 @@ class DecodeEngine(SyntheticEngine):
             state = await self._waiters.until(room, receiver.poll, (KVPoll.Success, KVPoll.Failed))
             if state != KVPoll.Success:
                 self.failed += 1
-                assert self.rt is not None
-                if room in self.rt.decode_deadline_rooms:
-                    # pdwarden's decode deadline: prefill may be alive and still writing;
-                    # abort it and hold the pages until it acknowledges the drain.
-                    self.rt.decode_deadline_rooms.discard(room)
-                    receiver.ensure_abort_notified()
+                # (a room the decode deadline failed was aborted by the receiver's poll)
                 reason = self._failure_reason(receiver)
                 if receiver.abort_notified:  # SGLang's timeout sent an ABORT: wait for the drain
                     self._spawn(self._release_after_drain(receiver, pages, aux))
@@ -643,9 +652,10 @@ class DecodeEngine(SyntheticEngine):
         # SGLang's decode waits for prefill's drain ACKs for those alone.
         published = receiver.init_time is not None and receiver.abort_notified
         acks = len(receiver.bootstrap_infos) if published and receiver.bootstrap_infos else 0
-        end = time.monotonic() + ABORT_RELEASE_TIMEOUT_S
         try:
-            while acks and not self.mgr.is_abort_release_safe(room, acks) and time.monotonic() < end:
+            # No clock: a write may land until the prefill drains or is proven gone. The
+            # pages stay held meanwhile (pdwarden_kv_pages_held) for the watchdog to see.
+            while acks and not self.mgr.is_abort_release_safe(room, acks):
                 await asyncio.sleep(REPOLL_S)
         finally:
             self.mgr.clear_deferred_abort_state(room)

@@ -83,12 +83,14 @@ from pdwarden_runtime.hardening.runtime import (
     WHERE_DEADLINE,
     WHERE_ENQUEUE,
     WHERE_PEERS,
+    WHERE_QUARANTINE,
     WHERE_QUARANTINE_SETTLED,
     WHERE_STATUS_NOTICE,
     WHERE_STATUS_WRITE,
     RoomRuntime,
 )
 from pdwarden_runtime.hardening.stalled_agent import StalledAgent
+from pdwarden_runtime.hardening.writer_watch import INCARNATION_PATH, WriterWatch, incarnation_body
 from pdwarden_runtime.kvpoll import KVPoll, coerce
 from pdwarden_runtime.peers import peer_of_address
 
@@ -110,6 +112,9 @@ REASON_PEER_STALLED: Final = (
 REASON_INFLIGHT_DEADLINE: Final = "inflight deadline: room not concluded within {:.1f}s"
 REASON_SKIPPED: Final = "room {} before its chunk was sent (pdwarden: skipped chunk concluded Failed)"
 REASON_EARLY_ABORT: Final = "Aborted by decode before this prefill opened the room"
+# The quarantine's room for handles whose chunk pdwarden could not identify: kept and polled
+# like any other (they may still write), never reported for a room.
+UNKNOWN_ROOM: Final = -1
 # ABORTs for rooms this prefill has not opened yet, remembered (bounded) so the room
 # fails when its sender opens it instead of waiting out the bootstrap timeout.
 _EARLY_ABORTS_KEPT: Final = 16384
@@ -224,6 +229,15 @@ class HardenedNixlKVManager(NixlKVManager):
         if self._pdw_quarantine is not None:
             self._pdw_quarantine.start()
             self.pdwarden.threads.watch(self._pdw_quarantine.thread)
+        self._pdw_writers: WriterWatch | None = None
+        if role == ROLE_DECODE:
+            # SGLang's decode keeps the prefills it reads from in prefill_info_table.
+            self._pdw_writers = WriterWatch(
+                self.pdwarden.held_pages, lambda: list(self.prefill_info_table.copy())
+            )
+            self._pdw_writers.start()
+            self.pdwarden.threads.watch(self._pdw_writers.thread)
+        self.pdwarden.pool_pages = _pool_pages(args)
         self.pdwarden.start()
 
     def _pdw_guard(self, where: str) -> AbstractContextManager[None]:
@@ -475,7 +489,14 @@ class HardenedNixlKVManager(NixlKVManager):
         for prefill and leaves the chunk counted, so neither decode's KV_STATUS nor its
         drain ACK can go out until the quarantine sees every handle end."""
         room = chunk.room if chunk is not None else None
-        if self._pdw_quarantine is None or room is None:
+        if self._pdw_quarantine is None:
+            return
+        if room is None:
+            # No chunk to name the room (pdwarden's bookkeeping failed for it): the handles
+            # are still kept and polled, but no room can be told; counted and logged.
+            self.pdwarden.count_error(WHERE_QUARANTINE)
+            log.error("%s; %d handle(s) of an unidentified chunk quarantined", reason, len(handles))
+            self._pdw_quarantine.add(UNKNOWN_ROOM, handles)
             return
         log.warning("room %s: %s; %d handle(s) quarantined until they settle", room, reason, len(handles))
         self.record_failure(room, reason)
@@ -519,6 +540,8 @@ class HardenedNixlKVManager(NixlKVManager):
     def _pdw_quarantine_settled(self, room: int) -> None:
         """Every quarantined handle of the room ended: nothing can write into its decode
         pages any more, so do what SGLang's failure path would have done when settled."""
+        if room == UNKNOWN_ROOM:
+            return
         with self._pdw_guard(WHERE_QUARANTINE_SETTLED):
             with self._pdw_peer_lock:
                 batches = self._pdw_room_peers.get(room) or [[]]
@@ -734,6 +757,13 @@ class HardenedNixlKVManager(NixlKVManager):
             self.pdwarden.held_pages.hold(bootstrap_room)
         return int(super().register_deferred_abort_room(bootstrap_room))
 
+    def is_abort_release_safe(self, bootstrap_room: int, required_acks: int) -> bool:
+        # SGLang: every prefill rank that could write acked the drain. pdwarden: or the
+        # writer is proven gone (writer_watch); never a clock (held_pages).
+        if super().is_abort_release_safe(bootstrap_room, required_acks):
+            return True
+        return self.pdwarden.held_pages.proof(bootstrap_room) is not None
+
     def clear_deferred_abort_state(self, bootstrap_room: int) -> None:
         super().clear_deferred_abort_state(bootstrap_room)
         self.pdwarden.held_pages.release(bootstrap_room)
@@ -741,6 +771,8 @@ class HardenedNixlKVManager(NixlKVManager):
     def shutdown_pdwarden(self) -> None:
         if self._pdw_quarantine is not None:
             self._pdw_quarantine.stop()
+        if self._pdw_writers is not None:
+            self._pdw_writers.stop()
         self.pdwarden.stop()
 
 
@@ -780,17 +812,55 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
         room = self.bootstrap_room
         if isinstance(mgr, HardenedNixlKVManager) and self.init_time is not None and room is not None:
             with mgr._pdw_guard(WHERE_PEERS):  # published: the prefill may write these pages now
-                mgr.pdwarden.held_pages.published(room, peer_of_address(self.bootstrap_addr), len(kv_indices))
+                addr = self.bootstrap_addr
+                to = mgr._pdw_writers.identity(addr) if mgr._pdw_writers is not None else None
+                mgr.pdwarden.held_pages.published(room, peer_of_address(addr), addr, len(kv_indices), to)
+
+    def poll(self) -> Any:
+        state = super().poll()
+        mgr = self.kv_mgr
+        room = self.bootstrap_room
+        if int(state) == KVPoll.Failed and isinstance(mgr, HardenedNixlKVManager):
+            deadline_rooms = mgr.pdwarden.decode_deadline_rooms
+            if room in deadline_rooms:
+                # D on decode: the prefill may be alive and still writing. Abort it (both
+                # engines poll here) so its pages are held until it drains.
+                deadline_rooms.discard(room)
+                with mgr._pdw_guard(WHERE_DEADLINE):
+                    self.ensure_abort_notified()
+        return state
 
     def clear(self) -> None:
         super().clear()
         mgr = self.kv_mgr
-        if isinstance(mgr, HardenedNixlKVManager) and self.bootstrap_room is not None:
-            mgr.pdwarden.held_pages.release(self.bootstrap_room)
+        room = self.bootstrap_room
+        if isinstance(mgr, HardenedNixlKVManager) and room is not None:
+            mgr.pdwarden.held_pages.concluded(room)  # held pages stay until freed
+            mgr.pdwarden.decode_deadline_rooms.discard(room)
 
 
 class HardenedNixlKVBootstrapServer(NixlKVBootstrapServer):
-    """NixlKVBootstrapServer, unchanged; listed so the whole backend comes from one seam."""
+    """NixlKVBootstrapServer that also says which process it is (``INCARNATION_PATH``): a
+    decode holding pages for this prefill learns from a new answer that the old writer is
+    gone (``writer_watch``)."""
+
+    def _setup_routes(self) -> None:
+        super()._setup_routes()
+        self.app.router.add_get(INCARNATION_PATH, _incarnation)
+
+
+async def _incarnation(request: Any) -> Any:
+    from aiohttp import web
+
+    return web.json_response(incarnation_body())
+
+
+def _pool_pages(args: Any) -> int | None:
+    """Pages of the KV pool the manager registered (each buffer holds that many items)."""
+    try:
+        return int(args.kv_data_lens[0] // args.kv_item_lens[0])
+    except (AttributeError, IndexError, TypeError, ZeroDivisionError):
+        return None
 
 
 HARDENED_CLASSES: Final = {

@@ -90,8 +90,11 @@ class HandleQuarantine:
 
     def rooms(self) -> int:
         """Rooms with quarantined handles now: requests that ended, held for their writes."""
+        return len(self.room_list())
+
+    def room_list(self) -> list[int]:
         with self._lock:
-            return len({e.room for e in self._entries})
+            return sorted({e.room for e in self._entries})
 
     def holds(self, room: int) -> bool:
         with self._lock:

@@ -70,6 +70,8 @@ class RoomRuntime:
         self.decode_deadline_rooms: set[int] = set()
         # Decode: published rooms, and those held for their writer after their request ended.
         self.held_pages = HeldPages()
+        # Pages of the KV pool the manager registered (None: unknown).
+        self.pool_pages: int | None = None
         self.metrics = RuntimeMetrics(
             role,
             self.table,
@@ -83,6 +85,7 @@ class RoomRuntime:
             error_wheres=ERROR_WHERES,
             abandoned=self.abandoned_rooms,
             held_pages=self.held_pages if role == ROLE_DECODE else None,
+            pool_pages=lambda: self.pool_pages,
         )
         self.rooms = RoomStatusMap(self.table)
         self.ledger = RoomLedger()

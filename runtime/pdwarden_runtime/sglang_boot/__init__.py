@@ -44,6 +44,13 @@ ENV_PROM_DIR: Final = "PROMETHEUS_MULTIPROC_DIR"
 
 OnError = Literal["exit", "record"]
 
+# SGLang frees a decode's device pages held for an aborted room after this many seconds
+# even without the prefill's drain ACK ("releasing anyway"): a clock cannot prove a write
+# over. With the hardening on it is set out of reach, and pages go on the drain ACK or on
+# proof that the writer is gone (hardening.writer_watch), in every SGLang process.
+ENV_SGLANG_DEFERRED_RELEASE_TIMEOUT: Final = "SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT"
+NEVER_S: Final = "315360000"  # ten years
+
 
 def seam_env(
     base_env: Mapping[str, str],
@@ -64,6 +71,8 @@ def seam_env(
     env[ENV_HARDENING] = "1"
     env[ENV_HARDENING_CONFIG] = json.dumps(dict(config), sort_keys=True)
     env[ENV_ON_ERROR] = on_error
+    if str(config.get("hardening", "on")).strip().lower() == "on":
+        env[ENV_SGLANG_DEFERRED_RELEASE_TIMEOUT] = NEVER_S
     if prom_dir is not None:
         env[ENV_PROM_DIR] = prom_dir
     return env

@@ -97,8 +97,13 @@ def install(raw: dict[str, Any]) -> None:
     """
     from pdwarden_runtime import hardening
     from pdwarden_runtime.hardening.config import HardeningConfig
+    from pdwarden_runtime.transfer import nixl_progress
 
-    config = HardeningConfig.from_mapping({**raw, "metrics_port": None})
+    settings = dict(raw)
+    # NIXL's progress thread in SGLang's processes: the idle poll delay (as in the synthetic
+    # engine), set before SGLang's KV manager creates its agent.
+    nixl_progress.set_poll_us(int(settings.pop("nixl_progress_poll_us", nixl_progress.DEFAULT_POLL_US)))
+    config = HardeningConfig.from_mapping({**settings, "metrics_port": None})
     config.on_runtime = _bridge_metrics
     hardening.install(config)
 

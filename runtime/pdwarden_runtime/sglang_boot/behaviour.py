@@ -42,12 +42,15 @@ PINNED_SIGNATURES: Final = {
     ),
     ("NixlKVManager", "register_deferred_abort_room"): "self bootstrap_room",
     ("NixlKVManager", "clear_deferred_abort_state"): "self bootstrap_room",
+    ("NixlKVManager", "is_abort_release_safe"): "self bootstrap_room required_acks",
     ("NixlKVSender", "clear"): "self",
     ("NixlKVReceiver", "init"): "self prefill_dp_rank",
     ("NixlKVReceiver", "send_metadata"): (
         "self kv_indices aux_index= state_indices= decode_prefix_len= destination= device_kv_indices="
     ),
     ("NixlKVReceiver", "clear"): "self",
+    ("NixlKVReceiver", "poll"): "self",
+    ("NixlKVBootstrapServer", "_setup_routes"): "self",
 }
 CHECK_DEADLINE_S: Final = 0.5
 
@@ -106,6 +109,7 @@ def behaviour_checks(free_port: Callable[[], int]) -> dict[str, Any]:
         return report
     report["sticky_failed"] = _guarded(lambda: _sticky_failed(pair))
     report["stalled_handle_no_ack"] = _guarded(lambda: _stalled_no_ack(pair))
+    report["held_pages_need_proof"] = _guarded(lambda: _held_pages_need_proof(pair))
     return report
 
 
@@ -168,5 +172,59 @@ def _stalled_no_ack(pair: Any) -> dict[str, Any]:
         "quarantined": quarantined,
         "decode_told_while_quarantined": told_early,
         "decode_told_after": told_after,
+        "problems": problems,
+    }
+
+
+def _held_pages_need_proof(pair: Any) -> dict[str, Any]:
+    """Decode aborts a room whose writes stalled (their handles quarantined on prefill): its
+    pages are held, and SGLang's release decision says not yet, until the prefill drains;
+    and SGLang's own "release anyway" timeout is out of reach in this process."""
+    import time
+
+    from sglang.srt.environ import envs
+
+    from pdwarden_runtime.contract import FAULT_STALL
+    from pdwarden_runtime.kvpoll import KVPoll
+    from pdwarden_runtime.sglang_boot import NEVER_S
+    from pdwarden_runtime.transfer.scenarios import wait_for
+
+    room = 910003
+    decode = pair.decode
+    timeout = float(envs.SGLANG_DISAGGREGATION_DEFERRED_DECODE_KV_RELEASE_TIMEOUT.get())
+    pair.config.fault.set(FAULT_STALL)
+    try:
+        sender, recv, dst = pair.open_room(room, 4)
+        src = pair.p_pool.take_pages(4)
+        sender.send(src)
+        failed = wait_for(lambda: int(sender.poll()) == KVPoll.Failed, CHECK_DEADLINE_S + 10)
+        recv.abort()  # its client left: decode holds the pages for the stalled writer
+        held = decode.pdwarden.held_pages.is_held(room)
+        time.sleep(1.0)
+        freed_early = bool(decode.is_abort_release_safe(room, 1))
+    finally:
+        pair.config.fault.set("none")
+    freed_after = wait_for(lambda: bool(decode.is_abort_release_safe(room, 1)), 10)
+    decode.clear_deferred_abort_state(room)
+    recv.clear()
+    pair.d_pool.give_pages(dst)
+    pair.p_pool.give_pages(src)
+    problems = []
+    if timeout < float(NEVER_S):
+        problems.append(f"SGLang's deferred KV release timeout is {timeout:g}s: pages would go on a clock")
+    if not failed:
+        problems.append("the stalled room did not fail at the transfer deadline")
+    if not held:
+        problems.append("the aborted room's pages were not held")
+    if freed_early:
+        problems.append("the pages were released while the writer's handle was quarantined")
+    if not freed_after:
+        problems.append("the pages were not released once the writer drained")
+    return {
+        "ok": not problems,
+        "release_timeout_s": timeout,
+        "held": held,
+        "released_while_quarantined": freed_early,
+        "released_after_drain": freed_after,
         "problems": problems,
     }
