@@ -12,11 +12,18 @@ stay Transferring). Hardened: the handle deadline fails the stalled rooms, quara
 their handles, the inflight queue drains within the deadline; decode is told only once
 the quarantined writes ended, so no page a late write can reach is ever reused
 (``pdwarden_kv_verify_failures_total`` stays 0). Every wait is bounded.
+
+``--partition``: the decode stays alive and one of two prefills is cut off from the decodes'
+KV instead (the local cluster, started if down; ``pdwarden_bench.partition``), once healed and
+once remediated by the watchdog: pages freed while the writer still had quarantined handles
+(goal 0), corrupted pages (0), pages held at most, and seconds from the writer's deletion to
+the last held page freed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import signal
@@ -207,10 +214,19 @@ def _progress(message: str) -> None:
 @click.command("stalled-peer")
 @click.option("--transfer-deadline", type=click.FloatRange(min=0.2), default=2.0, show_default=True)
 @click.option("--concurrency", type=click.IntRange(1, 64), default=8, show_default=True)
+@click.option(
+    "--partition",
+    "partition_mode",
+    is_flag=True,
+    help="A prefill cut off from the decodes, decode alive (the local cluster): heal, then remediate.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
-def stalled_peer(transfer_deadline: float, concurrency: int, as_json: bool) -> None:
+def stalled_peer(transfer_deadline: float, concurrency: int, partition_mode: bool, as_json: bool) -> None:
     """Freeze the decode mid-transfer for twice the transfer deadline: stock vs hardened."""
     exit_on_sigterm()
+    if partition_mode:
+        print(json.dumps(_partition_scenarios()))
+        return
     t0 = time.monotonic()
     freeze = 2 * transfer_deadline
     with Fleet() as fleet:
@@ -239,3 +255,47 @@ def stalled_peer(transfer_deadline: float, concurrency: int, as_json: bool) -> N
     if not as_json:
         _progress(f"stock leftovers {s.leftover_rooms}, hardened leftovers {h.leftover_rooms}")
     print(json.dumps(result))
+
+
+def _partition_scenarios() -> dict[str, Any]:
+    """The partition (decode alive), healed and remediated, on the local cluster."""
+    import os
+    import tempfile
+    import uuid
+    from pathlib import Path
+
+    from pdwarden_bench import partition
+    from pdwarden_bench.cluster_env import open_env
+
+    t0 = time.monotonic()
+    kubeconfig = os.environ.get("KUBECONFIG")
+    if not kubeconfig:
+        from pdwarden_localcluster.cluster import ensure_up
+
+        kubeconfig = str(ensure_up().kubeconfig)
+    namespace = f"bench-cut-{uuid.uuid4().hex[:6]}"
+    with tempfile.TemporaryDirectory(prefix="pdwarden-bench-partition-") as tmp:
+        envs = open_env(Path(kubeconfig), namespace, Path(tmp))
+        env = next(envs)
+        try:
+            env.call("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+            env.start_operator()
+            runs = {m: partition.run(env, f"cut-{m}", m, _progress) for m in ("heal", "remediate")}
+        finally:
+            with contextlib.suppress(StopIteration):
+                next(envs)  # stops the operator, deletes the namespace
+    heal, fix = runs["heal"], runs["remediate"]
+    return {
+        "scenario": "partition",
+        "decode_pages_freed_while_quarantined": heal.decode_pages_freed_while_quarantined
+        + fix.decode_pages_freed_while_quarantined,
+        "corrupted_pages": int(heal.corrupted_pages + fix.corrupted_pages),
+        "held_pages_max": max(heal.held_pages_max, fix.held_pages_max),
+        "pages_freed_after_remediation_seconds": fix.pages_freed_after_remediation_seconds,
+        "pages_freed_after_heal_seconds": heal.pages_freed_after_heal_seconds,
+        "freed_how": {"heal": heal.freed_how, "remediate": fix.freed_how},
+        "requests_ok": heal.requests_ok + fix.requests_ok,
+        "requests_failed": heal.requests_failed + fix.requests_failed,
+        "partition_seconds": partition.PARTITION_S,
+        "seconds": round(time.monotonic() - t0, 1),
+    }

@@ -40,6 +40,8 @@ ROUTER_CONTAINER: Final = "router"
 SHM_VOLUME: Final = "dshm"
 MODEL_VOLUME: Final = "model"
 CACHE_VOLUME: Final = "model-cache"
+# The operator's list of the model's deleted runtime pods (writer_watch's proof).
+GONE_PODS_VOLUME: Final = "gone-pods"
 
 KEYED_LISTS: Final[dict[str, str]] = {
     "containers": "name",
@@ -59,6 +61,8 @@ RESERVED_ENV: Final = (
     contract.ENV_ROLE,
     contract.ENV_MODEL,
     contract.ENV_NODE_RANK,
+    contract.ENV_POD_UID,
+    contract.ENV_GONE_PODS_FILE,
 )
 # Fields of the main container (`runtime` or `router`) that pdwarden owns, and where to say
 # instead what one wants.
@@ -85,7 +89,7 @@ OWNED_POD_FIELDS: Final[dict[str, dict[str, str]]] = {
 OWNED_LABELS: Final = (contract.LABEL_MODEL, contract.LABEL_ROLE, contract.LABEL_GROUP, contract.LABEL_RANK)
 # The router (smg) reads the prefill bootstrap port from this annotation.
 OWNED_ANNOTATIONS: Final = (contract.ANNOTATION_BOOTSTRAP_PORT,)
-OWNED_VOLUMES: Final = (SHM_VOLUME, MODEL_VOLUME, CACHE_VOLUME)
+OWNED_VOLUMES: Final = (SHM_VOLUME, MODEL_VOLUME, CACHE_VOLUME, GONE_PODS_VOLUME)
 
 # Bounds on the fragment's lists: they keep the CEL rules' cost estimate within the budget.
 MAX_CONTAINERS: Final = 16

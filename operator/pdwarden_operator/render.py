@@ -32,6 +32,7 @@ NON_ROOT_UID = 1000
 SHM_DIR = "/dev/shm"
 MODEL_DIR = "/models"  # weights on a volume, read-only
 CACHE_DIR = "/cache"  # downloaded weights, read-write
+GONE_PODS_DIR = "/etc/pdwarden/gone-pods"  # the watchdog's list of deleted runtime pods, read-only
 HF_HOME = f"{CACHE_DIR}/huggingface"
 NETWORK_POLICY_SUFFIX = "runtime"
 # Pods allowed to scrape metrics when networkPolicy.metricsFrom is unset: the operator (the
@@ -190,8 +191,10 @@ def _pod_identity_env() -> list[Obj]:
 def runtime_env(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> list[Obj]:
     env = [
         *_pod_identity_env(),
+        _field_env(contract.ENV_POD_UID, "metadata.uid"),
         {"name": contract.ENV_ROLE, "value": role},
         {"name": contract.ENV_MODEL, "value": served_name(owner, spec)},
+        {"name": contract.ENV_GONE_PODS_FILE, "value": f"{GONE_PODS_DIR}/{contract.GONE_PODS_KEY}"},
     ]
     if spec.transfer.ucx_transports:
         env.append({"name": "UCX_TLS", "value": spec.transfer.ucx_transports})
@@ -278,10 +281,30 @@ def _spread(model: str, role: str) -> list[Obj]:
     ]
 
 
-def runtime_volumes(spec: DisaggregatedModelSpec, role: str) -> tuple[list[Obj], list[Obj]]:
-    """(volumes, volumeMounts) of a runtime pod: /dev/shm, the weights, the download cache."""
-    volumes: list[Obj] = []
-    mounts: list[Obj] = []
+def gone_pods_name(model: str) -> str:
+    """The ConfigMap in which the watchdog lists the model's deleted runtime pods."""
+    return child_name(model, contract.GONE_PODS_SUFFIX)
+
+
+def gone_pods_configmap(owner: Owner, document: str) -> Obj:
+    """The watchdog's list of the model's gone runtime pods (``watchdog/gone_pods.py``), as the
+    runtime pods mount it (``runtime_volumes``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(owner, gone_pods_name(owner.name), contract.GONE_PODS_SUFFIX),
+        "data": {contract.GONE_PODS_KEY: document},
+    }
+
+
+def runtime_volumes(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> tuple[list[Obj], list[Obj]]:
+    """(volumes, volumeMounts) of a runtime pod: the operator's list of deleted pods,
+    /dev/shm, the weights, the download cache."""
+    # Optional: a pod starts before the watchdog first writes the list (an absent list
+    # proves nothing, so nothing is freed on it).
+    gone = {"name": gone_pods_name(owner.name), "optional": True}
+    volumes: list[Obj] = [{"name": podtemplate.GONE_PODS_VOLUME, "configMap": gone}]
+    mounts: list[Obj] = [{"name": podtemplate.GONE_PODS_VOLUME, "mountPath": GONE_PODS_DIR, "readOnly": True}]
     shm = spec.role(role).shm_size
     if shm:
         volumes.append({"name": podtemplate.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
@@ -366,7 +389,7 @@ def runtime_pod_template(
         contract.ANNOTATION_BOOTSTRAP_PORT: str(spec.transfer.port(contract.DEFAULT_BOOTSTRAP_PORT)),
     }
     rdma = spec.transfer.rdma
-    volumes, mounts = runtime_volumes(spec, role)
+    volumes, mounts = runtime_volumes(owner, spec, role)
     container: Obj = {
         "name": RUNTIME_CONTAINER,
         "image": spec.image,

@@ -389,8 +389,9 @@ def test_pod_template_merges_with_strategic_merge_semantics() -> None:
     runtime = pod["containers"][0]
     assert runtime["command"][:3] == ["pdwarden", "runtime", "serve"], "owned fields stay"
     assert runtime["env"][-1] == {"name": "NCCL_DEBUG", "value": "INFO"}
-    assert [m["mountPath"] for m in runtime["volumeMounts"]] == ["/dev/shm", "/scratch"], "appended"
-    assert [v["name"] for v in pod["volumes"]] == ["dshm", "scratch"]
+    mounts = [m["mountPath"] for m in runtime["volumeMounts"]]
+    assert mounts == ["/etc/pdwarden/gone-pods", "/dev/shm", "/scratch"], "appended"
+    assert [v["name"] for v in pod["volumes"]] == ["gone-pods", "dshm", "scratch"]
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["securityContext"]["runAsUser"] == 2000 and "fsGroup" not in pod["securityContext"]
     assert pod["securityContext"]["runAsNonRoot"] is True, "maps merge key by key"

@@ -269,3 +269,62 @@ def test_stale_evidence_does_not_blame() -> None:
 def test_a_single_stuck_room_in_flight_is_evidence_in_every_interval() -> None:
     held = scripted([(0, 0, 1)] * 5)
     assert [b.pod for b in run({P0.uid: held, P1.uid: held}).blames] == [D0.name]
+
+
+def held_history(held: dict[str, float], good: dict[str, int], scrapes: int = 6, every: float = 5.0):  # type: ignore[no-untyped-def]
+    """A decode's history: pages held per writer (its rooms with that writer concluded long
+    ago: no traffic, no failures, only the hostage pages), successes per step per peer."""
+    out = []
+    for i in range(scrapes):
+        peers = set(held) | set(good)
+        fig = PeerFigures(
+            inflight=dict.fromkeys(peers, 0.0),
+            outcomes={p: {c.OUTCOME_SUCCESS: float(good.get(p, 0) * i)} for p in peers},
+            held=dict(held),
+            held_seconds=dict.fromkeys(held, 60.0 + i * every),
+        )
+        out.append(Observation(100.0 + i * every, PodSample(0, 0, float(i), peers=fig, pool_pages=64)))
+    return tuple(out)
+
+
+def test_a_prefill_that_keeps_two_decodes_pages_hostage_is_blamed() -> None:
+    # both decodes hold pages for p0 (it neither drains nor is gone); p1 serves them fine
+    hostage = {P0.ip: 48.0}
+    result = run(
+        {D0.uid: held_history(hostage, {P1.ip: 3}), D1.uid: held_history(hostage, {P1.ip: 3})},
+    )
+    assert [b.pod for b in result.blames] == [P0.name]
+    blamed = result.verdicts[P0.uid]
+    assert blamed.wedged and "pages held 48" in blamed.reason
+    assert blamed.figures["peerPagesHeld"] == 96
+    assert not result.verdicts[P1.uid].wedged
+
+
+def test_one_decode_holding_pages_for_a_prefill_is_not_enough_to_blame_it() -> None:
+    result = run({D0.uid: held_history({P0.ip: 48.0}, {P1.ip: 3}), D1.uid: held_history({}, {P0.ip: 3})})
+    assert result.blames == ()
+
+
+def test_a_decode_whose_pool_runs_low_on_held_pages_says_so_and_is_not_wedged() -> None:
+    from pdwarden_operator.watchdog.rule import judge
+
+    verdict = judge(held_history({P0.ip: 40.0}, {P1.ip: 3}), STUCK)
+    assert verdict.state == "ok"
+    assert "KV pool low: 40 of 64 pages held for writers that neither drained nor are gone" in verdict.reason
+    assert P0.ip in verdict.reason and verdict.figures["pagesHeld"] == 40
+    assert "KV pool low" not in judge(held_history({P0.ip: 8.0}, {P1.ip: 3}), STUCK).reason
+
+
+def test_garbage_held_page_series_give_no_evidence_and_leave_the_pod_observed() -> None:
+    text = (
+        "# TYPE pdwarden_kv_pages_held gauge\n"
+        'pdwarden_kv_pages_held{peer="198.18.0.10",role="decode"} 4\n'
+        'pdwarden_kv_pages_held{peer="198.18.0.10",role="decode"} 5\n'
+        "# TYPE pdwarden_kv_peer_inflight gauge\n"
+        'pdwarden_kv_peer_inflight{peer="198.18.0.10",role="decode"} 0\n'
+        "# TYPE pdwarden_inflight_requests gauge\npdwarden_inflight_requests 0\n"
+        "# TYPE pdwarden_inflight_oldest_age_seconds gauge\npdwarden_inflight_oldest_age_seconds 0\n"
+        '# TYPE pdwarden_kv_transfers counter\npdwarden_kv_transfers_total{outcome="success"} 3\n'
+    )
+    sample = parse_metrics(text)
+    assert sample.peers is None  # a duplicate series: no per-peer evidence at all

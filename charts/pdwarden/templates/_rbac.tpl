@@ -58,6 +58,11 @@ they use hostPath, hostNetwork or RDMA).
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]
+# The watchdog's list of each model's gone runtime pods (a ConfigMap `<model>-gone-pods` its
+# runtime pods mount): decodes free pages held for a writer once its pod is listed there.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
 # Every decision is an Event.
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]

@@ -9,7 +9,8 @@ A pod **points at** peer X when, going back from its latest scrape over the inte
 between consecutive scrapes, no room of it with X succeeded for at least ``stuck_after``
 seconds (an interval without traffic to X is neutral; a success ends the case), and at
 least two of those intervals, one of them among the latest two, hold evidence: a room with
-X that failed or ended at a deadline, or rooms with X in flight. A pod that points at every
+X that failed or ended at a deadline, rooms with X in flight, or (decode) pages held for X,
+which X keeps hostage by neither draining nor being gone. A pod that points at every
 one of its two or more peers is suspect itself (its own transfer side, not theirs): its
 pointing counts for nothing.
 
@@ -49,6 +50,7 @@ class Pointer:
     bad: float  # rooms with the peer that failed or hit a deadline over the span
     inflight: float  # rooms with the peer in flight at the latest scrape
     seconds: float  # how long it has pointed at the peer
+    held: float = 0.0  # decode pages held for the peer at the latest scrape
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ class Blame:
 
     def reason(self) -> str:
         sides = ", ".join(
-            f"{p.pod} (failed/deadline {p.bad:g}, in flight {p.inflight:g}, {p.seconds:.0f}s)"
+            f"{p.pod} (failed/deadline {p.bad:g}, in flight {p.inflight:g}"
+            + (f", pages held {p.held:g}" if p.held else "")
+            + f", {p.seconds:.0f}s)"
             for p in self.pointers
         )
         pointing_role = self.pointers[0].role if self.pointers else "peer"
@@ -80,6 +84,7 @@ class Blame:
             "reportingPods": float(self.reporters),
             "peerFailedOrDeadline": sum(p.bad for p in self.pointers),
             "peerInflight": sum(p.inflight for p in self.pointers),
+            "peerPagesHeld": sum(p.held for p in self.pointers),
         }
 
 
@@ -112,10 +117,11 @@ class _Step:
     good: float  # rooms with the peer that succeeded
     bad: float  # rooms with the peer that failed or hit a deadline
     inflight: float  # rooms with the peer in flight at the interval's end
+    held: float = 0.0  # decode pages held for the peer at the interval's end
 
     @property
     def evidence(self) -> bool:
-        return self.bad > 0 or self.inflight > 0
+        return self.bad > 0 or self.inflight > 0 or self.held > 0
 
 
 def _step(before: PeerFigures, after: PeerFigures, peer: str) -> _Step | None:
@@ -124,7 +130,7 @@ def _step(before: PeerFigures, after: PeerFigures, peer: str) -> _Step | None:
     bad = _count(after, peer, _BAD_OUTCOMES) - _count(before, peer, _BAD_OUTCOMES)
     if good < 0 or bad < 0:
         return None
-    return _Step(good, bad, after.inflight.get(peer, 0.0))
+    return _Step(good, bad, after.inflight.get(peer, 0.0), after.held.get(peer, 0.0))
 
 
 def _pointer(
@@ -148,7 +154,9 @@ def _pointer(
     span = now - run[start][0]
     if evidence < MIN_EVIDENCE or not recent or span < stuck_after:
         return None
-    return Pointer(pod.name, pod.role, bad_total, run[-1][1].inflight.get(peer, 0.0), span)
+    latest = run[-1][1]
+    inflight, held = latest.inflight.get(peer, 0.0), latest.held.get(peer, 0.0)
+    return Pointer(pod.name, pod.role, bad_total, inflight, span, held)
 
 
 def _pointers_of(
@@ -158,7 +166,7 @@ def _pointers_of(
     if len(run) < 2:
         return {}, set()
     latest = run[-1][1]
-    reported = {p for p in (*latest.inflight, *latest.outcomes) if p != PEER_OTHER}
+    reported = {p for p in (*latest.inflight, *latest.outcomes, *latest.held) if p != PEER_OTHER}
     found = {peer: ptr for peer in reported if (ptr := _pointer(pod, run, peer, stuck_after)) is not None}
     if len(reported) >= 2 and set(found) == reported:
         return {}, reported  # points at everyone: the pod's own side is the suspect

@@ -19,7 +19,9 @@ from typing import Any, Literal
 import kopf
 from pydantic import ValidationError
 
+from pdwarden_operator import render
 from pdwarden_operator.cache import slim
+from pdwarden_operator.kube import configmaps as kube_configmaps
 from pdwarden_operator.kube import pods as kube_pods
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
@@ -29,6 +31,7 @@ from pdwarden_operator.watchdog import blame, gangs, ladder
 from pdwarden_operator.watchdog.brake import BRAKE, BrakeState
 from pdwarden_operator.watchdog.drain import healthy_requests_done
 from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
+from pdwarden_operator.watchdog.gone_pods import GonePods, from_json, seen, to_json
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.rule import Verdict, judge
@@ -76,6 +79,8 @@ class ModelWatchdog:
         self.verdicts: dict[str, Verdict] = {}
         self._written: Mapping[str, Any] | None = None  # the last status patch this process wrote
         self._written_at: float | None = None
+        self.gone: GonePods | None = None  # read back from its ConfigMap on the first round
+        self._gone_unwritten = False
 
     async def run(self, latest_body: Callable[[], Mapping[str, Any] | None]) -> None:
         try:
@@ -122,6 +127,7 @@ class ModelWatchdog:
 
         pod_objs = await kube_pods.list_runtime_pods(ns, name)
         await self._label_ranks(pod_objs)
+        await self._track_gone_pods(pod_objs)
         views = {}
         targets = []
         paired = []
@@ -215,6 +221,27 @@ class ModelWatchdog:
             await self._write_status(body, spec, findings, now)
         self._update_gauges(views, verdicts, self.state)
         return settings.scrape_interval_seconds
+
+    async def _track_gone_pods(self, pod_objs: list[dict[str, Any]]) -> None:
+        """Publish the model's runtime pods whose processes are gone (gone_pods.py), for the
+        decodes holding pages for them. A failure is logged and tried again next round."""
+        ns, name = self.model.namespace, self.model.name
+        cm_name = render.gone_pods_name(name)
+        try:
+            if self.gone is None:
+                document = await kube_configmaps.read_key(ns, cm_name, contract.GONE_PODS_KEY)
+                self.gone = GonePods(from_json(document))
+            listed = [s for obj in pod_objs if (s := seen(obj)) is not None]
+            confirmed = [
+                p.uid for p in self.gone.missing(listed) if await kube_configmaps.pod_gone(ns, p.name, p.uid)
+            ]
+            self._gone_unwritten |= self.gone.observe(listed, confirmed, time.time())
+            if self._gone_unwritten:
+                owner = render.Owner(name=name, namespace=ns, uid=self.model.uid)
+                await kube_configmaps.write(render.gone_pods_configmap(owner, to_json(self.gone.entries())))
+                self._gone_unwritten = False
+        except Exception as exc:  # never the round's failure: judging and remediating go on
+            log.warning("%s/%s: publishing the gone runtime pods: %s", ns, name, exc)
 
     async def _label_ranks(self, pod_objs: list[dict[str, Any]]) -> None:
         """`pdwarden.io/rank` on each group pod (its StatefulSet ordinal), once; a failure is

@@ -8,7 +8,7 @@ else escapes. A pod whose body does not parse is *unobserved*, never wedged.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,9 +24,12 @@ from pdwarden_runtime.contract import (
     METRIC_INFLIGHT_OLDEST_AGE,
     METRIC_INFLIGHT_REQUESTS,
     METRIC_KV_OLDEST_IN_STATE,
+    METRIC_KV_PAGES_HELD,
+    METRIC_KV_PAGES_HELD_SECONDS,
     METRIC_KV_PEER_INFLIGHT,
     METRIC_KV_PEER_TRANSFERS_BASE,
     METRIC_KV_PEER_TRANSFERS_TOTAL,
+    METRIC_KV_POOL_PAGES,
     METRIC_KV_ROOMS,
     METRIC_KV_ROOMS_ABANDONED,
     METRIC_KV_TRANSFERS_BASE,
@@ -58,7 +61,7 @@ _COUNTER_FAMILIES: dict[str, tuple[str, ...]] = {
     METRIC_KV_TRANSFERS_TOTAL: ("unknown",),
 }
 # Optional gauges: absent (an older runtime) means unknown, never an error.
-_OPTIONAL_GAUGES = (METRIC_KV_ROOMS_ABANDONED,)
+_OPTIONAL_GAUGES = (METRIC_KV_ROOMS_ABANDONED, METRIC_KV_POOL_PAGES)
 # Only lines about these names reach the (pure-Python, comparatively slow) parser.
 _PREFIXES = (
     METRIC_KV_ROOMS,  # also covers METRIC_KV_ROOMS_ABANDONED
@@ -69,7 +72,10 @@ _PREFIXES = (
     METRIC_RUNTIME_THREADS,  # also covers METRIC_RUNTIME_THREADS_EXPECTED
     METRIC_KV_PEER_INFLIGHT,
     METRIC_KV_PEER_TRANSFERS_TOTAL,
+    METRIC_KV_PAGES_HELD,  # also covers METRIC_KV_PAGES_HELD_SECONDS
+    METRIC_KV_POOL_PAGES,
 )
+_HELD_FAMILIES = (METRIC_KV_PAGES_HELD, METRIC_KV_PAGES_HELD_SECONDS)
 _PEER_TRANSFER_FAMILIES = (METRIC_KV_PEER_TRANSFERS_BASE, METRIC_KV_PEER_TRANSFERS_TOTAL)
 # More peers than this in one body is garbage (the runtime caps its peers far below).
 MAX_PEERS = 256
@@ -87,6 +93,10 @@ class PeerFigures:
 
     inflight: dict[str, float]
     outcomes: dict[str, dict[str, float]]
+    # Decode pages held for each writer (requests that ended while it may still write), and
+    # how long the oldest has been held.
+    held: dict[str, float] = field(default_factory=dict)
+    held_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,7 @@ class PodSample:
     # ended that the pod still holds for a writer; None when not exported.
     bootstrapping: float | None = None
     abandoned: float | None = None
+    pool_pages: float | None = None  # pages of the pod's KV pool
 
     @property
     def working(self) -> float:
@@ -176,7 +187,11 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
     per_state: dict[str, float] | None = None
     optional: dict[str, list[float]] = {name: [] for name in _OPTIONAL_GAUGES}
     for family in text_string_to_metric_families(_relevant_lines(text)):
-        if family.name == METRIC_KV_PEER_INFLIGHT or family.name in _PEER_TRANSFER_FAMILIES:
+        if (
+            family.name == METRIC_KV_PEER_INFLIGHT
+            or family.name in _PEER_TRANSFER_FAMILIES
+            or family.name in _HELD_FAMILIES
+        ):
             peer_families.append(family)
             continue
         if family.name in threads:
@@ -251,6 +266,7 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
         # at slightly different instants)
         bootstrapping = min(inflight, per_state.get(WAITING_ON_PEER_STATE, 0.0))
     abandoned = optional[METRIC_KV_ROOMS_ABANDONED]
+    pool = optional[METRIC_KV_POOL_PAGES]
     return PodSample(
         inflight=inflight,
         oldest_age=oldest_age,
@@ -260,6 +276,7 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
         peers=_peer_figures(peer_families),
         bootstrapping=bootstrapping,
         abandoned=sum(abandoned) if abandoned else None,
+        pool_pages=max(pool) if pool else None,
     )
 
 
@@ -289,8 +306,18 @@ def _peer_figures(families: list[Any]) -> PeerFigures | None:
         return None
     inflight: dict[str, float] = {}
     outcomes: dict[str, dict[str, float]] = {}
+    held: dict[str, dict[str, float]] = {name: {} for name in _HELD_FAMILIES}
     try:
         for family in families:
+            if family.name in held:
+                if family.type not in ("gauge", "unknown"):
+                    return None
+                for sample in family.samples:
+                    peer = sample.labels.get(LABEL_METRIC_PEER)
+                    if sample.name != family.name or not peer or peer in held[family.name]:
+                        return None
+                    held[family.name][peer] = _checked(sample.name, sample.value)
+                continue
             if family.name == METRIC_KV_PEER_INFLIGHT:
                 if family.type not in ("gauge", "unknown"):
                     return None
@@ -312,9 +339,14 @@ def _peer_figures(families: list[Any]) -> PeerFigures | None:
                     outcomes.setdefault(peer, {})[outcome] = _checked(sample.name, sample.value)
     except ParseError:
         return None
-    if len(inflight) > MAX_PEERS or len(outcomes) > MAX_PEERS:
+    if max(len(inflight), len(outcomes), *(len(d) for d in held.values())) > MAX_PEERS:
         return None
-    return PeerFigures(inflight=inflight, outcomes=outcomes)
+    return PeerFigures(
+        inflight=inflight,
+        outcomes=outcomes,
+        held=held[METRIC_KV_PAGES_HELD],
+        held_seconds=held[METRIC_KV_PAGES_HELD_SECONDS],
+    )
 
 
 def _dead_threads(

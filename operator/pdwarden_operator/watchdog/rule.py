@@ -107,14 +107,20 @@ def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
         figures["bootstrapping"] = latest.bootstrapping
     if latest.abandoned is not None:
         figures["abandonedRooms"] = latest.abandoned
+    if latest.peers is not None and latest.peers.held:
+        figures["pagesHeld"] = sum(latest.peers.held.values())
     verdict = _judge_run(run, figures, stuck_after)
     return _naming_abandoned(verdict, latest)
 
 
 def _naming_abandoned(verdict: Verdict, latest: PodSample) -> Verdict:
-    """The verdict, its reason naming the rooms the pod holds for requests that ended and the
-    rooms that wait on a peer: neither is what made it wedged (or ok)."""
+    """The verdict, its reason naming the rooms the pod holds for requests that ended, the
+    rooms that wait on a peer and a pool made low by held pages: none of them is what made it
+    wedged (or ok); the writer that holds the pages is blame.py's to find."""
     notes = []
+    low = _pool_low_note(latest)
+    if low:
+        notes.append(low)
     if latest.bootstrapping:
         notes.append(f"{latest.bootstrapping:g} waiting on a peer to bootstrap")
     if latest.abandoned:
@@ -122,6 +128,23 @@ def _naming_abandoned(verdict: Verdict, latest: PodSample) -> Verdict:
     if not notes:
         return verdict
     return replace(verdict, reason=f"{verdict.reason}; rooms not judged: {', '.join(notes)}")
+
+
+# Held pages above this share of the pool make the verdict say the pool runs low because of them.
+POOL_LOW_SHARE = 0.5
+
+
+def _pool_low_note(latest: PodSample) -> str | None:
+    """A decode whose KV pool runs low because of pages held for writers that did not drain."""
+    held = latest.peers.held if latest.peers is not None else {}
+    total = sum(held.values())
+    if not held or not latest.pool_pages or total < POOL_LOW_SHARE * latest.pool_pages:
+        return None
+    writers = ", ".join(f"{peer} {pages:g}" for peer, pages in sorted(held.items(), key=lambda kv: -kv[1]))
+    return (
+        f"KV pool low: {total:g} of {latest.pool_pages:g} pages held for writers that neither drained "
+        f"nor are gone ({writers})"
+    )
 
 
 def _judge_run(run: list[tuple[float, PodSample]], figures: dict[str, float], stuck_after: float) -> Verdict:
