@@ -129,6 +129,9 @@ class Env:
         items = self.call("GET", f"/api/v1/namespaces/{self.namespace}/events")["items"]
         return [e for e in items if e["involvedObject"]["name"] == name]
 
+    def create_model(self, body: dict[str, Any]) -> None:
+        self.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}", body)
+
     def create_dm(
         self, name: str, watchdog: dict[str, Any], prefill_args: list[str] | None = None, replicas: int = 2
     ) -> None:
@@ -207,6 +210,32 @@ class Env:
             1.0,
             API_TRANSIENT,
         )
+
+
+def synthetic_model(
+    namespace: str,
+    name: str,
+    *,
+    replicas: int,
+    transfer: dict[str, Any],
+    watchdog: dict[str, Any],
+    decode_args: list[str] | None = None,
+) -> dict[str, Any]:
+    """A DisaggregatedModel of synthetic pods: `replicas` prefill and decode pods, one router."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": contract.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"path": "synthetic/tiny"},
+            "engine": "synthetic",
+            "prefill": {"replicas": replicas},
+            "decode": {"replicas": replicas, "args": decode_args or []},
+            "router": {"replicas": 1},
+            "transfer": transfer,
+            "watchdog": watchdog,
+        },
+    }
 
 
 class Load:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pdwarden_bench.cluster_env import API_TRANSIENT, Env, Load, http_json
+from pdwarden_bench.cluster_env import API_TRANSIENT, Env, Load, http_json, synthetic_model
 from pdwarden_bench.promtext import metric_sum, samples
 from pdwarden_localcluster.cluster import ports
 from pdwarden_localcluster.testing import wait_for
@@ -50,29 +50,23 @@ NFT_TABLE: Final = "pdwarden_partition"
 
 
 def model_body(env: Env, name: str, stuck_after: int) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
-        "kind": contract.KIND,
-        "metadata": {"name": name, "namespace": env.namespace},
-        "spec": {
-            "model": {"path": "synthetic/tiny"},
-            "engine": "synthetic",
-            "prefill": {"replicas": 2},
-            # a small pool: the other prefill's requests reuse freed pages at once
-            "decode": {"replicas": 2, "args": ["--pool-pages", "160", "--aux-slots", "64"]},
-            "router": {"replicas": 1},
-            "transfer": {
-                "ucxTransports": "tcp,self",
-                "inflightDeadlineSeconds": INFLIGHT_DEADLINE,
-                "transferDeadlineSeconds": TRANSFER_DEADLINE,
-            },
-            "watchdog": {
-                "stuckAfterSeconds": stuck_after,
-                "scrapeIntervalSeconds": SCRAPE_INTERVAL,
-                "action": "restart",
-            },
+    return synthetic_model(
+        env.namespace,
+        name,
+        replicas=2,
+        # a small pool: the other prefill's requests reuse freed pages at once
+        decode_args=["--pool-pages", "160", "--aux-slots", "64"],
+        transfer={
+            "ucxTransports": "tcp,self",
+            "inflightDeadlineSeconds": INFLIGHT_DEADLINE,
+            "transferDeadlineSeconds": TRANSFER_DEADLINE,
         },
-    }
+        watchdog={
+            "stuckAfterSeconds": stuck_after,
+            "scrapeIntervalSeconds": SCRAPE_INTERVAL,
+            "action": "restart",
+        },
+    )
 
 
 def _nft(netns: str, *args: str, check: bool = True) -> None:
@@ -190,11 +184,7 @@ def run(env: Env, name: str, mode: str, say: Any = lambda _m: None) -> Partition
     if mode not in ("heal", "remediate"):
         raise ValueError(f"mode must be heal or remediate, not {mode!r}")
     stuck = STUCK_AFTER_REMEDIATE if mode == "remediate" else STUCK_AFTER_HEAL
-    env.call(
-        "POST",
-        f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{env.namespace}/{contract.PLURAL}",
-        model_body(env, name, stuck),
-    )
+    env.create_model(model_body(env, name, stuck))
     wait_for(
         lambda: all(len(env.live_ready_pods(name, r)) == 2 for r in contract.RUNTIME_ROLES),
         300,

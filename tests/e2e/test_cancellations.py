@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from pdwarden_bench import cancellations
-from pdwarden_bench.cluster_env import API_TRANSIENT, Env, operator_metric
+from pdwarden_bench.cluster_env import API_TRANSIENT, Env, operator_metric, synthetic_model
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_runtime import contract
 
@@ -37,30 +37,21 @@ WORKLOAD = cancellations.Workload(requests=600, concurrency=64, cancel_fraction=
 
 
 def _create(env: Env, name: str, replicas: int) -> None:
-    env.call(
-        "POST",
-        f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{env.namespace}/{contract.PLURAL}",
-        {
-            "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
-            "kind": contract.KIND,
-            "metadata": {"name": name, "namespace": env.namespace},
-            "spec": {
-                "model": {"path": "synthetic/tiny"},
-                "engine": "synthetic",
-                "prefill": {"replicas": replicas},
-                "decode": {"replicas": replicas},
-                "router": {"replicas": 1},
-                "transfer": {
-                    "inflightDeadlineSeconds": INFLIGHT_DEADLINE,
-                    "transferDeadlineSeconds": TRANSFER_DEADLINE,
-                },
-                "watchdog": {
-                    "stuckAfterSeconds": STUCK_AFTER,
-                    "scrapeIntervalSeconds": SCRAPE_INTERVAL,
-                    "action": "restart",
-                },
+    env.create_model(
+        synthetic_model(
+            env.namespace,
+            name,
+            replicas=replicas,
+            transfer={
+                "inflightDeadlineSeconds": INFLIGHT_DEADLINE,
+                "transferDeadlineSeconds": TRANSFER_DEADLINE,
             },
-        },
+            watchdog={
+                "stuckAfterSeconds": STUCK_AFTER,
+                "scrapeIntervalSeconds": SCRAPE_INTERVAL,
+                "action": "restart",
+            },
+        )
     )
 
 

@@ -18,8 +18,7 @@ from pdwarden_bench import partition
 from pdwarden_bench.cluster_env import Env
 from pdwarden_runtime import contract
 
-# exclusive: deadlines of seconds and a packet filter, judged on an otherwise quiet machine
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_a_healed_partition_lands_late_writes_in_held_pages_only(env: Env) -> None:

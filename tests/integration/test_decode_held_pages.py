@@ -23,8 +23,7 @@ from pdwarden_bench.runtime_procs import Fleet, Runtime, http_post_json, serve_f
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_runtime import contract as c
 
-# exclusive: deadlines of seconds, judged on a machine no other test loads
-pytestmark = [pytest.mark.integration, pytest.mark.exclusive]
+pytestmark = pytest.mark.integration
 
 INFLIGHT_DEADLINE = 4.0
 FLAGS = serve_flags(allow_fault_injection=True, transfer_deadline=1.5, inflight_deadline=INFLIGHT_DEADLINE)
