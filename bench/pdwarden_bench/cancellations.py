@@ -20,6 +20,7 @@ within the inflight deadline), ``p99_ok_seconds`` and the control's, ``rooms_lef
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import random
@@ -64,6 +65,9 @@ class Workload:
     seed: int = 29
 
 
+DETAIL_BYTES = 200  # of a failed answer's body, kept to say why
+
+
 @dataclass(frozen=True)
 class PlannedRequest:
     chars: int
@@ -77,6 +81,7 @@ class Result:
     outcome: str
     seconds: float
     status: int | None = None
+    detail: str = ""  # the start of a failed answer's body: why it failed
 
 
 def plan(
@@ -118,14 +123,13 @@ async def _one(
     body = request_body(planned, model)
     start = time.monotonic()
 
-    async def send() -> int:
+    async def send() -> tuple[int, bytes]:
         async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=client_timeout)) as resp:
-            await resp.read()
-            return resp.status
+            return resp.status, await resp.read()
 
     task = asyncio.ensure_future(send())
     try:
-        status = await asyncio.wait_for(asyncio.shield(task), planned.cancel_after)
+        status, answer = await asyncio.wait_for(asyncio.shield(task), planned.cancel_after)
     except TimeoutError:
         if planned.cancel_after is not None and not task.done():
             task.cancel()  # the client walks away: its connection closes
@@ -138,7 +142,10 @@ async def _one(
     finally:
         if not task.done():
             task.cancel()
-    return Result(planned, OK if status == 200 else FAILED, time.monotonic() - start, status)
+    seconds = time.monotonic() - start
+    if status == 200:
+        return Result(planned, OK, seconds, status)
+    return Result(planned, FAILED, seconds, status, answer[:DETAIL_BYTES].decode(errors="replace"))
 
 
 async def run_load(
@@ -167,6 +174,14 @@ def hung(results: Sequence[Result], within: float) -> int:
         for r in results
         if r.planned.cancel_after is None and (r.outcome == TIMED_OUT or r.seconds > within)
     )
+
+
+def failure_reasons(results: Sequence[Result], top: int = 3) -> dict[str, int]:
+    """The commonest answers of failed requests ("<status> <body's start>"), with counts."""
+    counts = collections.Counter(
+        f"{r.status} {r.detail[:80]}".strip() for r in results if r.outcome == FAILED
+    )
+    return dict(counts.most_common(top))
 
 
 def p99(values: Sequence[float]) -> float | None:
@@ -365,6 +380,7 @@ def cancellations(
         "ok": sum(r.outcome == OK for r in cancelling),
         "failed": sum(r.outcome == FAILED and r.planned.cancel_after is None for r in cancelling),
         "hung": hung(cancelling, inflight_deadline),
+        "failed_why": failure_reasons([*cancelling, *control]),
         "p99_ok_seconds": None if p99_ok is None else round(p99_ok, 3),
         "control_ok": sum(r.outcome == OK for r in control),
         "control_hung": hung(control, inflight_deadline),

@@ -125,6 +125,18 @@ class Env:
     def live_ready_pods(self, model: str, role: str) -> list[dict[str, Any]]:
         return [p for p in self.pods(model, role) if serving(p)]
 
+    def pod_log(self, pod: str, tail: int = 40) -> str:
+        """The last ``tail`` lines of the pod's log (for a failing test's message)."""
+        resp = self.api.call_api(
+            f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log?tailLines={tail}",
+            "GET",
+            auth_settings=["BearerToken"],
+            _preload_content=False,
+            _return_http_data_only=True,
+            _request_timeout=30,
+        )
+        return bytes(resp.data).decode(errors="replace")
+
     def events(self, name: str) -> list[dict[str, Any]]:
         items = self.call("GET", f"/api/v1/namespaces/{self.namespace}/events")["items"]
         return [e for e in items if e["involvedObject"]["name"] == name]

@@ -235,7 +235,7 @@ def test_invalid_spec_that_passes_the_crd_is_reported(
 # --- the synthetic example with real runtime and router processes ---------------------------------
 
 
-GENERATE_BODY = {"text": "hello pdwarden", "sampling_params": {"max_new_tokens": 8}}
+GENERATE_BODY = {"model": "synthetic", "text": "hello pdwarden", "sampling_params": {"max_new_tokens": 8}}
 # a pod's client: POST one /generate to the URL given, retrying until it answers, then idle
 POD_CLIENT = (
     "import json, sys, time, urllib.request\n"

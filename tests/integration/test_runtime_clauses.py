@@ -84,7 +84,7 @@ def test_a_decode_whose_prefill_went_silent_fails_by_its_deadline(results: dict)
     run = results["on"]["prefill-vanished"]
     assert run["concluded"] and run["decode"] == "Failed"
     assert run["decode_outcomes"].get("deadline") == 1
-    assert run["marked_for_drain"] is True
+    assert run["abort_notified"] is True and run["still_marked"] is False, run
 
 
 def test_a_dead_transfer_worker_is_seen(results: dict) -> None:

@@ -817,8 +817,13 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
                 mgr.pdwarden.held_pages.published(room, peer_of_address(addr), addr, len(kv_indices), to)
 
     def poll(self) -> Any:
-        state = super().poll()
         mgr = self.kv_mgr
+        if isinstance(mgr, HardenedNixlKVManager):
+            # D: the deadline also holds when the reaper thread is starved of the GIL (the
+            # engine polls every room anyway; O(1) while nothing is due).
+            with mgr._pdw_guard(WHERE_DEADLINE):
+                mgr.pdwarden.tracker.maybe_expire()
+        state = super().poll()
         room = self.bootstrap_room
         if int(state) == KVPoll.Failed and isinstance(mgr, HardenedNixlKVManager):
             deadline_rooms = mgr.pdwarden.decode_deadline_rooms

@@ -299,7 +299,8 @@ def scenario_dead_worker(pair: Pair) -> dict[str, Any]:
 
 def scenario_prefill_vanished(pair: Pair) -> dict[str, Any]:
     """Decode published its pages; the prefill never sends (it stopped, or vanished): the
-    decode room must fail by the deadline and be marked for the abort-and-drain release."""
+    decode room must fail by the deadline, and its poll must send the ABORT (the
+    abort-and-drain release)."""
     room = 8300
     reaper = pair.prefill.pdwarden.reaper
     if reaper is not None:
@@ -308,12 +309,22 @@ def scenario_prefill_vanished(pair: Pair) -> dict[str, Any]:
     _sender, recv, _dst = pair.open_room(room, 4)
     deadline = pair.config.inflight_deadline or 0.0
     concluded = wait_for(lambda: terminal(recv.poll()), deadline + 10)
+    tracker, decode_reaper = pair.decode.pdwarden.tracker, pair.decode.pdwarden.reaper
     return {
         "concluded": concluded,
         "decode": KVPoll(recv.poll()).name,
         "seconds": round(time.time() - t0, 2),
-        "marked_for_drain": room in pair.decode.pdwarden.decode_deadline_rooms,
+        # the deadline's abort went to the prefill (its pages are held until it drains)
+        "abort_notified": bool(getattr(recv, "abort_notified", False)),
+        "still_marked": room in pair.decode.pdwarden.decode_deadline_rooms,
         "decode_outcomes": {k: v for k, v in pair.decode.pdwarden.tracker.outcomes().items() if v},
+        # why not, if it did not conclude
+        "decode_tracker": {
+            "deadline": tracker.deadline,
+            "inflight": tracker.count(),
+            "oldest_age": round(tracker.oldest_age(), 2),
+            "reaper_alive": decode_reaper is not None and decode_reaper.thread.is_alive(),
+        },
     }
 
 
