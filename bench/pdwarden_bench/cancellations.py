@@ -27,6 +27,7 @@ import random
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -43,6 +44,7 @@ from pdwarden_bench.runtime_procs import (
     wait_healthy,
     wait_router,
 )
+from pdwarden_localcluster.testing import wait_for
 from pdwarden_operator.render import ROUTER_MODULE
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
@@ -174,6 +176,19 @@ def hung(results: Sequence[Result], within: float) -> int:
         for r in results
         if r.planned.cancel_after is None and (r.outcome == TIMED_OUT or r.seconds > within)
     )
+
+
+def router_workers(router_url: str, timeout: float = 5.0) -> dict[str, int]:
+    """Healthy workers per type ("prefill", "decode") as the router lists them (``GET
+    /workers``): a router that discovers its pods may route before it has them all."""
+    with urllib.request.urlopen(f"{router_url}/workers", timeout=timeout) as resp:
+        listed = json.loads(resp.read()).get("workers") or []
+    counts: dict[str, int] = {}
+    for worker in listed:
+        if isinstance(worker, dict) and worker.get("is_healthy") is True:
+            kind = str(worker.get("worker_type", "")).lower()
+            counts[kind] = counts.get(kind, 0) + 1
+    return counts
 
 
 def failure_reasons(results: Sequence[Result], top: int = 3) -> dict[str, int]:
@@ -364,6 +379,9 @@ def cancellations(
         wait_healthy(runtimes, timeout=300)
         router = fleet.router(p_rts, d_rts, python=router_python, module=router_module)
         wait_router(router, timeout=240)
+        if router_module == ROUTER_MODULE:  # smg lists its workers; another router may not
+            every = {"prefill": prefills, "decode": decodes}
+            wait_for(lambda: router_workers(router.url) == every, 120, f"the router listing {every}", 1.0)
         watch = WedgeWatch(
             {f"{rt.role}:{rt.port}": rt.metrics_url for rt in runtimes}, stuck_after, scrape_interval
         )

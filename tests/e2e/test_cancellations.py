@@ -84,7 +84,8 @@ def test_cancelling_clients_hang_no_request_strand_no_room_and_get_no_pod_restar
     )
     pods_before = {p["metadata"]["uid"] for p in _runtime_pods(env, name)}
     router = env.live_ready_pods(name, contract.ROLE_ROUTER)[0]
-    url = f"http://{router['status']['podIP']}:{contract.ROUTER_HTTP_PORT}{contract.GENERATE_PATH}"
+    router_url = f"http://{router['status']['podIP']}:{contract.ROUTER_HTTP_PORT}"
+    url = f"{router_url}{contract.GENERATE_PATH}"
     probe = cancellations.PlannedRequest(chars=8, max_new_tokens=1, cancel_after=None)
 
     def routes() -> bool:
@@ -92,6 +93,15 @@ def test_cancelling_clients_hang_no_request_strand_no_room_and_get_no_pod_restar
         return got[0].outcome == cancellations.OK
 
     wait_for(routes, 120, "a first request through the router", 2.0)
+    # The router discovers the pods itself, some seconds after they are ready: the workload
+    # starts once it routes to every one of them.
+    every_pod = {contract.ROLE_PREFILL: replicas, contract.ROLE_DECODE: replicas}
+    wait_for(
+        lambda: cancellations.router_workers(router_url) == every_pod,
+        120,
+        f"the router listing {every_pod} healthy workers",
+        1.0,
+    )
 
     results = asyncio.run(
         cancellations.run_load(
@@ -109,8 +119,12 @@ def test_cancelling_clients_hang_no_request_strand_no_room_and_get_no_pod_restar
         if r.outcome != cancellations.OK or r.seconds > INFLIGHT_DEADLINE + MARGIN_S
     ]
     if late:  # the router's own account of what it did with them
+        workers = cancellations.router_workers(router_url)
         why = "\n".join(env.pod_log(router["metadata"]["name"], 60).splitlines()[-60:])
-        pytest.fail(f"{len(late)} of {len(waited)} requests the client waited for: {late[:10]}\n{why}")
+        pytest.fail(
+            f"{len(late)} of {len(waited)} requests the client waited for: {late[:10]}\n"
+            f"the router's healthy workers now: {workers}\n{why}"
+        )
     cancelled = sum(r.outcome == cancellations.CANCELLED for r in results)
     assert cancelled >= 0.2 * len(results), cancelled  # the workload really cancelled
 
