@@ -27,7 +27,6 @@ import random
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -40,6 +39,7 @@ from pdwarden_bench.runtime_procs import (
     Fleet,
     Runtime,
     exit_on_sigterm,
+    http_get,
     serve_flags,
     wait_healthy,
     wait_router,
@@ -179,16 +179,26 @@ def hung(results: Sequence[Result], within: float) -> int:
 
 
 def router_workers(router_url: str, timeout: float = 5.0) -> dict[str, int]:
-    """Healthy workers per type ("prefill", "decode") as the router lists them (``GET
-    /workers``): a router that discovers its pods may route before it has them all."""
-    with urllib.request.urlopen(f"{router_url}/workers", timeout=timeout) as resp:
-        listed = json.loads(resp.read()).get("workers") or []
+    """Healthy workers per type ("prefill", "decode") as smg lists them (``GET /workers``);
+    empty while it does not answer."""
+    status, text = http_get(f"{router_url}/workers", timeout)
+    listed: Any = []
+    if status == 200:
+        with contextlib.suppress(ValueError, AttributeError):
+            listed = json.loads(text).get("workers") or []
     counts: dict[str, int] = {}
     for worker in listed:
         if isinstance(worker, dict) and worker.get("is_healthy") is True:
             kind = str(worker.get("worker_type", "")).lower()
             counts[kind] = counts.get(kind, 0) + 1
     return counts
+
+
+def wait_router_workers(router_url: str, prefills: int, decodes: int, timeout: float = 120.0) -> None:
+    """Until smg routes to every pod: it discovers them itself, some seconds after they are
+    ready, and a workload started before that meets 503 no_available_workers."""
+    every = {"prefill": prefills, "decode": decodes}
+    wait_for(lambda: router_workers(router_url) == every, timeout, f"the router listing {every}", 1.0)
 
 
 def failure_reasons(results: Sequence[Result], top: int = 3) -> dict[str, int]:
@@ -380,8 +390,7 @@ def cancellations(
         router = fleet.router(p_rts, d_rts, python=router_python, module=router_module)
         wait_router(router, timeout=240)
         if router_module == ROUTER_MODULE:  # smg lists its workers; another router may not
-            every = {"prefill": prefills, "decode": decodes}
-            wait_for(lambda: router_workers(router.url) == every, 120, f"the router listing {every}", 1.0)
+            wait_router_workers(router.url, prefills, decodes)
         watch = WedgeWatch(
             {f"{rt.role}:{rt.port}": rt.metrics_url for rt in runtimes}, stuck_after, scrape_interval
         )

@@ -101,6 +101,12 @@ class Env:
 
     # --- raw API access (plain dicts) -------------------------------------------------------
     def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        data = self._request(method, path, body, content_type)
+        return json.loads(data) if data else {}
+
+    def _request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json"
+    ) -> bytes:
         resp = self.api.call_api(
             path,
             method,
@@ -111,8 +117,7 @@ class Env:
             _return_http_data_only=True,
             _request_timeout=30,
         )
-        data = resp.data
-        return json.loads(data) if data else {}
+        return bytes(resp.data)
 
     def dm(self, name: str) -> dict[str, Any]:
         return self.call("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/{name}")
@@ -127,15 +132,8 @@ class Env:
 
     def pod_log(self, pod: str, tail: int = 40) -> str:
         """The last ``tail`` lines of the pod's log (for a failing test's message)."""
-        resp = self.api.call_api(
-            f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log?tailLines={tail}",
-            "GET",
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=30,
-        )
-        return bytes(resp.data).decode(errors="replace")
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log?tailLines={tail}"
+        return self._request("GET", path).decode(errors="replace")
 
     def events(self, name: str) -> list[dict[str, Any]]:
         items = self.call("GET", f"/api/v1/namespaces/{self.namespace}/events")["items"]

@@ -96,15 +96,7 @@ def test_cancelling_clients_hang_no_request_strand_no_room_and_get_no_pod_restar
         return got[0].outcome == cancellations.OK
 
     wait_for(routes, 120, "a first request through the router", 2.0)
-    # The router discovers the pods itself, some seconds after they are ready: the workload
-    # starts once it routes to every one of them.
-    every_pod = {contract.ROLE_PREFILL: replicas, contract.ROLE_DECODE: replicas}
-    wait_for(
-        lambda: cancellations.router_workers(router_url) == every_pod,
-        120,
-        f"the router listing {every_pod} healthy workers",
-        1.0,
-    )
+    cancellations.wait_router_workers(router_url, replicas, replicas)
 
     results = asyncio.run(
         cancellations.run_load(
@@ -123,7 +115,7 @@ def test_cancelling_clients_hang_no_request_strand_no_room_and_get_no_pod_restar
     ]
     if late:  # the router's own account of what it did with them
         workers = cancellations.router_workers(router_url)
-        why = "\n".join(env.pod_log(router["metadata"]["name"], 60).splitlines()[-60:])
+        why = env.pod_log(router["metadata"]["name"], 60)
         pytest.fail(
             f"{len(late)} of {len(waited)} requests the client waited for: {late[:10]}\n"
             f"the router's healthy workers now: {workers}\n{why}"

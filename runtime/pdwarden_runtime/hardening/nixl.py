@@ -818,14 +818,15 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
 
     def poll(self) -> Any:
         mgr = self.kv_mgr
-        if isinstance(mgr, HardenedNixlKVManager):
-            # D: the deadline also holds when the reaper thread is starved of the GIL (the
-            # engine polls every room anyway; O(1) while nothing is due).
-            with mgr._pdw_guard(WHERE_DEADLINE):
-                mgr.pdwarden.tracker.maybe_expire()
+        if not isinstance(mgr, HardenedNixlKVManager):
+            return super().poll()
+        # D: the deadline also holds when the reaper thread is starved of the GIL (the
+        # engine polls every room anyway; O(1) while nothing is due).
+        with mgr._pdw_guard(WHERE_DEADLINE):
+            mgr.pdwarden.tracker.maybe_expire()
         state = super().poll()
         room = self.bootstrap_room
-        if int(state) == KVPoll.Failed and isinstance(mgr, HardenedNixlKVManager):
+        if int(state) == KVPoll.Failed:
             deadline_rooms = mgr.pdwarden.decode_deadline_rooms
             if room in deadline_rooms:
                 # D on decode: the prefill may be alive and still writing. Abort it (both

@@ -309,7 +309,6 @@ def scenario_prefill_vanished(pair: Pair) -> dict[str, Any]:
     _sender, recv, _dst = pair.open_room(room, 4)
     deadline = pair.config.inflight_deadline or 0.0
     concluded = wait_for(lambda: terminal(recv.poll()), deadline + 10)
-    tracker, decode_reaper = pair.decode.pdwarden.tracker, pair.decode.pdwarden.reaper
     return {
         "concluded": concluded,
         "decode": KVPoll(recv.poll()).name,
@@ -318,13 +317,6 @@ def scenario_prefill_vanished(pair: Pair) -> dict[str, Any]:
         "abort_notified": bool(getattr(recv, "abort_notified", False)),
         "still_marked": room in pair.decode.pdwarden.decode_deadline_rooms,
         "decode_outcomes": {k: v for k, v in pair.decode.pdwarden.tracker.outcomes().items() if v},
-        # why not, if it did not conclude
-        "decode_tracker": {
-            "deadline": tracker.deadline,
-            "inflight": tracker.count(),
-            "oldest_age": round(tracker.oldest_age(), 2),
-            "reaper_alive": decode_reaper is not None and decode_reaper.thread.is_alive(),
-        },
     }
 
 
