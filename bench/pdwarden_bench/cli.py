@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "reconcile": "pdwarden_bench.reconcile:reconcile",
     "remediation": "pdwarden_bench.remediation:remediation",
     "watchdog": "pdwarden_bench.watchdog:watchdog",
+    "metrics-bomb": "pdwarden_bench.metrics_bomb:metrics_bomb",
 }
 
 

@@ -166,6 +166,7 @@ class Env:
                     "transferDeadlineSeconds": min(10, watchdog["stuckAfterSeconds"] - 5),
                 },
                 "watchdog": watchdog,
+                "networkPolicy": REACHABLE_FROM_HOST,
             },
         }
         self.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}", body)
@@ -222,6 +223,13 @@ class Env:
         )
 
 
+# The scenarios' clients, fault injector and operator run on the host, outside the cluster,
+# which the models' NetworkPolicies (on by default, enforced by the local cluster) refuse: only
+# the router may reach a worker's HTTP port. The scenarios' models go without them;
+# tests/e2e/test_tenants.py runs models with them.
+REACHABLE_FROM_HOST: dict[str, Any] = {"enabled": False}
+
+
 def synthetic_model(
     namespace: str,
     name: str,
@@ -244,6 +252,7 @@ def synthetic_model(
             "router": {"replicas": 1},
             "transfer": transfer,
             "watchdog": watchdog,
+            "networkPolicy": REACHABLE_FROM_HOST,
         },
     }
 

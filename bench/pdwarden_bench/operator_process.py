@@ -38,6 +38,7 @@ class OperatorProcess:
         log_path: Path | None = None,
         extra_env: dict[str, str] | None = None,
         extra_args: tuple[str, ...] = (),
+        allow: tuple[str, ...] = ("faultInjection",),
     ) -> None:
         self.kubeconfig = str(kubeconfig)
         self.namespaces = namespaces
@@ -46,6 +47,8 @@ class OperatorProcess:
         self.log_path = log_path
         self.extra_env = extra_env or {}
         self.extra_args = extra_args
+        # the scenarios inject faults into their models' pods (the installation must allow it)
+        self.allow = allow
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -55,6 +58,8 @@ class OperatorProcess:
         cmd += ["--health-port", str(self.health_port), "--metrics-port", str(self.metrics_port)]
         for ns in self.namespaces:
             cmd += ["--namespace", ns]
+        for allowance in self.allow:
+            cmd += ["--allow", allowance]
         return [*cmd, *self.extra_args]
 
     def start(self, timeout: float = 60.0) -> OperatorProcess:

@@ -31,7 +31,8 @@ GOAL_P50_S = 1.0
 TEARDOWN_WAIT_S = 180.0
 GOAL_RSS_MIB = 150.0
 WARMUP = "bench-warmup"  # reconciled first, left out of the figures
-CHILDREN_PER_MODEL = 10  # 3 Deployments, SA, Role, RoleBinding, Service, 3 PDBs
+# 3 Deployments, 2 ServiceAccounts, Role, RoleBinding, Service, 3 PDBs, 2 NetworkPolicies
+CHILDREN_PER_MODEL = 13
 CHILD_KINDS = (
     ("apps/v1", "Deployment"),
     ("v1", "Service"),
@@ -39,6 +40,7 @@ CHILD_KINDS = (
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
 )
 
 

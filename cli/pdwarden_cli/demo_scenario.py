@@ -47,10 +47,12 @@ def operator_scope(asked: str, started_cluster: bool) -> str:
 
 
 def chart_values(scope: str) -> dict[str, str]:
-    """The demo's helm values for the operator's ``scope`` ("cluster" or "namespace")."""
+    """The demo's helm values for the operator's ``scope`` ("cluster" or "namespace"); the demo
+    injects a fault into its own model's pod, which the installation must allow."""
+    allow = {"podPolicy.namespaces." + NAMESPACE: "{faultInjection}"}
     if scope == "namespace":
-        return {"operator.scope": "namespace", "operator.watchNamespace": NAMESPACE}
-    return {"operator.scope": "cluster"}
+        return {"operator.scope": "namespace", "operator.watchNamespace": NAMESPACE, **allow}
+    return {"operator.scope": "cluster", **allow}
 
 
 # The chart's alert rules with windows sized for a demo that lasts minutes, not hours.
@@ -92,6 +94,9 @@ def demo_manifest(example: Obj, namespace: str = NAMESPACE) -> Obj:
         "inflightDeadlineSeconds": 15,
         "transferDeadlineSeconds": 10,
     }
+    # The demo injects its fault into a prefill pod from the host, outside the cluster, which
+    # the model's NetworkPolicy refuses (only the router may reach a worker's HTTP port).
+    spec["networkPolicy"] = {"enabled": False}
     spec["watchdog"] = {
         **spec.get("watchdog", {}),
         "stuckAfterSeconds": 20,

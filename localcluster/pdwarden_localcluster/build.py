@@ -4,7 +4,8 @@
 kube-controller-manager, kube-scheduler, kube-proxy, pdwarden-etcd and pdwarden-streaming in
 `<cache>/bin/<key>/`, where the key names the pinned kubernetes version and a hash of the Go
 sources and the Go toolchain version. A hit costs a stat; a miss builds (20-40 min cold on
-2 cores) under a file lock so concurrent callers build once.
+2 cores) under a file lock so concurrent callers build once. CoreDNS and kube-network-policies
+come from Go modules of their own, each cached the same way under a key of its own.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from pdwarden_localcluster import gomod
 from pdwarden_localcluster.errors import ClusterError
-from pdwarden_localcluster.paths import COREDNS_MODULE_DIR, GO_MODULE_DIR, cache_dir
+from pdwarden_localcluster.paths import COREDNS_MODULE_DIR, GO_MODULE_DIR, NETPOL_MODULE_DIR, cache_dir
 
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy")
 ETCD_COMMAND = "pdwarden-etcd"
@@ -124,12 +125,17 @@ def version_ldflags(version: str) -> str:
 def ensure_built(progress: Progress = _stderr) -> Path:
     """The directory holding the binaries, building them first on a cache miss.
 
-    CoreDNS (its own module and directory, see coredns_binary()) is built here too.
+    CoreDNS and kube-network-policies (their own modules and directories, see coredns_binary()
+    and network_policies_binary()) are built here too.
     """
     target = bin_dir()
     _locked_build(target, lambda: is_built(target), lambda: _build(target, progress), progress)
     dns = coredns_bin_dir()
     _locked_build(dns, lambda: _coredns_built(dns), lambda: _build_coredns(dns, progress), progress)
+    netpol = network_policies_bin_dir()
+    _locked_build(
+        netpol, lambda: _netpol_built(netpol), lambda: _build_network_policies(netpol, progress), progress
+    )
     return target
 
 
@@ -203,6 +209,97 @@ def _build_coredns(target: Path, progress: Progress) -> None:
     )
     _publish(staging, target, (COREDNS_COMMAND,), {"seconds": round(time.monotonic() - started, 1)}, log)
     progress(f"built {COREDNS_COMMAND} in {time.monotonic() - started:.0f}s -> {target}")
+
+
+# --- kube-network-policies: the NetworkPolicy enforcer, a module of its own -------------------
+
+NETPOL_MODULE = "sigs.k8s.io/kube-network-policies"
+NETPOL_COMMAND = "pdwarden-network-policies"
+# the same command with the nftables library's queue expression sent as the xtables NFQUEUE
+# target (go-netpol/_xtqueue/queue.go), for kernels without nftables' queue expression
+NETPOL_XT_COMMAND = "pdwarden-network-policies-xtqueue"
+NETPOL_COMMANDS = (NETPOL_COMMAND, NETPOL_XT_COMMAND)
+NFTABLES_MODULE = "github.com/google/nftables"
+NFTABLES_OVERLAID = "v0.3.0"  # the version whose expr/queue.go _xtqueue/queue.go replaces
+
+
+def network_policies_version() -> str:
+    return gomod.pinned_version((NETPOL_MODULE_DIR / "go.mod").read_text(), NETPOL_MODULE)
+
+
+def network_policies_bin_dir() -> Path:
+    key = f"netpol-{network_policies_version()}-{_source_hash(NETPOL_MODULE_DIR)}"
+    return cache_dir() / "bin" / key
+
+
+def network_policies_binary(xtqueue: bool = False) -> Path:
+    return network_policies_bin_dir() / (NETPOL_XT_COMMAND if xtqueue else NETPOL_COMMAND)
+
+
+def _netpol_built(directory: Path) -> bool:
+    return (directory / _COMPLETE_MARKER).exists() and all((directory / c).exists() for c in NETPOL_COMMANDS)
+
+
+def _build_network_policies(target: Path, progress: Progress) -> None:
+    go = go_binary()
+    work = _fresh_workdir(NETPOL_MODULE_DIR, target)
+    log = work / "build.log"
+    started = time.monotonic()
+    _run([go, "mod", "tidy"], work, progress, log)
+    staging = work / "out"
+    staging.mkdir()
+    jobs = os.environ.get("PDWARDEN_GO_BUILD_JOBS", "2")
+    package = f"./cmd/{NETPOL_COMMAND}"
+    _run(
+        [go, "build", "-p", jobs, "-ldflags", "-s -w", "-o", str(staging / NETPOL_COMMAND), package],
+        work,
+        progress,
+        log,
+    )
+
+    # The xtqueue build: the go command lays no overlay over the module cache, so a copy of the
+    # nftables module (its queue.go replaced) stands in for it through a second go.mod.
+    found = json.loads(_run([go, "list", "-m", "-json", NFTABLES_MODULE], work, progress, log))
+    if found.get("Version") != NFTABLES_OVERLAID:
+        raise ClusterError(
+            f"{NETPOL_MODULE} now selects {NFTABLES_MODULE} {found.get('Version')}, and "
+            f"go-netpol/_xtqueue/queue.go replaces the queue expression of {NFTABLES_OVERLAID}: "
+            "check that file against the new version and update NFTABLES_OVERLAID"
+        )
+    library = work / "nftables-xtqueue"
+    shutil.copytree(found["Dir"], library)
+    for path in [library, *library.rglob("*")]:  # the module cache's copy is read-only
+        path.chmod(path.stat().st_mode | 0o200)
+    shutil.copy(work / "_xtqueue" / "queue.go", library / "expr" / "queue.go")
+    modfile = work / "go.xtqueue.mod"
+    modfile.write_text((work / "go.mod").read_text() + f"\nreplace {NFTABLES_MODULE} => ./{library.name}\n")
+    shutil.copy(work / "go.sum", work / "go.xtqueue.sum")
+    ldflags = '-s -w -X "main.queueEncoding=xtables NFQUEUE target (nft_compat)"'
+    _run(
+        [
+            go,
+            "build",
+            "-p",
+            jobs,
+            f"-modfile={modfile}",
+            "-ldflags",
+            ldflags,
+            "-o",
+            str(staging / NETPOL_XT_COMMAND),
+            package,
+        ],
+        work,
+        progress,
+        log,
+    )
+    shutil.copy(work / "go.mod", staging / "go.mod.generated")
+    shutil.copy(work / "go.sum", staging / "go.sum")
+    marker = {
+        "kube-network-policies": network_policies_version(),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    _publish(staging, target, NETPOL_COMMANDS, marker, log)
+    progress(f"built {', '.join(NETPOL_COMMANDS)} in {time.monotonic() - started:.0f}s -> {target}")
 
 
 def _run(cmd: list[str], cwd: Path, progress: Progress, log: Path) -> str:

@@ -1,9 +1,10 @@
 """Start, stop and inspect the embedded local cluster (`pdwarden cluster ...`, `ensure_up()`).
 
 Processes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the process
-kubelet) run detached, each recorded in `<state>/pids/<name>.json`, so they outlive the
-CLI and `down` finds them. A fresh start wipes the etcd data and pod directories of an
-earlier run, so a run that was killed leaves nothing that trips the next one.
+kubelet, the volume provisioner, kube-network-policies) run detached, each recorded in
+`<state>/pids/<name>.json`, so they outlive the CLI and `down` finds them. A fresh start
+wipes the etcd data and pod directories of an earlier run, so a run that was killed leaves
+nothing that trips the next one.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import requests
 import urllib3
 import yaml
 
-from pdwarden_localcluster import build, network, procs, provisioner, teardown, topology
+from pdwarden_localcluster import build, netpolicy, network, procs, provisioner, teardown, topology
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
 from pdwarden_localcluster.kubelet.container import kill_recorded
@@ -38,7 +39,15 @@ from pdwarden_localcluster.pki import Pki, ensure_pki
 Progress = Callable[[str], None]
 DEFAULT_PORT_BASE = 36000
 # Start order; `down` stops them in reverse (the kubelet early, so pods stop while the API is up).
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "provisioner")
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "provisioner",
+    netpolicy.COMPONENT,  # reaches the API server through the kubelet's relay
+)
 
 
 def _stderr(msg: str) -> None:
@@ -401,6 +410,10 @@ def _argv(name: str, lay: Layout, bins: Path, p: Ports, settings: Settings) -> l
             f"--coredns-binary={build.coredns_binary()}",
             f"--kube-proxy-ports={p.kube_proxy_healthz},{p.kube_proxy_metrics}",
         ]
+    if name == netpolicy.COMPONENT:
+        netns = p.net.gateway_netns
+        binary = netpolicy.kernel_support(netns).binary
+        return netpolicy.argv(binary, netns, lay.component_kubeconfig(name), node_names(settings))
     if name == "provisioner":
         return [
             sys.executable,
@@ -438,6 +451,12 @@ def _wait_ready(name: str, lay: Layout, p: Ports, settings: Settings) -> None:
     elif name == "provisioner":
         path = f"/apis/storage.k8s.io/v1/storageclasses/{provisioner.CLASS_NAME}"
         _wait(lay, name, lambda: _api_ok(api, path), 60, what=f"StorageClass {provisioner.CLASS_NAME}")
+    elif name == netpolicy.COMPONENT:
+        netns, nodes = p.net.gateway_netns, node_names(settings)
+        try:
+            _wait(lay, name, lambda: not netpolicy.missing(netns, nodes), 120, what=f"{name} in {netns}")
+        except ClusterError as exc:
+            raise ClusterError(f"{exc}\nnot there: {', '.join(netpolicy.missing(netns, nodes))}") from None
 
 
 @contextlib.contextmanager
@@ -472,6 +491,8 @@ def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
     _check_ports_free(p, settings.nodes, progress)
     _reset_run_state(lay, progress)
     network.ensure(p.net, settings.nodes)
+    # a kernel that cannot enforce NetworkPolicies is refused before anything runs
+    netpolicy.kernel_support(p.net.gateway_netns)
     ensure_pki(lay.root / "pki", [p.net.host_addr, p.net.kubernetes_service_ip])
     _write_kubeconfigs(lay, p)
     _save_settings(lay, settings)
@@ -557,6 +578,12 @@ def _grant(lay: Layout) -> None:
 def _spawn(lay: Layout, name: str, argv: list[str], progress: Progress) -> None:
     if name == "provisioner":
         _grant(lay)
+    if name == netpolicy.COMPONENT:
+        p = ports()
+        server = f"https://{p.net.host_addr}:{p.apiserver}"  # from the gateway namespace
+        netpolicy.write_kubeconfig(admin_api(lay), lay.component_kubeconfig(name), server, lay.pki.ca_cert)
+        if note := netpolicy.kernel_support(p.net.gateway_netns).note:
+            progress(note)
     rec = procs.spawn_detached(name, argv, lay.log_file(name), lay.pid_file(name))
     if name in CODE:
         _fingerprint_file(lay, name).write_text(code_fingerprint(name) + "\n")

@@ -9,8 +9,11 @@ more specific route is missing. Each cluster (one port base) owns a slot of 16:
 - the link between the host and the cluster: 198.18.<16*slot+15>.0/30 (host .1, cluster .2).
 
 The cluster's bridges and pod veths live in a gateway network namespace of their own
-(`pdw<base>-gw`), not in the host's: the Service rules (kube-proxy) go there too, so two
-clusters on one host never share a bridge, a route table or a firewall table. The host
+(`pdw<base>-gw`), not in the host's: the Service rules (kube-proxy) and the NetworkPolicy
+enforcer (kube-network-policies, `netpolicy.py`) go there too, so two clusters on one host
+never share a bridge, a route table or a firewall table. Every packet between two pods passes
+that namespace's inet hooks once: routed between two nodes' bridges, or bridged on one node's
+(br_netfilter's `bridge-nf-call-iptables`, which the enforcer needs). The host
 holds one veth (`pdw<base>h`) into that namespace and two routes through it. Pods get
 their own namespaces (`pdw<base>-<pod uid>`) with a veth onto their node's bridge.
 `teardown()` deletes the namespaces (which takes their links and rules with them), the host
@@ -19,10 +22,14 @@ link (which takes its routes), and the blackhole when no other cluster routes re
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import ctypes.util
 import ipaddress
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +41,8 @@ MAX_NODES = 15  # /24 number 15 of the slot is the host link
 NETNS_DIR = Path("/run/netns")
 ETC_NETNS = Path("/etc/netns")
 IP = shutil.which("ip") or "/usr/sbin/ip"  # iproute2; absolute so a pod's PATH cannot change it
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
 @dataclass(frozen=True)
@@ -126,6 +135,31 @@ def ip_cmd(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+@contextlib.contextmanager
+def entered(netns: str) -> Iterator[None]:
+    """The calling thread in network namespace `netns` for the block; sockets made in it stay
+    there. A thread's namespace is its own: the process's other threads stay where they are."""
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        target = os.open(NETNS_DIR / netns, os.O_RDONLY)
+        try:
+            _setns(target)
+        finally:
+            os.close(target)
+        try:
+            yield
+        finally:
+            _setns(home)
+    finally:
+        os.close(home)
+
+
 def netns_names() -> list[str]:
     try:
         return sorted(p.name for p in NETNS_DIR.iterdir())
@@ -185,8 +219,9 @@ def ensure(p: NetPlan, nodes: int) -> None:
     ip_cmd("netns", "add", gw)
     ip_cmd("-n", gw, "link", "set", "lo", "up")
     _sysctl(gw, "net.ipv4.ip_forward", "1")
-    # bridged traffic between pods passes the Service rules (needs br_netfilter; without it
-    # kube-proxy's masquerading still brings replies back through the gateway)
+    # bridged traffic between pods passes the Service rules and the NetworkPolicy enforcer's
+    # (needs br_netfilter: without it kube-proxy's masquerading still brings replies back
+    # through the gateway, and netpolicy.kernel_support refuses to start, naming it)
     _sysctl(gw, "net.bridge.bridge-nf-call-iptables", "1", check=False)
     ip_cmd("link", "add", p.host_link, "type", "veth", "peer", "name", p.uplink, "netns", gw)
     ip_cmd("addr", "add", f"{p.host_addr}/30", "dev", p.host_link)
@@ -246,11 +281,14 @@ def leftovers(p: NetPlan) -> list[str]:
     for cidr in (p.pod_cidr, p.service_cidr):
         if _route_owner(cidr) == p.host_link:
             found.append(f"route {cidr}")
-    # kube-proxy's tables belong in the gateway namespace; one in the host's would be a leak
+    # kube-proxy's and kube-network-policies' tables belong in the gateway namespace; one in the
+    # host's would be a leak (and there the policies' queue rules would judge the host's traffic)
     if shutil.which("nft"):
         tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, timeout=30).stdout
         found += [
-            f"host nftables {t.strip()}" for t in tables.splitlines() if t.strip().endswith(" kube-proxy")
+            f"host nftables {t.strip()}"
+            for t in tables.splitlines()
+            if t.strip().endswith(" kube-proxy") or " kube-network-policies-" in t
         ]
     return found
 

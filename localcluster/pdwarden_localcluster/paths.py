@@ -10,6 +10,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent.parent
 GO_MODULE_DIR = PACKAGE_DIR.parent / "go"
 COREDNS_MODULE_DIR = PACKAGE_DIR.parent / "go-coredns"
+NETPOL_MODULE_DIR = PACKAGE_DIR.parent / "go-netpol"
 
 
 def cache_dir() -> Path:

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from pdwarden_operator import podpolicy
 from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.operator")
@@ -92,6 +93,35 @@ def _optional_module(name: str) -> ModuleType | None:
     show_default=True,
     help="Fleet brake: above this many wedged pods across models at once, remediate none.",
 )
+@click.option(
+    "--namespace-brake-max-remediations-per-hour",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="A namespace's brake: remediations of its models per hour, then none there (below the fleet's).",
+)
+@click.option(
+    "--namespace-brake-max-wedged-models",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="A namespace's brake: above this many of its models with wedged pods at once, remediate none there.",
+)
+@click.option(
+    "--namespace-brake-max-wedged-pods",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="A namespace's brake: above this many wedged pods of its models at once, remediate none there.",
+)
+@click.option(
+    "--allow",
+    "allowances",
+    multiple=True,
+    metavar="[NAMESPACE/]ALLOWANCE",
+    help="Let model authors use one power in their pod templates, in every namespace or in "
+    "NAMESPACE only (repeatable): " + ", ".join(a.value for a in podpolicy.Allowance) + ". Default: none.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 def run(
     namespaces: tuple[str, ...],
@@ -105,11 +135,16 @@ def run(
     brake_max_remediations_per_hour: int,
     brake_max_wedged_models: int,
     brake_max_wedged_pods: int,
+    namespace_brake_max_remediations_per_hour: int,
+    namespace_brake_max_wedged_models: int,
+    namespace_brake_max_wedged_pods: int,
+    allowances: tuple[str, ...],
     verbose: bool,
 ) -> None:
     """Run the operator until interrupted."""
     if namespaces and all_namespaces:
         raise click.UsageError("--namespace and --all-namespaces exclude each other")
+    podpolicy.configure(_pod_policy(allowances))
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -125,13 +160,21 @@ def run(
         log.warning("watchdog not built in: pods are not scraped for wedges")
     from pdwarden_operator.watchdog import brake
 
-    brake.configure(
-        brake.BrakeLimits(
-            max_remediations_per_hour=brake_max_remediations_per_hour,
-            max_wedged_models=brake_max_wedged_models,
-            max_wedged_pods=brake_max_wedged_pods,
+    try:
+        brake.configure(
+            brake.BrakeLimits(
+                max_remediations_per_hour=brake_max_remediations_per_hour,
+                max_wedged_models=brake_max_wedged_models,
+                max_wedged_pods=brake_max_wedged_pods,
+            ),
+            brake.BrakeLimits(
+                max_remediations_per_hour=namespace_brake_max_remediations_per_hour,
+                max_wedged_models=namespace_brake_max_wedged_models,
+                max_wedged_pods=namespace_brake_max_wedged_pods,
+            ),
         )
-    )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
     metrics = _optional_module("pdwarden_operator.metrics")
     if metrics is not None and metrics_port:
         metrics.serve(metrics_port, bind_host)
@@ -161,6 +204,22 @@ def run(
     )
 
 
+def _pod_policy(allowances: tuple[str, ...]) -> podpolicy.PodPolicy:
+    everywhere: set[podpolicy.Allowance] = set()
+    per_namespace: dict[str, set[podpolicy.Allowance]] = {}
+    for entry in allowances:
+        namespace, _, name = entry.rpartition("/")
+        try:
+            allowance = podpolicy.Allowance(name)
+        except ValueError:
+            known = ", ".join(a.value for a in podpolicy.Allowance)
+            raise click.BadParameter(f"{name!r} is not one of {known}", param_hint="--allow") from None
+        (per_namespace.setdefault(namespace, set()) if namespace else everywhere).add(allowance)
+    return podpolicy.PodPolicy(
+        allow=frozenset(everywhere), namespaces={ns: frozenset(a) for ns, a in per_namespace.items()}
+    )
+
+
 async def _serve_health(host: str, port: int) -> Any:
     """/healthz for the whole life of the process, standby included (the loop is alive)."""
     from aiohttp import web
@@ -186,37 +245,40 @@ async def _main(
     import kopf
 
     from pdwarden_operator import leader
+    from pdwarden_operator.watchdog import budget
 
     runner = await _serve_health(*health) if health else None
     elector = None
     if lease is not None:
-        elector = leader.Elector(*lease)
+        # The Lease is renewed on the elector's own thread, loop and connection: nothing the
+        # handlers do on this loop (or with the main client's workers) can delay a renewal.
+        timing = leader.Timing()
+        elector = leader.Elector(*lease, timing=timing, client=leader.lease_client(timing))
         leader.set_elector(elector)
-        await elector.acquire()  # a standby does nothing until it holds the Lease
+        elector.start(on_lost=_step_down)
+        await elector.wait_leading()  # a standby does nothing until it holds the Lease
     # kopf names itself after the user unless POD_ID is set; a non-root uid with no passwd
     # entry (a distroless or arbitrary-uid image) has no user name to give.
     os.environ.setdefault("POD_ID", leader.default_identity())
     operator_task = asyncio.create_task(
         kopf.operator(standalone=True, clusterwide=clusterwide, namespaces=namespaces)
     )
-    waits: set[asyncio.Task[None]] = {operator_task}
-    lost = asyncio.create_task(elector.hold()) if elector else None
-    if lost is not None:
-        waits.add(lost)
-    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    if lost is not None and lost in done:
-        # Another replica may lead by now: stop at once, mid-anything (every remediation also
-        # re-checks the Lease and writes its intent with the resourceVersion it read).
-        log.critical("leadership lost: exiting so that only the current leader acts")
-        logging.shutdown()
-        os._exit(1)
-    if lost is not None:
-        lost.cancel()
+    await asyncio.wait({operator_task})
     if elector is not None:
-        await elector.release()
+        await elector.stop()  # hands the Lease back
     if runner is not None:
         await runner.cleanup()
+    budget.configure(None)  # its parse workers end
     await operator_task
+
+
+def _step_down() -> None:
+    """Leadership lost (on the elector's thread). Another replica may lead by now: stop at once,
+    mid-anything (every remediation also re-checks the Lease and writes its intent with the
+    resourceVersion it read)."""
+    log.critical("leadership lost: exiting so that only the current leader acts")
+    logging.shutdown()
+    os._exit(1)
 
 
 @click.command()

@@ -102,7 +102,7 @@ async def reconcile_model(body: kopf.Body, **_: Any) -> None:
     async with _reconcile_slots, cache.lock(key):
         started = loop.time()
         try:
-            outcome = await reconcile.reconcile(body)
+            outcome = await reconcile.reconcile(body, cache.children_of(key))
             cache.note_applied(key, outcome.applied)
             cache.note_status(key, outcome.status)
             log.info(

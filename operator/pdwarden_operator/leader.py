@@ -8,6 +8,12 @@ ITS OWN monotonic clock from when it saw that record (no comparison of clocks ac
 Every write is a compare-and-swap on the Lease's resourceVersion, so two standbys cannot
 both win. A paused (SIGSTOP) or partitioned leader resumes with a stale renewal: `is_leader`
 is False at once, before any renewal is even attempted.
+
+The operator runs the elector on a thread of its own (`start`), with its own event loop and
+its own API connection (`lease_client`): kopf's handlers and the watchdogs share the main loop
+and the main client's workers, and a loop or pool kept busy by them must not delay a renewal
+past the deadline (that would end the process: losing the Lease means exiting). `is_leader`
+may be called from any thread.
 """
 
 from __future__ import annotations
@@ -18,20 +24,27 @@ import datetime as dt
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pdwarden_operator.kube import lease as kube_lease
-from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.client import KubeApiError, KubeClient, connect
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
 from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.leader")
 
+T = TypeVar("T")
 DEFAULT_LEASE_NAME = "pdwarden-operator"
+# The elector's own connection: a renewal is two requests, and one stuck on a dead socket
+# must free its worker before the next try (every retry period), not after the default 30 s.
+LEASE_CLIENT_WORKERS = 4
+# How often a caller waiting for leadership looks (standing by costs nothing else).
+_WAIT_POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,17 @@ def may_take(holder: str | None, identity: str, observed_at: float, duration: fl
     return not holder or holder == identity or now - observed_at >= duration
 
 
+def lease_client(timing: Timing = Timing(), kubeconfig: str | None = None) -> KubeClient:
+    """A connection for the elector alone (its own pool and workers, requests bounded by the
+    retry period)."""
+    return connect(
+        kubeconfig,
+        workers=LEASE_CLIENT_WORKERS,
+        request_timeout=timing.retry_period,
+        thread_name_prefix="pdwarden-lease",
+    )
+
+
 class Elector:
     def __init__(
         self,
@@ -66,40 +90,54 @@ class Elector:
         timing: Timing = Timing(),
         clock: Callable[[], float] = time.monotonic,
         metrics: OperatorMetrics = METRICS,
+        client: KubeClient | None = None,
     ) -> None:
         self.namespace, self.name = namespace, name
         self.identity = identity or default_identity()
         self.timing = timing
         self._clock = clock
         self._metrics = metrics
+        self._client = client  # None: the process's client (tests; an elector without a thread)
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
+        self._lock = threading.Lock()  # guards _renewed_at: renewed on the elector's thread, read anywhere
         self._renewed_at: float | None = None
+        self.renewals = 0  # successful writes of the Lease
+        # the elector's own thread and loop (start)
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._stop_requested = threading.Event()  # stop() before the thread made its loop
+        self._leading = threading.Event()  # set once the thread holds the Lease
         metrics.leader.set(0)
 
     def is_leader(self) -> bool:
         """Leader now: the last successful renewal is younger than the renew deadline."""
-        return self._renewed_at is not None and self._clock() - self._renewed_at < self.timing.renew_deadline
+        with self._lock:
+            renewed = self._renewed_at
+        return renewed is not None and self._clock() - renewed < self.timing.renew_deadline
 
     async def try_acquire_or_renew(self) -> bool:
         started = self._clock()  # a renewal counts from when it was sent, never later
         try:
-            current = await kube_lease.get_lease(self.namespace, self.name)
+            current = await kube_lease.get_lease(self.namespace, self.name, client=self._client)
             spec = self._spec(current)
             if spec is None:
                 return False
             if current is None:
-                await kube_lease.create_lease(self.namespace, self.name, spec)
+                await kube_lease.create_lease(self.namespace, self.name, spec, client=self._client)
             else:
                 rv = str((current.get("metadata") or {}).get("resourceVersion") or "")
-                await kube_lease.replace_lease(self.namespace, self.name, rv, spec)
+                await kube_lease.replace_lease(self.namespace, self.name, rv, spec, client=self._client)
         except KubeApiError as exc:
             if exc.status != 409:
                 log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
             return False
-        if self._renewed_at is None or not self.is_leader():
+        if not self.is_leader():
             log.warning("lease %s/%s acquired by %s: leading", self.namespace, self.name, self.identity)
-        self._renewed_at = started
+        with self._lock:
+            self._renewed_at = started
+            self.renewals += 1
         self._metrics.leader.set(1)
         return True
 
@@ -147,7 +185,9 @@ class Elector:
         if not self.is_leader():
             return False
         try:
-            current = await kube_lease.get_lease(self.namespace, self.name)
+            current = await self._on_own_loop(
+                kube_lease.get_lease(self.namespace, self.name, client=self._client)
+            )
         except KubeApiError:
             return False
         holder = ((current or {}).get("spec") or {}).get("holderIdentity")
@@ -157,17 +197,104 @@ class Elector:
         """On a clean shutdown: hand the Lease back so a standby takes over at once."""
         if not self.is_leader():
             return
-        self._renewed_at = None
+        with self._lock:
+            self._renewed_at = None
         self._metrics.leader.set(0)
         try:
-            current = await kube_lease.get_lease(self.namespace, self.name)
+            current = await kube_lease.get_lease(self.namespace, self.name, client=self._client)
             if current is None or (current.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
             spec = {**current["spec"], "holderIdentity": None, "leaseDurationSeconds": 1}
             rv = str(current["metadata"]["resourceVersion"])
-            await kube_lease.replace_lease(self.namespace, self.name, rv, spec)
+            await kube_lease.replace_lease(self.namespace, self.name, rv, spec, client=self._client)
         except KubeApiError as exc:
             log.warning("lease %s/%s: not released: %s", self.namespace, self.name, exc)
+
+    # --- the elector's own thread ----------------------------------------------------------
+
+    def start(self, on_lost: Callable[[], None]) -> None:
+        """Stand by, acquire and hold the Lease on a thread of its own with its own event loop.
+        `on_lost` runs on that thread when leadership is lost (or the elector fails): the
+        operator exits there, whatever its main loop is doing."""
+        if self._thread is not None:
+            raise RuntimeError("the elector is already started")
+        self._thread = threading.Thread(
+            target=self._run_thread, args=(on_lost,), name="pdwarden-leader", daemon=True
+        )
+        self._thread.start()
+
+    async def wait_leading(self) -> None:
+        """From any loop: return once the elector's thread holds the Lease (a standby waits
+        here). Raises RuntimeError if the thread ended without it."""
+        while not self._leading.is_set():
+            if self._thread is None or not self._thread.is_alive():
+                raise RuntimeError("the leader elector is not running")
+            await asyncio.sleep(_WAIT_POLL_S)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        """From any loop: stop renewing and hand the Lease back (on the elector's own loop)."""
+        thread = self._thread
+        if thread is None:
+            return
+        self._stop_requested.set()
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # its loop already ended
+                loop.call_soon_threadsafe(stop.set)
+        await asyncio.to_thread(thread.join, timeout)
+
+    def _run_thread(self, on_lost: Callable[[], None]) -> None:
+        try:
+            lost = asyncio.run(self._thread_main())
+        except BaseException:
+            log.exception("lease %s/%s: the elector failed", self.namespace, self.name)
+            lost = True
+        if lost:
+            with self._lock:
+                self._renewed_at = None
+            self._metrics.leader.set(0)
+            on_lost()
+
+    async def _thread_main(self) -> bool:
+        """Acquire, then hold; True when leadership was lost, False when stopped."""
+        self._stop = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        if self._stop_requested.is_set():
+            self._stop.set()
+        stopping = asyncio.create_task(self._stop.wait())
+        try:
+            if not await self._unless_stopped(self.acquire(), stopping):
+                return False
+            self._leading.set()
+            return await self._unless_stopped(self.hold(), stopping)
+        finally:
+            stopping.cancel()
+
+    async def _unless_stopped(self, phase: Coroutine[Any, Any, None], stopping: asyncio.Task[Any]) -> bool:
+        """Run `phase` to its end (True) or until stopped (False: the Lease is handed back). An
+        error in it ends the elector: the caller exits."""
+        task = asyncio.create_task(phase)
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not stopping.done():
+            task.result()
+            return True
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await self.release()
+        return False
+
+    async def _on_own_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the elector's loop when it has one (its client lives there), else here."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed() and loop is not asyncio.get_running_loop():
+            try:
+                future = asyncio.run_coroutine_threadsafe(coro, loop)
+            except RuntimeError:  # its loop closed meanwhile (stopped)
+                pass
+            else:
+                return await asyncio.wrap_future(future)
+        return await coro
 
 
 # The process's elector (None: leader election off, e.g. a unit test).

@@ -17,6 +17,7 @@ from pdwarden_runtime.contract import (
     METRIC_OPERATOR_BRAKE_ENGAGED,
     METRIC_OPERATOR_BUDGET_EXHAUSTED,
     METRIC_OPERATOR_LEADER,
+    METRIC_OPERATOR_NAMESPACE_BRAKE_ENGAGED,
     METRIC_OPERATOR_REMEDIATIONS_TOTAL,
     METRIC_OPERATOR_SCRAPE_DURATION,
     METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL,
@@ -88,6 +89,13 @@ class OperatorMetrics:
         self.brake_engaged = Gauge(
             METRIC_OPERATOR_BRAKE_ENGAGED,
             "1 while the fleet brake holds every remediation (too many wedges or remediations at once)",
+            registry=r,
+        )
+        self.namespace_brake_engaged = Gauge(
+            METRIC_OPERATOR_NAMESPACE_BRAKE_ENGAGED,
+            "1 while a namespace's brake holds its models' remediation (too many wedges or "
+            "remediations there at once)",
+            ["namespace"],
             registry=r,
         )
 

@@ -29,9 +29,11 @@ RESERVED_ENV = podtemplate.RESERVED_ENV
 DEFAULT_SHM_SIZE = "16Gi"
 # The router's requests and limits unless router.resources says otherwise (key by key).
 ROUTER_DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
-    "requests": {"cpu": "500m", "memory": "512Mi"},
+    "requests": {"cpu": "500m", "memory": "512Mi", "ephemeral-storage": "64Mi"},
     "limits": {"cpu": "2", "memory": "2Gi"},
 }
+# What a runtime pod writes outside its volumes: /tmp (an emptyDir), where JIT and compile caches go.
+RUNTIME_EPHEMERAL_STORAGE = "2Gi"
 # Extended resource names (a domain prefix is required for device-plugin resources).
 EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 # Children are named `<name>-prefill` etc. and the name is a label value and a Service
@@ -454,7 +456,10 @@ class RoleSpec(_Base):
     )
     gpus: int = Field(0, description="GPUs per pod, requested as nvidia.com/gpu. 0: CPU only.", ge=0, le=64)
     resources: ResourceRequirements | None = Field(
-        None, description="CPU and memory requests and limits per pod."
+        None,
+        description="CPU and memory requests and limits per pod. Without an ephemeral-storage "
+        f"request, {RUNTIME_EPHEMERAL_STORAGE} is requested (the /tmp scratch volume: JIT and "
+        "compile caches).",
     )
     args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list,
@@ -648,12 +653,15 @@ class WatchdogSpec(_Base):
 
 
 class NetworkPolicySpec(_Base):
-    """A NetworkPolicy for the model's prefill and decode pods (enforced by the cluster's network
-    plugin): the model's router may reach their HTTP port, the model's own prefill and decode pods
-    reach each other on any port (bootstrap, and the NIXL/UCX and side-channel ports, which are
-    ephemeral), and `metricsFrom` reaches the metrics port. Nothing else gets in."""
+    """NetworkPolicies for the model's pods (enforced by the cluster's network plugin). Prefill
+    and decode (<name>-runtime): the model's router may reach their HTTP port, the model's own
+    prefill and decode pods reach each other on any port (bootstrap, and the NIXL/UCX and
+    side-channel ports, which are ephemeral), and `metricsFrom` reaches the metrics port; nothing
+    else gets in, so no one but the router can hand a worker a PD request. The router
+    (<name>-router): its HTTP port from anywhere (the model's front door), its metrics port from
+    `metricsFrom`."""
 
-    enabled: bool = Field(False, description="Create the NetworkPolicy <name>-runtime.")
+    enabled: bool = Field(True, description="Create the NetworkPolicies <name>-runtime and <name>-router.")
     metrics_from: list[dict[str, Any]] | None = Field(
         None,
         description="NetworkPolicyPeers (podSelector, namespaceSelector, ipBlock) allowed to scrape "

@@ -42,6 +42,10 @@ MODEL_VOLUME: Final = "model"
 CACHE_VOLUME: Final = "model-cache"
 # The operator's list of the model's deleted runtime pods (writer_watch's proof).
 GONE_PODS_VOLUME: Final = "gone-pods"
+# /tmp (and HOME) on a read-only root filesystem.
+TMP_VOLUME: Final = "tmp"
+# The Hugging Face token, as a file.
+HF_TOKEN_VOLUME: Final = "hf-token"
 
 KEYED_LISTS: Final[dict[str, str]] = {
     "containers": "name",
@@ -89,7 +93,7 @@ OWNED_POD_FIELDS: Final[dict[str, dict[str, str]]] = {
 OWNED_LABELS: Final = (contract.LABEL_MODEL, contract.LABEL_ROLE, contract.LABEL_GROUP, contract.LABEL_RANK)
 # The router (smg) reads the prefill bootstrap port from this annotation.
 OWNED_ANNOTATIONS: Final = (contract.ANNOTATION_BOOTSTRAP_PORT,)
-OWNED_VOLUMES: Final = (SHM_VOLUME, MODEL_VOLUME, CACHE_VOLUME, GONE_PODS_VOLUME)
+OWNED_VOLUMES: Final = (SHM_VOLUME, MODEL_VOLUME, CACHE_VOLUME, GONE_PODS_VOLUME, TMP_VOLUME, HF_TOKEN_VOLUME)
 
 # Bounds on the fragment's lists: they keep the CEL rules' cost estimate within the budget.
 MAX_CONTAINERS: Final = 16

@@ -1,7 +1,7 @@
 """Reconcile one DisaggregatedModel: validate -> render -> apply -> status, in a straight line.
 
 Two entry points share the steps:
-- `reconcile(body)` applies every child (create, resume, spec change);
+- `reconcile(body, known)` applies every child (create, resume, spec change);
 - `resync(body, observed)` runs every few seconds with the children the operator's watches
   already hold in memory: it re-applies only missing or hand-edited children and writes
   status only when it changed, so an idle, healthy resource costs no API calls.
@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from pdwarden_operator import plan, scheduling
+from pdwarden_operator import plan, podpolicy, scheduling
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
@@ -156,7 +156,59 @@ async def _dry_run(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: 
         raise await _reject(body, spec, "ApplyFailed", message) from result
 
 
-async def _apply(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: list[Obj]) -> list[Obj]:
+async def _refuse_foreign(
+    body: Mapping[str, Any],
+    spec: DisaggregatedModelSpec,
+    objs: list[Obj],
+    known: Mapping[tuple[str, str], Obj],
+) -> None:
+    """Never take over an object by its name: a child is created only where none exists or the
+    one there is already controlled by this model. Server-side apply with force would otherwise
+    rewrite another team's object and make it ours (deleting the model would then delete it).
+    Children the watch already holds are ours; the others are read once."""
+    uid = body["metadata"]["uid"]
+    unknown = [o for o in objs if child_key(o) not in known]
+    found = await asyncio.gather(
+        *(
+            kube_apply.get(o["apiVersion"], o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])
+            for o in unknown
+        ),
+        return_exceptions=True,
+    )
+    taken = []
+    for obj, current in zip(unknown, found, strict=True):
+        if isinstance(current, KubeApiError):
+            raise RetryLater(f"reading {'/'.join(child_key(obj))} failed: {current}") from current
+        if isinstance(current, BaseException):
+            raise current
+        if current is not None and not controlled_by(current, uid):
+            taken.append(f"{obj['kind']} {obj['metadata']['name']} ({_controller(current)})")
+    if taken:
+        message = (
+            f"{', '.join(taken)} already exist and are not this model's; nothing was applied: "
+            "rename the model or remove them"
+        )
+        raise await _reject(body, spec, "NameTaken", message)
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("controller") and r.get("uid") == uid for r in refs if isinstance(r, Mapping))
+
+
+def _controller(obj: Mapping[str, Any]) -> str:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    ctl = next((r for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
+    return f"controlled by {ctl.get('kind')} {ctl.get('name')}" if ctl else "no controller"
+
+
+async def _apply(
+    body: Mapping[str, Any],
+    spec: DisaggregatedModelSpec,
+    objs: list[Obj],
+    known: Mapping[tuple[str, str], Obj],
+) -> list[Obj]:
+    await _refuse_foreign(body, spec, objs, known)
     await _dry_run(body, spec, objs)
     try:
         return await kube_apply.apply_all(objs)
@@ -169,10 +221,20 @@ async def _apply(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: li
 
 
 async def _spec(body: Mapping[str, Any]) -> DisaggregatedModelSpec:
+    """The parsed spec, if it validates and the installation's pod policy allows what it asks."""
     try:
-        return parse_spec(dict(body.get("spec") or {}))
+        spec = parse_spec(dict(body.get("spec") or {}))
     except ValidationError as exc:
         raise await _invalid(body, exc) from exc
+    meta = body["metadata"]
+    refused = podpolicy.violations(
+        spec, meta["name"], meta.get("annotations") or {}, podpolicy.POLICY.allowed(meta["namespace"])
+    )
+    if refused:
+        message = "; ".join(refused)
+        await _guarded(WRITER.invalid(body, f"Refused by the pod policy: {message}", _generation(body)))
+        raise InvalidSpec(message)
+    return spec
 
 
 async def _finish(
@@ -215,10 +277,11 @@ async def _pods(body: Mapping[str, Any]) -> list[Obj] | None:
         return None  # status without the scheduler's reason this time
 
 
-async def reconcile(body: Mapping[str, Any]) -> Outcome:
-    """Apply every child, then write status (when it changed)."""
+async def reconcile(body: Mapping[str, Any], known_children: Mapping[tuple[str, str], Obj]) -> Outcome:
+    """Apply every child, then write status (when it changed). `known_children`: the children
+    the watches hold (ours for sure)."""
     spec = await _spec(body)
-    applied = await _apply(body, spec, render_children(Owner.from_body(body), spec))
+    applied = await _apply(body, spec, render_children(Owner.from_body(body), spec), known_children)
     return await _finish(body, spec, {child_key(o): o for o in applied}, applied)
 
 
@@ -232,7 +295,7 @@ async def resync(body: Mapping[str, Any], observed_children: Mapping[tuple[str, 
     applied: list[Obj] = []
     if stale:
         log.info("%s/%s: restoring %s", owner.namespace, owner.name, ", ".join(_names(stale)))
-        applied = await _apply(body, spec, stale)
+        applied = await _apply(body, spec, stale, observed_children)
         children.update((child_key(o), o) for o in applied)
     for obj in plan.to_delete(desired, observed_children):
         log.info(

@@ -15,6 +15,7 @@ from pdwarden_operator import groups, podtemplate
 from pdwarden_operator.models import (
     GPU_RESOURCE,
     ROUTER_DEFAULT_RESOURCES,
+    RUNTIME_EPHEMERAL_STORAGE,
     DisaggregatedModelSpec,
     ResourceRequirements,
     RoleSpec,
@@ -34,6 +35,8 @@ MODEL_DIR = "/models"  # weights on a volume, read-only
 CACHE_DIR = "/cache"  # downloaded weights, read-write
 GONE_PODS_DIR = "/etc/pdwarden/gone-pods"  # the watchdog's list of deleted runtime pods, read-only
 HF_HOME = f"{CACHE_DIR}/huggingface"
+TMP_DIR = "/tmp"  # an emptyDir: the root filesystem is read-only
+HF_TOKEN_DIR = "/var/run/secrets/huggingface"  # the token as a file, never in the environment
 NETWORK_POLICY_SUFFIX = "runtime"
 # Pods allowed to scrape metrics when networkPolicy.metricsFrom is unset: the operator (the
 # chart's labels) and Prometheus, in any namespace.
@@ -195,6 +198,8 @@ def runtime_env(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> list[O
         {"name": contract.ENV_ROLE, "value": role},
         {"name": contract.ENV_MODEL, "value": served_name(owner, spec)},
         {"name": contract.ENV_GONE_PODS_FILE, "value": f"{GONE_PODS_DIR}/{contract.GONE_PODS_KEY}"},
+        # caches under ~ (Triton, FlashInfer, torch) land on the /tmp volume, not the read-only root
+        {"name": "HOME", "value": TMP_DIR},
     ]
     if spec.transfer.ucx_transports:
         env.append({"name": "UCX_TLS", "value": spec.transfer.ucx_transports})
@@ -202,8 +207,9 @@ def runtime_env(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> list[O
     if hf is not None:
         env.append({"name": "HF_HOME", "value": HF_HOME})
         if hf.token_secret_ref is not None:
-            ref = {"name": hf.token_secret_ref.name, "key": hf.token_secret_ref.key}
-            env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+            # huggingface_hub reads the token from this file (an environment variable would show
+            # in every process listing and crash report)
+            env.append({"name": "HF_TOKEN_PATH", "value": f"{HF_TOKEN_DIR}/token"})
     # The role's env replaces pdwarden's optional variables of the same name (one entry per name:
     # server-side apply refuses duplicate keys).
     user = [var.model_dump(by_alias=True, exclude_none=True) for var in spec.role(role).env]
@@ -221,6 +227,13 @@ def _resources(res: ResourceRequirements | None, gpus: int = 0, extra: dict[str,
     if devices:
         # Extended resources are requested through limits (requests default to them).
         out["limits"] = {**out.get("limits", {}), **{k: str(v) for k, v in devices.items()}}
+    return out
+
+
+def _runtime_resources(role_spec: RoleSpec, extra: dict[str, int] | None) -> Obj:
+    out = _resources(role_spec.resources, role_spec.gpus, extra)
+    # the scheduler counts what /tmp holds only where a request says so
+    out["requests"] = {"ephemeral-storage": RUNTIME_EPHEMERAL_STORAGE, **out.get("requests", {})}
     return out
 
 
@@ -249,7 +262,15 @@ def container_security_context(add: tuple[str, ...] = ()) -> Obj:
     capabilities: Obj = {"drop": ["ALL"]}
     if add:
         capabilities["add"] = list(add)
-    return {"allowPrivilegeEscalation": False, "capabilities": capabilities}
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": capabilities}
+
+
+def tmp_volume() -> tuple[Obj, Obj]:
+    """(volume, mount) of the writable /tmp of a pod whose root filesystem is read-only."""
+    return {"name": podtemplate.TMP_VOLUME, "emptyDir": {}}, {
+        "name": podtemplate.TMP_VOLUME,
+        "mountPath": TMP_DIR,
+    }
 
 
 # GPU nodes are tainted like this (the NVIDIA GPU operator's and the clouds' convention); pods
@@ -303,8 +324,12 @@ def runtime_volumes(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> tu
     # Optional: a pod starts before the watchdog first writes the list (an absent list
     # proves nothing, so nothing is freed on it).
     gone = {"name": gone_pods_name(owner.name), "optional": True}
-    volumes: list[Obj] = [{"name": podtemplate.GONE_PODS_VOLUME, "configMap": gone}]
-    mounts: list[Obj] = [{"name": podtemplate.GONE_PODS_VOLUME, "mountPath": GONE_PODS_DIR, "readOnly": True}]
+    tmp, tmp_mount = tmp_volume()
+    volumes: list[Obj] = [{"name": podtemplate.GONE_PODS_VOLUME, "configMap": gone}, tmp]
+    mounts: list[Obj] = [
+        {"name": podtemplate.GONE_PODS_VOLUME, "mountPath": GONE_PODS_DIR, "readOnly": True},
+        tmp_mount,
+    ]
     shm = spec.role(role).shm_size
     if shm:
         volumes.append({"name": podtemplate.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
@@ -333,6 +358,13 @@ def runtime_volumes(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> tu
             source = {"emptyDir": {"sizeLimit": str(cache.size_limit)} if cache.size_limit else {}}
         volumes.append({"name": podtemplate.CACHE_VOLUME, **source})
         mounts.append({"name": podtemplate.CACHE_VOLUME, "mountPath": CACHE_DIR})
+        token = model.hugging_face.token_secret_ref
+        if token is not None:
+            items = [{"key": token.key, "path": "token"}]
+            volumes.append(
+                {"name": podtemplate.HF_TOKEN_VOLUME, "secret": {"secretName": token.name, "items": items}}
+            )
+            mounts.append({"name": podtemplate.HF_TOKEN_VOLUME, "mountPath": HF_TOKEN_DIR, "readOnly": True})
     return volumes, mounts
 
 
@@ -396,9 +428,7 @@ def runtime_pod_template(
         "command": runtime_command(owner, spec, role, group),
         "ports": _runtime_ports(spec, group is not None),
         "env": runtime_env(owner, spec, role) + ([groups.rank_env()] if group is not None else []),
-        "resources": _resources(
-            role_spec.resources, role_spec.gpus, {rdma.resource_name: rdma.count} if rdma else None
-        ),
+        "resources": _runtime_resources(role_spec, {rdma.resource_name: rdma.count} if rdma else None),
         **_runtime_probes(spec),
         # IPC_LOCK: RDMA registers (pins) KV memory with the NIC.
         "securityContext": container_security_context(("IPC_LOCK",) if rdma else ()),
@@ -406,6 +436,7 @@ def runtime_pod_template(
     if mounts:
         container["volumeMounts"] = mounts
     pod_spec: Obj = {
+        "serviceAccountName": runtime_service_account_name(owner.name),
         # The runtime never calls the Kubernetes API: no token to steal.
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
@@ -530,6 +561,7 @@ def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
 
 def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
     role = contract.ROLE_ROUTER
+    tmp, tmp_mount = tmp_volume()
     container: Obj = {
         "name": ROUTER_CONTAINER,
         "image": spec.router.image or spec.image,
@@ -552,6 +584,7 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
         "readinessProbe": _http_probe("/readiness", contract.PORT_NAME_HTTP, 5, 3),
         "livenessProbe": _http_probe("/liveness", contract.PORT_NAME_HTTP, 10, 3),
         "securityContext": container_security_context(),
+        "volumeMounts": [tmp_mount],
     }
     template = {
         "metadata": {"labels": labels(owner.name, role)},
@@ -561,6 +594,7 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
             "automountServiceAccountToken": True,
             "securityContext": pod_security_context(),
             "topologySpreadConstraints": _spread(owner.name, role),
+            "volumes": [tmp],
             "containers": [container],
             "terminationGracePeriodSeconds": 30,
         },
@@ -574,6 +608,24 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
             "selector": {"matchLabels": selector_labels(owner.name, role)},
             "template": podtemplate.merge(template, spec.router.pod_template),
         },
+    }
+
+
+# The prefill and decode pods' ServiceAccount: one per model, with no token, so that a runtime
+# pod never runs as the namespace's default account (which others may have granted rights to).
+RUNTIME_ACCOUNT: Final = "runtime"
+
+
+def runtime_service_account_name(model: str) -> str:
+    return child_name(model, RUNTIME_ACCOUNT)
+
+
+def runtime_service_account(owner: Owner) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": _metadata(owner, runtime_service_account_name(owner.name), RUNTIME_ACCOUNT),
+        "automountServiceAccountToken": False,
     }
 
 
@@ -664,8 +716,7 @@ def network_policy(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
         ],
     }
     router_pods = {"matchLabels": selector_labels(owner.name, contract.ROLE_ROUTER)}
-    peers = spec.network_policy.metrics_from
-    metrics_from = [dict(p) for p in peers] if peers is not None else [dict(p) for p in DEFAULT_METRICS_PEERS]
+    metrics_from = _metrics_peers(spec)
     suffix = NETWORK_POLICY_SUFFIX
     return {
         "apiVersion": "networking.k8s.io/v1",
@@ -681,6 +732,33 @@ def network_policy(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
                 },
                 {"from": [{"podSelector": runtime_pods}]},
                 {"from": metrics_from, "ports": [{"protocol": "TCP", "port": contract.PORT_NAME_METRICS}]},
+            ],
+        },
+    }
+
+
+def _metrics_peers(spec: DisaggregatedModelSpec) -> list[Obj]:
+    peers = spec.network_policy.metrics_from
+    return [dict(p) for p in (peers if peers is not None else DEFAULT_METRICS_PEERS)]
+
+
+def router_network_policy(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
+    """Ingress to the model's router pods: clients to its HTTP port, the metrics peers to its
+    metrics port, nothing else."""
+    role = contract.ROLE_ROUTER
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(owner, child_name(owner.name, role), role),
+        "spec": {
+            "podSelector": {"matchLabels": selector_labels(owner.name, role)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"ports": [{"protocol": "TCP", "port": contract.PORT_NAME_HTTP}]},
+                {
+                    "from": _metrics_peers(spec),
+                    "ports": [{"protocol": "TCP", "port": contract.PORT_NAME_METRICS}],
+                },
             ],
         },
     }
@@ -712,13 +790,18 @@ def render_children(owner: Owner, spec: DisaggregatedModelSpec) -> list[Obj]:
     return [
         *runtime_workloads(owner, spec, contract.ROLE_PREFILL),
         *runtime_workloads(owner, spec, contract.ROLE_DECODE),
+        runtime_service_account(owner),
         router_service_account(owner),
         router_role(owner),
         router_role_binding(owner),
         router_deployment(owner, spec),
         router_service(owner),
         *(pod_disruption_budget(owner, spec, role) for role in ROLES),
-        *([network_policy(owner, spec)] if spec.network_policy.enabled else []),
+        *(
+            [network_policy(owner, spec), router_network_policy(owner, spec)]
+            if spec.network_policy.enabled
+            else []
+        ),
     ]
 
 

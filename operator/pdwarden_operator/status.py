@@ -227,9 +227,15 @@ def compute_conditions(
     else:
         wedge = ("Unknown", "NotScrapedYet", "The watchdog has not scraped the pods yet.")
 
-    # FleetBrake: the operator-wide brake held this model's remediation (watchdog/brake.py)
+    # FleetBrake: the fleet's or the namespace's brake held this model's remediation (watchdog/brake.py)
     brake = (watchdog or {}).get("fleetBrake") or {}
-    if brake.get("engaged"):
+    if brake.get("engaged") and brake.get("scope") == "namespace":
+        fleet = (
+            "True",
+            "NamespaceBrakeEngaged",
+            f"No remediation on this namespace's models: {brake.get('reason', '')}.",
+        )
+    elif brake.get("engaged"):
         fleet = ("True", "FleetBrakeEngaged", f"No remediation on any model: {brake.get('reason', '')}.")
     else:
         fleet = ("False", "NotEngaged", "The operator-wide limits allow remediation.")

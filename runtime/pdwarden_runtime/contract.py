@@ -134,6 +134,24 @@ KV_STATES: Final = (
 METRIC_RUNTIME_THREADS: Final = "pdwarden_runtime_threads"
 METRIC_RUNTIME_THREADS_EXPECTED: Final = "pdwarden_runtime_threads_expected"
 LABEL_METRIC_THREAD: Final = "thread"
+# The `thread` label values: every kind of thread the runtime watches (its thread watch names
+# them; its metrics export no other). The operator refuses a body with any other value.
+THREAD_NIXL_BOOTSTRAP: Final = "nixl_bootstrap"
+THREAD_NIXL_TRANSFER_WORKER: Final = "nixl_transfer_worker"
+THREAD_NIXL_DECODE_LISTENER: Final = "nixl_decode_listener"
+THREAD_NIXL_HEARTBEAT: Final = "nixl_heartbeat"
+THREAD_PDWARDEN_QUARANTINE: Final = "pdwarden_quarantine"
+THREAD_PDWARDEN_DEADLINE_REAPER: Final = "pdwarden_deadline_reaper"
+THREAD_PDWARDEN_STOCK_MIRROR: Final = "pdwarden_stock_mirror"
+RUNTIME_THREAD_KINDS: Final = (
+    THREAD_NIXL_BOOTSTRAP,
+    THREAD_NIXL_TRANSFER_WORKER,
+    THREAD_NIXL_DECODE_LISTENER,
+    THREAD_NIXL_HEARTBEAT,
+    THREAD_PDWARDEN_QUARANTINE,
+    THREAD_PDWARDEN_DEADLINE_REAPER,
+    THREAD_PDWARDEN_STOCK_MIRROR,
+)
 # Exceptions caught in pdwarden's own hooks around SGLang's queues and threads.
 METRIC_RUNTIME_ERRORS_TOTAL: Final = "pdwarden_runtime_errors_total"
 METRIC_RUNTIME_ERRORS_BASE: Final = "pdwarden_runtime_errors"
@@ -195,6 +213,7 @@ METRIC_OPERATOR_SCRAPE_DURATION: Final = "pdwarden_operator_scrape_duration_seco
 METRIC_OPERATOR_BUDGET_EXHAUSTED: Final = "pdwarden_operator_remediation_budget_exhausted"
 METRIC_OPERATOR_LEADER: Final = "pdwarden_operator_leader"
 METRIC_OPERATOR_BRAKE_ENGAGED: Final = "pdwarden_operator_brake_engaged"
+METRIC_OPERATOR_NAMESPACE_BRAKE_ENGAGED: Final = "pdwarden_operator_namespace_brake_engaged"  # {namespace}
 # Abandoned rooms the model's pods report (METRIC_KV_ROOMS_ABANDONED), per role: named in the
 # verdicts, never remediated.
 METRIC_OPERATOR_ABANDONED_ROOMS: Final = "pdwarden_operator_abandoned_rooms"

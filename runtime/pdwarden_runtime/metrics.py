@@ -304,9 +304,10 @@ class _StateCollector(Collector):
             if self._threads is not None:
                 expected = self._threads.expected()
                 alive = self._threads.alive()
-                for kind, count in sorted(expected.items()):
+                # only the contract's kinds: the operator refuses a body naming any other
+                for kind in sorted(set(expected) & set(c.RUNTIME_THREAD_KINDS)):
                     threads.add_metric([role, kind], alive.get(kind, 0))
-                    threads_expected.add_metric([role, kind], count)
+                    threads_expected.add_metric([role, kind], expected[kind])
             quarantined.add_metric([role], self._quarantined() if self._quarantined is not None else 0)
             ended = self._quarantine_endings() if self._quarantine_endings is not None else {}
             for how in c.QUARANTINE_ENDINGS:

@@ -11,10 +11,21 @@ from typing import Any
 import pytest
 
 from pdwarden_bench.operator_process import OperatorProcess
+from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import Kubectl, WaitTimeout, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "pdwarden.io_disaggregatedmodels.yaml"
+# The kinds (kubectl's names) of a model's children.
+CHILD_RESOURCES = (
+    "deployments",
+    "services",
+    "serviceaccounts",
+    "roles",
+    "rolebindings",
+    "poddisruptionbudgets",
+    "networkpolicies",
+)
 
 
 def kubectl_with_crd(kubeconfig: str | Path) -> Kubectl:
@@ -25,23 +36,29 @@ def kubectl_with_crd(kubeconfig: str | Path) -> Kubectl:
     return k
 
 
-def operator_for_prefix(kubectl: Kubectl, ns_prefix: str, log: Path) -> Iterator[OperatorProcess]:
+def operator_for_prefix(
+    kubectl: Kubectl, ns_prefix: str, log: Path, **options: Any
+) -> Iterator[OperatorProcess]:
     """An operator watching the namespaces that start with `ns_prefix`, for a module's tests,
-    yielded once it sees namespaces created after its start."""
+    yielded once it sees namespaces created after its start (`options`: OperatorProcess's)."""
     # a Lease of its own: operators of other modules, running beside it on another worker,
     # would otherwise share the default one (namespace default) and only one of them would act
     lease = ("--leader-election-id", f"pdwarden-e2e-{ns_prefix.rstrip('-')}")
+    extra = (*lease, *options.pop("extra_args", ()))
     with OperatorProcess(
-        kubectl.env["KUBECONFIG"], namespaces=(f"{ns_prefix}*",), log_path=log, extra_args=lease
+        kubectl.env["KUBECONFIG"], namespaces=(f"{ns_prefix}*",), log_path=log, extra_args=extra, **options
     ) as op:
         wait_watching_new_namespaces(kubectl, ns_prefix)
         yield op
     print(f"operator log: {log}")
 
 
-def operator_module_fixtures(ns_prefix: str) -> tuple[Any, Any, Any]:
+def operator_module_fixtures(
+    ns_prefix: str, *, metrics: bool = False, **options: Any
+) -> tuple[Any, Any, Any]:
     """The `kubectl`, `operator` and `namespace` fixtures of an operator e2e module whose
-    namespaces start with `ns_prefix` (assign them at module level under those names)."""
+    namespaces start with `ns_prefix` (assign them at module level under those names).
+    `metrics`: the operator serves its metrics on a free port; `options`: OperatorProcess's."""
 
     @pytest.fixture(scope="module")
     def kubectl(cluster: Any) -> Kubectl:
@@ -49,8 +66,9 @@ def operator_module_fixtures(ns_prefix: str) -> tuple[Any, Any, Any]:
 
     @pytest.fixture(scope="module")
     def operator(kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+        port = {"metrics_port": free_port()} if metrics else {}
         yield from operator_for_prefix(
-            kubectl, ns_prefix, tmp_path_factory.mktemp("operator") / "operator.log"
+            kubectl, ns_prefix, tmp_path_factory.mktemp("operator") / "operator.log", **port, **options
         )
 
     @pytest.fixture

@@ -14,7 +14,7 @@ from pdwarden_bench.ports import free_port
 from pdwarden_localcluster import network
 from pdwarden_localcluster.cluster import ClusterInfo, ports
 from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
-from tests.support.kube_objects import deployment
+from tests.support.kube_objects import deployment, http_server_script
 
 pytestmark = pytest.mark.e2e
 
@@ -32,19 +32,7 @@ FETCH = (
     "time.sleep(3600)\n"
 )
 # answers GET with a line naming the pod (so a test sees which replica served it)
-SERVE = (
-    "import http.server, os\n"
-    "class H(http.server.BaseHTTPRequestHandler):\n"
-    "    def do_GET(self):\n"
-    "        body = ('served-by ' + os.environ['POD_NAME'] + '\\n').encode()\n"
-    "        self.send_response(200)\n"
-    "        self.send_header('Content-Length', str(len(body)))\n"
-    "        self.end_headers()\n"
-    "        self.wfile.write(body)\n"
-    "    def log_message(self, *args):\n"
-    "        pass\n"
-    "http.server.ThreadingHTTPServer((os.environ.get('BIND', '0.0.0.0'), 8080), H).serve_forever()\n"
-)
+SERVE = http_server_script(8080, "('served-by ' + os.environ['POD_NAME'] + '\\n').encode()")
 POD_NAME_ENV = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
 
 

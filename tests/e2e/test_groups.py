@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.cluster_env import EMULATED_PORT_PREFILL, wedge_pod
+from pdwarden_bench.cluster_env import EMULATED_PORT_PREFILL, REACHABLE_FROM_HOST, wedge_pod
 from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.testing import Kubectl, wait_for
 from pdwarden_runtime import contract
@@ -65,6 +65,7 @@ def _model() -> dict[str, Any]:
                 "transferDeadlineSeconds": 20,
                 "ucxTransports": "tcp,self",
             },
+            "networkPolicy": REACHABLE_FROM_HOST,
             "watchdog": {
                 "stuckAfterSeconds": 30,
                 "scrapeIntervalSeconds": 5,

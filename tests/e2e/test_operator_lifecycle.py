@@ -18,17 +18,17 @@ from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import Kubectl, wait_for
 
-from ._operator_helpers import ROOT, condition, new_namespace, operator_module_fixtures
+from ._operator_helpers import CHILD_RESOURCES, ROOT, condition, new_namespace, operator_module_fixtures
 
 pytestmark = pytest.mark.e2e
 
 NS_PREFIX = "pdwe-op-"
 CRASH_MODELS = 12  # enough work that a kill at the first child lands mid-reconcile
-CHILD_KINDS = ("deployments", "services", "serviceaccounts", "roles", "rolebindings", "poddisruptionbudgets")
 CHILDREN = {
     "deployments": {"prefill", "decode", "router"},
     "services": {"router"},
-    "serviceaccounts": {"router"},
+    "serviceaccounts": {"router", "runtime"},
+    "networkpolicies": {"router", "runtime"},
     "roles": {"router"},
     "rolebindings": {"router"},
     "poddisruptionbudgets": {"prefill", "decode", "router"},
@@ -46,7 +46,7 @@ def _children(
     kubectl: Kubectl, name: str, ns: str, *, managed_fields: bool = False
 ) -> dict[str, list[dict[str, Any]]]:
     sel = f"pdwarden.io/model={name}"
-    return {kind: kubectl.items(kind, ns, sel, managed_fields=managed_fields) for kind in CHILD_KINDS}
+    return {kind: kubectl.items(kind, ns, sel, managed_fields=managed_fields) for kind in CHILD_RESOURCES}
 
 
 def _complete(kubectl: Kubectl, name: str, ns: str) -> bool:
@@ -97,12 +97,12 @@ def test_zero_replica_model_gets_every_child_and_status(
     kubectl: Kubectl, operator: OperatorProcess, namespace: str
 ) -> None:
     _zero_model(kubectl, "zero", namespace)
-    wait_for(lambda: _complete(kubectl, "zero", namespace), 60, "all 10 children")
+    wait_for(lambda: _complete(kubectl, "zero", namespace), 60, "every child")
     dm = wait_for(lambda: _ready(kubectl, "zero", namespace), 60, "status Ready")
     assert condition(dm, "Ready")["status"] == "True"
     assert condition(dm, "Progressing")["status"] == "False"
     assert condition(dm, "Degraded")["status"] == "False"
-    for kind in CHILD_KINDS:
+    for kind in CHILD_RESOURCES:
         for obj in _children(kubectl, "zero", namespace, managed_fields=True)[kind]:
             [ref] = obj["metadata"]["ownerReferences"]
             assert ref["uid"] == dm["metadata"]["uid"] and ref["controller"] is True

@@ -9,7 +9,7 @@
 - on nodes tainted like GPU nodes, a model without a toleration stays Pending with the
   scheduler's reason in its Ready condition; with podTemplate tolerations and nodeSelector,
   shm and a PersistentVolumeClaim of weights it becomes Ready;
-- the optional NetworkPolicy appears and disappears with `networkPolicy.enabled`;
+- the NetworkPolicies (on by default) disappear and reappear with `networkPolicy.enabled`;
 - every example is accepted by the API server (server-side dry-run).
 
 - inside the runtime container (read through /proc/<pid>, the local kubelet's container id):
@@ -32,6 +32,7 @@ from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.testing import wait_for
 
 from ._operator_helpers import (
+    CHILD_RESOURCES,
     ROOT,
     Kubectl,
     condition,
@@ -42,15 +43,6 @@ pytestmark = pytest.mark.e2e
 
 NS_PREFIX = "pdwe-pods-"
 ROLES = ("prefill", "decode", "router")
-CHILD_KINDS = (
-    "deployments",
-    "services",
-    "serviceaccounts",
-    "roles",
-    "rolebindings",
-    "poddisruptionbudgets",
-    "networkpolicies",
-)
 
 
 kubectl, operator, namespace = operator_module_fixtures(NS_PREFIX)
@@ -76,7 +68,8 @@ def _model(name: str, **spec: Any) -> dict[str, Any]:
 
 def _children(kubectl: Kubectl, name: str, ns: str) -> list[str]:
     sel = f"pdwarden.io/model={name}"
-    return [f"{kind}/{o['metadata']['name']}" for kind in CHILD_KINDS for o in kubectl.items(kind, ns, sel)]
+    found = ((kind, o) for kind in CHILD_RESOURCES for o in kubectl.items(kind, ns, sel))
+    return [f"{kind}/{o['metadata']['name']}" for kind, o in found]
 
 
 def _pods_by_role(kubectl: Kubectl, name: str, ns: str) -> dict[str, int]:
@@ -171,15 +164,16 @@ def test_a_refused_fragment_is_reported_and_nothing_is_applied(
     fixed["spec"]["decode"]["podTemplate"] = {"spec": {"nodeSelector": {"kubernetes.io/os": "linux"}}}
     kubectl.apply(fixed, namespace)
     wait_for(
-        lambda: len(_children(kubectl, "frag", namespace)) == 11 or None, 120, "the children after the fix"
+        lambda: len(_children(kubectl, "frag", namespace)) == 13 or None, 120, "the children after the fix"
     )
     degraded = condition(kubectl.get("disaggregatedmodel", "frag", namespace), "Degraded")
     assert degraded.get("reason") != "ApplyFailed", degraded
 
 
 def test_network_policy_follows_the_spec(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:
-    kubectl.apply(_model("np", networkPolicy={"enabled": True}), namespace)
+    kubectl.apply(_model("np"), namespace)
     policy = wait_for(lambda: kubectl.get("networkpolicy", "np-runtime", namespace), 120, "the NetworkPolicy")
+    assert kubectl.get("networkpolicy", "np-router", namespace) is not None, "on by default, router too"
     assert [r.get("ports", [{}])[0].get("port") for r in policy["spec"]["ingress"]] == [
         "http",
         None,
@@ -190,6 +184,7 @@ def test_network_policy_follows_the_spec(kubectl: Kubectl, operator: OperatorPro
         "-p", '{"spec": {"networkPolicy": {"enabled": false}}}',
     )  # fmt: skip
     wait_for(lambda: kubectl.get("networkpolicy", "np-runtime", namespace) is None, 120, "the policy deleted")
+    wait_for(lambda: kubectl.get("networkpolicy", "np-router", namespace) is None, 120, "the router's gone")
     assert kubectl.get("deployment", "np-prefill", namespace) is not None, "only the policy goes"
 
 

@@ -1,4 +1,5 @@
-"""Operator safety end to end: a leader with a standby, and the fleet brake.
+"""Operator safety end to end: a leader with a standby, and the brakes (one tenant's wedges
+hold only its own namespace).
 
 Real operator processes (two of them where a standby matters) against the local cluster and
 synthetic runtime pods; the harness (Env, load, wedge injection) is tests/e2e/test_watchdog.py's.
@@ -11,6 +12,7 @@ import contextlib
 import os
 import random
 import signal
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -25,6 +27,7 @@ from pdwarden_bench.cluster_env import (
     STUCK,
     WATCHDOG,
     Env,
+    open_env,
     operator_metric,
     pod_metrics,
     remediations,
@@ -119,59 +122,97 @@ def test_a_frozen_leader_is_replaced_and_acts_on_nothing_when_resumed(env: Env) 
     assert second.proc.poll() is None
 
 
-def test_many_models_wedged_at_once_engage_the_fleet_brake_then_it_releases(env: Env) -> None:
+@contextlib.contextmanager
+def _second_tenant(env: Env) -> Iterator[Env]:
+    """An Env on a namespace of its own beside `env`'s, deleted afterwards."""
+    namespace = f"{env.namespace}-b"
+    env.call("POST", "/api/v1/namespaces", {"metadata": {"name": namespace}})
+    other = open_env(env.kubeconfig, namespace, env.tmp / "b")
+    (env.tmp / "b").mkdir()
+    try:
+        yield next(other)
+    finally:
+        with contextlib.suppress(StopIteration):
+            next(other)
+
+
+def test_one_tenants_wedged_models_engage_its_namespace_brake_and_no_one_elses(env: Env) -> None:
     names = ("fleet-a", "fleet-b")
-    op = env.start_operator("--brake-max-wedged-models", "1")
     # a threshold long enough that the second wedge (injected seconds after the first) has
     # stalled for half of it when the first crosses it: both count at once
     watchdog = {**WATCHDOG, "stuckAfterSeconds": 2 * STUCK}
-    for name in names:
-        env.create_dm(name, watchdog, EMULATED_PORT_PREFILL, replicas=1)
-    for name in names:
-        _ready(env, name, 1)
-    victims = {name: env.live_ready_pods(name, contract.ROLE_PREFILL)[0] for name in names}
-    # the same fault on both at once (a shared cause), as close together as the race allows
-    with ThreadPoolExecutor(len(names)) as pool:
-        list(pool.map(lambda n: wedge(env, n, victims[n]), names))
+    with _second_tenant(env) as other:
+        op = env.start_operator("--namespace", other.namespace, "--namespace-brake-max-wedged-models", "1")
+        for name in names:
+            env.create_dm(name, watchdog, EMULATED_PORT_PREFILL, replicas=1)
+        other.create_dm("elsewhere", watchdog, EMULATED_PORT_PREFILL, replicas=1)
+        for name in names:
+            _ready(env, name, 1)
+        _ready(other, "elsewhere", 1)
+        victims = {name: env.live_ready_pods(name, contract.ROLE_PREFILL)[0] for name in names}
+        theirs = other.live_ready_pods("elsewhere", contract.ROLE_PREFILL)[0]
+        # the same fault on both of one tenant's models at once, and on the other tenant's model
+        with ThreadPoolExecutor(len(names) + 1) as pool:
+            list(pool.map(lambda n: wedge(env, n, victims[n]), names))
+            pool.submit(wedge, other, "elsewhere", theirs).result()
 
-    def all_held() -> bool:
-        return all(_conditions(env, n).get("FleetBrake", {}).get("status") == "True" for n in names)
+        def all_held() -> bool:
+            return all(
+                _conditions(env, n).get("FleetBrake", {}).get("reason") == "NamespaceBrakeEngaged"
+                for n in names
+            )
 
-    wait_for(all_held, 2 * STUCK + 120, "FleetBrake on every wedged model", 1.0, API_TRANSIENT)
-    assert operator_metric(op, contract.METRIC_OPERATOR_BRAKE_ENGAGED) == 1
-    wait_for(
-        lambda: all(any(r["outcome"] == "skipped-brake" for r in remediations(env, n)) for n in names),
-        4 * INTERVAL + 30,
-        "each wedge recorded as held by the brake",
-        1.0,
-        API_TRANSIENT,
-    )
-    for name, victim in victims.items():
-        # no pod was touched: the wedged pods are the same, alive pods
-        uids = {p["metadata"]["uid"] for p in env.live_ready_pods(name, contract.ROLE_PREFILL)}
-        assert victim["metadata"]["uid"] in uids
-        assert not [r for r in remediations(env, name) if r["outcome"] in ("deleted", "evicted", "pending")]
-        assert any(e["reason"] == "FleetBrakeEngaged" for e in env.events(name))
+        wait_for(all_held, 2 * STUCK + 120, "the namespace brake on every wedged model", 1.0, API_TRANSIENT)
+        namespace_brake = contract.METRIC_OPERATOR_NAMESPACE_BRAKE_ENGAGED
+        assert operator_metric(op, namespace_brake, namespace=env.namespace) == 1
+        assert operator_metric(op, contract.METRIC_OPERATOR_BRAKE_ENGAGED) == 0, "not the fleet's"
+        wait_for(
+            lambda: all(any(r["outcome"] == "skipped-brake" for r in remediations(env, n)) for n in names),
+            4 * INTERVAL + 30,
+            "each wedge recorded as held by the brake",
+            1.0,
+            API_TRANSIENT,
+        )
+        for name, victim in victims.items():
+            # no pod was touched: the wedged pods are the same, alive pods
+            uids = {p["metadata"]["uid"] for p in env.live_ready_pods(name, contract.ROLE_PREFILL)}
+            assert victim["metadata"]["uid"] in uids
+            assert not [
+                r for r in remediations(env, name) if r["outcome"] in ("deleted", "evicted", "pending")
+            ]
+            assert any(e["reason"] == "NamespaceBrakeEngaged" for e in env.events(name))
+        # the other tenant's wedge is remediated as usual meanwhile
+        wait_for(
+            lambda: (
+                [r["outcome"] for r in remediations(other, "elsewhere", theirs["metadata"]["name"])]
+                == ["deleted"]
+            ),
+            2 * STUCK + 120,
+            "the other tenant's wedged pod restarted",
+            1.0,
+            API_TRANSIENT,
+        )
+        assert operator_metric(op, namespace_brake, namespace=other.namespace) == 0
 
-    # A person fixes one model (its wedged pod replaced by hand): one model in trouble is under
-    # the limit, so the brake releases on its own and the other wedge is remediated as usual.
-    fixed = names[0]
-    env.call("DELETE", f"/api/v1/namespaces/{env.namespace}/pods/{victims[fixed]['metadata']['name']}")
-    wait_for(
-        lambda: operator_metric(op, contract.METRIC_OPERATOR_BRAKE_ENGAGED) == 0,
-        2 * STUCK + 120,
-        "the brake released",
-        1.0,
-        API_TRANSIENT,
-    )
-    wait_for(
-        lambda: _conditions(env, names[1]).get("FleetBrake", {}).get("status") == "False",
-        4 * INTERVAL + 60,
-        "FleetBrake False again",
-        1.0,
-        API_TRANSIENT,
-    )
-    assert any(e["reason"] == "FleetBrakeReleased" for e in env.events(names[1]))
+        # A person fixes one model (its wedged pod replaced by hand): one model in trouble is
+        # under the limit, so the brake releases on its own and the other wedge is remediated.
+        fixed = names[0]
+        env.call("DELETE", f"/api/v1/namespaces/{env.namespace}/pods/{victims[fixed]['metadata']['name']}")
+        wait_for(
+            lambda: operator_metric(op, namespace_brake, namespace=env.namespace) == 0,
+            2 * STUCK + 120,
+            "the brake released",
+            1.0,
+            API_TRANSIENT,
+        )
+        wait_for(
+            lambda: _conditions(env, names[1]).get("FleetBrake", {}).get("status") == "False",
+            4 * INTERVAL + 60,
+            "FleetBrake False again",
+            1.0,
+            API_TRANSIENT,
+        )
+        assert any(e["reason"] == "NamespaceBrakeReleased" for e in env.events(names[1]))
 
 
 def test_many_clients_through_the_router_with_cancellations_take_no_action(env: Env) -> None:

@@ -35,6 +35,8 @@ NON_DEFAULT = {
     "monitoring.prometheusRule.rules.inflightStuck.window": "10m",
     "monitoring.prometheusRule.rules.statusWritesRefused.enabled": "false",
     "monitoring.serviceMonitor.labels.release": "kube-prometheus-stack",
+    "podPolicy.allow": "{faultInjection}",
+    "podPolicy.namespaces.rdma": "{hostNamespaces,capabilities}",
 }
 
 
@@ -105,6 +107,8 @@ def test_operator_deployment_is_hardened_leader_and_standby_with_probes() -> Non
     assert f"--health-port={contract.OPERATOR_HEALTH_PORT}" in container["args"]
     assert f"--leader-election-namespace={NAMESPACE}" in container["args"]
     assert "--brake-max-wedged-models=3" in container["args"]
+    assert "--namespace-brake-max-wedged-models=2" in container["args"]
+    assert not [a for a in container["args"] if a.startswith("--allow")], "the pod policy allows nothing"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": contract.OPERATOR_METRICS_PORT, "health": contract.OPERATOR_HEALTH_PORT}
     for probe in ("livenessProbe", "readinessProbe"):
@@ -118,6 +122,13 @@ def test_operator_deployment_is_hardened_leader_and_standby_with_probes() -> Non
 
 def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [rule for doc in chart.find_objects(docs, kind) for rule in doc["rules"]]
+
+
+def test_the_pod_policy_reaches_the_operator_as_its_allow_flags() -> None:
+    [deployment] = chart.find_objects(render(NON_DEFAULT), "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    allowed = [a for a in args if a.startswith("--allow=")]
+    assert allowed == ["--allow=faultInjection", "--allow=rdma/hostNamespaces", "--allow=rdma/capabilities"]
 
 
 @pytest.mark.parametrize("values", [{}, NON_DEFAULT], ids=["cluster", "namespace"])
@@ -152,6 +163,7 @@ def test_rbac_is_least_privilege_and_never_touches_secrets(values: Mapping[str, 
         ("coordination.k8s.io", "leases", "update"),
         ("networking.k8s.io", "networkpolicies", "watch"),
         ("networking.k8s.io", "networkpolicies", "delete"),
+        ("apps", "replicasets", "get"),  # the watchdog follows a pod's controller up to its model
     ]:
         assert needed in granted, needed
     lease_role = next(d for d in chart.find_objects(docs, "Role") if d["rules"][0]["resources"] == ["leases"])

@@ -161,8 +161,13 @@ def test_the_demo_chooses_its_operators_scope(asked: str, started: bool, scope: 
 
 
 def test_the_demo_scopes_values_are_the_charts() -> None:
-    assert demo_scenario.chart_values("cluster") == {"operator.scope": "cluster"}
+    allow = {f"podPolicy.namespaces.{demo_scenario.NAMESPACE}": "{faultInjection}"}
+    assert demo_scenario.chart_values("cluster") == {"operator.scope": "cluster", **allow}
     values = demo_scenario.chart_values("namespace")
-    assert values == {"operator.scope": "namespace", "operator.watchNamespace": demo_scenario.NAMESPACE}
+    assert values == {
+        "operator.scope": "namespace",
+        "operator.watchNamespace": demo_scenario.NAMESPACE,
+        **allow,
+    }
     with pytest.raises(ValueError, match="scope must be one of"):
         demo_scenario.operator_scope("everywhere", True)

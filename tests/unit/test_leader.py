@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,15 +27,17 @@ class Store:
         self.obj: dict[str, Any] | None = None
         self.version = 0
 
-    async def get(self, ns: str, name: str) -> dict[str, Any] | None:
+    async def get(self, ns: str, name: str, client: Any = None) -> dict[str, Any] | None:
         return copy.deepcopy(self.obj)
 
-    async def create(self, ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, ns: str, name: str, spec: dict[str, Any], client: Any = None) -> dict[str, Any]:
         if self.obj is not None:
             raise KubeApiError(409, "AlreadyExists", "exists")
         return self._put(spec)
 
-    async def replace(self, ns: str, name: str, rv: str, spec: dict[str, Any]) -> dict[str, Any]:
+    async def replace(
+        self, ns: str, name: str, rv: str, spec: dict[str, Any], client: Any = None
+    ) -> dict[str, Any]:
         if self.obj is None or self.obj["metadata"]["resourceVersion"] != rv:
             raise KubeApiError(409, "Conflict", "the object has been modified")
         return self._put(spec)
@@ -129,3 +134,87 @@ def test_a_released_lease_is_taken_at_once(store: Store) -> None:
 def test_without_an_elector_remediation_is_allowed() -> None:
     leader.set_elector(None)
     assert asyncio.run(leader.still_leading())
+
+
+class RecordingStore(Store):
+    """The Store, recording on which thread each read ran; `down` makes every call fail as an
+    unreachable API server would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read_on: list[str] = []
+        self.down = False
+
+    async def get(self, ns: str, name: str, client: Any = None) -> dict[str, Any] | None:
+        self.read_on.append(threading.current_thread().name)
+        if self.down:
+            raise KubeApiError(0, "ConnectionRefusedError", "down")
+        return await super().get(ns, name, client)
+
+
+@pytest.fixture
+def recording(monkeypatch: pytest.MonkeyPatch) -> RecordingStore:
+    s = RecordingStore()
+    monkeypatch.setattr(kube_lease, "get_lease", s.get)
+    monkeypatch.setattr(kube_lease, "create_lease", s.create)
+    monkeypatch.setattr(kube_lease, "replace_lease", s.replace)
+    return s
+
+
+FAST = leader.Timing(lease_duration=3.0, renew_deadline=2.0, retry_period=0.05)
+
+
+def threaded(identity: str) -> tuple[leader.Elector, threading.Event]:
+    lost = threading.Event()
+    e = leader.Elector("ns", "lease", identity, timing=FAST, metrics=OperatorMetrics(CollectorRegistry()))
+    e.start(on_lost=lost.set)
+    return e, lost
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 30  # generous: only a broken elector takes this long
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_the_elector_thread_leads_renews_and_hands_the_lease_back(recording: RecordingStore) -> None:
+    a, a_lost = threaded("a")
+
+    async def main_loop() -> None:
+        await asyncio.wait_for(a.wait_leading(), 30)
+        assert a.is_leader()
+        renewed = recording.version
+        wait_until(lambda: recording.version >= renewed + 3, "three renewals")
+        # a check before acting runs on the elector's own loop, with its own connection
+        assert await a.prove() and recording.read_on[-1] == "pdwarden-leader"
+        await a.stop()
+
+    asyncio.run(main_loop())
+    assert recording.obj is not None and recording.obj["spec"]["holderIdentity"] is None
+    assert not a.is_leader() and not a_lost.is_set()
+
+
+def test_a_standby_thread_waits_and_stops_without_leading(recording: RecordingStore) -> None:
+    a, _ = threaded("a")
+    wait_until(a.is_leader, "a leading")
+    b, b_lost = threaded("b")
+
+    async def main_loop() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(b.wait_leading(), 0.5)
+        await b.stop()
+        await a.stop()
+
+    asyncio.run(main_loop())
+    assert not b.is_leader() and not b_lost.is_set()
+    assert recording.obj is not None and recording.obj["spec"]["holderIdentity"] is None  # a released
+
+
+def test_renewals_that_keep_failing_end_leadership_on_the_elector_thread(recording: RecordingStore) -> None:
+    a, a_lost = threaded("a")
+    wait_until(a.is_leader, "a leading")
+    recording.down = True
+    wait_until(a_lost.is_set, "on_lost called once the renew deadline passed")
+    assert not a.is_leader()
+    assert recording.obj is not None and recording.obj["spec"]["holderIdentity"] == "a"  # never released

@@ -125,10 +125,11 @@ def test_the_crd_has_a_rule_for_every_owned_field_of_every_role() -> None:
 
 def test_a_disabled_network_policy_is_deleted_and_nothing_else() -> None:
     owner = Owner(name="m1", namespace="ns", uid="u")
-    on = render_children(owner, parse_spec({"model": {"path": "m"}, "networkPolicy": {"enabled": True}}))
-    off = render_children(owner, parse_spec({"model": {"path": "m"}}))
+    on = render_children(owner, parse_spec({"model": {"path": "m"}}))
+    off = render_children(owner, parse_spec({"model": {"path": "m"}, "networkPolicy": {"enabled": False}}))
     observed = {(o["kind"], o["metadata"]["name"]): o for o in on}
     assert [(o["kind"], o["metadata"]["name"]) for o in plan.to_delete(off, observed)] == [
-        ("NetworkPolicy", "m1-runtime")
+        ("NetworkPolicy", "m1-router"),
+        ("NetworkPolicy", "m1-runtime"),
     ]
     assert plan.to_delete(on, observed) == []

@@ -212,6 +212,7 @@ def test_every_child_is_owned_labelled_and_named_deterministically() -> None:
             ("Deployment", "m1-prefill"),
             ("Deployment", "m1-decode"),
             ("Deployment", "m1-router"),
+            ("ServiceAccount", "m1-runtime"),
             ("ServiceAccount", "m1-router"),
             ("Role", "m1-router"),
             ("RoleBinding", "m1-router"),
@@ -219,6 +220,8 @@ def test_every_child_is_owned_labelled_and_named_deterministically() -> None:
             ("PodDisruptionBudget", "m1-prefill"),
             ("PodDisruptionBudget", "m1-decode"),
             ("PodDisruptionBudget", "m1-router"),
+            ("NetworkPolicy", "m1-runtime"),
+            ("NetworkPolicy", "m1-router"),
         ]
     )
     for o in objs:
@@ -229,6 +232,16 @@ def test_every_child_is_owned_labelled_and_named_deterministically() -> None:
         assert meta["labels"][contract.LABEL_MODEL] == "m1"
         assert meta["labels"][contract.LABEL_MANAGED_BY] == contract.MANAGED_BY
     assert objs == _render("sglang-gpu"), "rendering must be deterministic"
+
+
+def test_runtime_pods_run_as_the_models_own_account_without_a_token() -> None:
+    objs = _by_key(_render("sglang-gpu"))
+    account = objs[("ServiceAccount", "m1-runtime")]
+    assert account["automountServiceAccountToken"] is False
+    for role in contract.RUNTIME_ROLES:
+        pod = objs[("Deployment", f"m1-{role}")]["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "m1-runtime"
+        assert pod["automountServiceAccountToken"] is False
 
 
 def test_runtime_pod_follows_interface_1() -> None:
@@ -390,8 +403,8 @@ def test_pod_template_merges_with_strategic_merge_semantics() -> None:
     assert runtime["command"][:3] == ["pdwarden", "runtime", "serve"], "owned fields stay"
     assert runtime["env"][-1] == {"name": "NCCL_DEBUG", "value": "INFO"}
     mounts = [m["mountPath"] for m in runtime["volumeMounts"]]
-    assert mounts == ["/etc/pdwarden/gone-pods", "/dev/shm", "/scratch"], "appended"
-    assert [v["name"] for v in pod["volumes"]] == ["gone-pods", "dshm", "scratch"]
+    assert mounts == ["/etc/pdwarden/gone-pods", "/tmp", "/dev/shm", "/scratch"], "appended"
+    assert [v["name"] for v in pod["volumes"]] == ["gone-pods", "tmp", "dshm", "scratch"]
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["securityContext"]["runAsUser"] == 2000 and "fsGroup" not in pod["securityContext"]
     assert pod["securityContext"]["runAsNonRoot"] is True, "maps merge key by key"
@@ -400,7 +413,7 @@ def test_pod_template_merges_with_strategic_merge_semantics() -> None:
     router = _pod(objs, "router")
     assert router["nodeSelector"] == {"pool": "cpu"}
     assert router["containers"][0]["resources"] == {
-        "requests": {"cpu": "500m", "memory": "512Mi"},
+        "requests": {"cpu": "500m", "memory": "512Mi", "ephemeral-storage": "64Mi"},
         "limits": {"cpu": "2", "memory": "8Gi"},
     }
 
@@ -426,7 +439,12 @@ def test_model_storage_mounts_the_weights_and_passes_the_mounted_path() -> None:
     assert cache["persistentVolumeClaim"] == {"claimName": "hf-cache"}
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["HF_HOME"]["value"] == "/elsewhere", "the role's env replaces pdwarden's by name"
-    assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
+    assert "HF_TOKEN" not in env, "a token in the environment shows in every process listing"
+    assert env["HF_TOKEN_PATH"]["value"] == "/var/run/secrets/huggingface/token"
+    token = next(v for v in pod["volumes"] if v["name"] == "hf-token")
+    assert token["secret"] == {"secretName": "hf", "items": [{"key": "token", "path": "token"}]}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "hf-token")
+    assert mount == {"name": "hf-token", "mountPath": "/var/run/secrets/huggingface", "readOnly": True}
     names = [e["name"] for e in pod["containers"][0]["env"]]
     assert len(names) == len(set(names)), "one entry per name (server-side apply refuses duplicates)"
 
@@ -464,7 +482,22 @@ def test_network_policy_admits_router_peers_and_scrapers_only() -> None:
     assert peers == {"from": [{"podSelector": selector}]}
     assert metrics["ports"] == [{"protocol": "TCP", "port": "metrics"}]
     assert len(metrics["from"]) == 2
-    assert ("NetworkPolicy", "m1-runtime") not in _by_key(_render("synthetic-basic"))
+    front, router_metrics = objs[("NetworkPolicy", "m1-router")]["spec"]["ingress"]
+    assert objs[("NetworkPolicy", "m1-router")]["spec"]["podSelector"] == router["from"][0]["podSelector"]
+    assert front == {"ports": [{"protocol": "TCP", "port": "http"}]}, "the front door is open to clients"
+    assert router_metrics == metrics
+    assert ("NetworkPolicy", "m1-runtime") in _by_key(_render("synthetic-basic")), "on by default"
+
+
+def test_every_container_has_a_read_only_root_a_tmp_volume_and_an_ephemeral_storage_request() -> None:
+    objs = _by_key(_render("sglang-gpu"))
+    for role in ("prefill", "decode", "router"):
+        pod = _pod(objs, role)
+        [main] = pod["containers"]
+        assert main["securityContext"]["readOnlyRootFilesystem"] is True
+        assert {"name": "tmp", "mountPath": "/tmp"} in main["volumeMounts"]
+        assert {"name": "tmp", "emptyDir": {}} in pod["volumes"]
+        assert "ephemeral-storage" in main["resources"]["requests"]
 
 
 def test_gpu_pods_tolerate_the_gpu_taint_and_cpu_pods_do_not() -> None:

@@ -1,4 +1,5 @@
-"""The fleet brake: operator-wide limits, engaged and released from the counts alone."""
+"""The brakes: per-namespace and fleet limits, engaged and released from the counts alone; one
+namespace alone never engages the fleet brake; counts survive a failover through status."""
 
 from __future__ import annotations
 
@@ -7,17 +8,18 @@ from prometheus_client import CollectorRegistry
 
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import ladder
-from pdwarden_operator.watchdog.brake import BrakeLimits, FleetBrake, judge
+from pdwarden_operator.watchdog.brake import BrakeLimits, Brakes, check_limits, judge, judge_all
 from pdwarden_operator.watchdog.history import Observation
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.parse import PodSample
 from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.rule import judge as judge_pod
-from pdwarden_operator.watchdog.state import WatchdogState
+from pdwarden_operator.watchdog.state import Remediation, WatchdogState
 from tests.unit.test_watchdog_ladder import DESIRED, FOUR, RESTART, T0, WEDGED, step
 
 pytestmark = pytest.mark.unit
 LIMITS = BrakeLimits(max_remediations_per_hour=3, max_wedged_models=2, max_wedged_pods=4)
+PER_NS = BrakeLimits(max_remediations_per_hour=2, max_wedged_models=1, max_wedged_pods=2)
 
 
 def test_judge_engages_above_each_limit_and_names_it() -> None:
@@ -38,22 +40,65 @@ def test_limits_are_validated() -> None:
 def test_brake_releases_on_its_own_and_exports_its_state() -> None:
     clock = [T0]
     metrics = OperatorMetrics(CollectorRegistry())
-    brake = FleetBrake(LIMITS, clock=lambda: clock[0], metrics=metrics)
-    for model in ("m1", "m2", "m3"):
-        brake.report(("ns", model), 1)
-    assert brake.evaluate().engaged
+    brake = Brakes(LIMITS, PER_NS, clock=lambda: clock[0], metrics=metrics)
+    for ns in ("a", "b", "c"):  # one troubled model in each of three namespaces
+        brake.report((ns, "m"), 1)
+    assert brake.evaluate("a").scope == "fleet"
     assert metrics.registry.get_sample_value("pdwarden_operator_brake_engaged") == 1
-    brake.report(("ns", "m3"), 0)  # one model recovered
-    assert not brake.evaluate().engaged
+    brake.report(("c", "m"), 0)  # one model recovered
+    assert not brake.evaluate("a").engaged
     assert metrics.registry.get_sample_value("pdwarden_operator_brake_engaged") == 0
-    for _ in range(3):
-        brake.record_action()
-    assert brake.evaluate().engaged
+    for ns in ("a", "b", "b"):
+        brake.record_action((ns, "m"))
+    assert brake.evaluate("c").scope == "fleet", "3 remediations across namespaces"
     clock[0] += 3600  # the hour slides past the actions
-    assert not brake.evaluate().engaged
-    brake.forget(("ns", "m1"))
-    brake.forget(("ns", "m2"))
-    assert "0 model(s)" in brake.evaluate().reason
+    assert not brake.evaluate("a").engaged
+    for ns in ("a", "b", "c"):
+        brake.forget((ns, "m"))
+    assert "0 model(s)" in brake.evaluate("a").reason
+
+
+def test_one_namespace_alone_engages_only_its_own_brake() -> None:
+    troubled = {("a", "m1"): 3, ("a", "m2"): 2, ("a", "m3"): 1, ("b", "m4"): 1}
+    held = judge_all(troubled, {("a", "m1"): 9}, "a", LIMITS, PER_NS)
+    assert held.scope == "namespace" and "namespace a brake" in held.reason
+    free = judge_all(troubled, {("a", "m1"): 9}, "b", LIMITS, PER_NS)
+    assert not free.engaged, free.reason
+    # a second namespace in trouble too: the fault is wider than one tenant
+    wider = {**troubled, ("b", "m5"): 1, ("c", "m6"): 1}
+    assert judge_all(wider, {}, "b", LIMITS, PER_NS).scope == "fleet"
+
+
+def test_namespace_limits_must_stay_below_the_fleets() -> None:
+    check_limits(LIMITS, PER_NS)
+    with pytest.raises(ValueError, match="remediations per hour, wedged models"):
+        check_limits(LIMITS, BrakeLimits(max_remediations_per_hour=3, max_wedged_models=3, max_wedged_pods=4))
+
+
+def test_a_new_leader_waits_for_every_model_and_remembers_the_hour_from_status() -> None:
+    clock = [T0]
+    brake = Brakes(LIMITS, PER_NS, clock=lambda: clock[0], metrics=OperatorMetrics(CollectorRegistry()))
+    brake.expect(("a", "m1"))
+    brake.expect(("b", "m2"))
+    brake.report(("a", "m1"), 0)
+    waiting = brake.evaluate("a")
+    assert waiting.scope == "startup" and "1 of 2 not yet" in waiting.reason
+    done = [
+        Remediation(1, "p", "prefill", "wedged", "restart", T0 - 60, Outcome.DELETED),
+        Remediation(
+            2, "p", "prefill", "wedged", "drain", T0 - 30, Outcome.DELETED, ((Outcome.QUARANTINED, T0 - 30),)
+        ),
+        Remediation(3, "p", "prefill", "wedged", "alert", T0 - 20, Outcome.ALERTED),
+        Remediation(4, "p", "prefill", "wedged", "restart", T0 - 10, Outcome.SKIPPED_BUDGET),
+        Remediation(5, "p", "prefill", "wedged", "restart", T0 - 4000, Outcome.DELETED),
+    ]
+    brake.seed(("b", "m2"), done)
+    brake.report(("b", "m2"), 0)
+    held = brake.evaluate("b")
+    assert held.scope == "namespace" and "2 remediations in the last hour" in held.reason
+    brake.seed(("b", "m2"), ())  # seeded once: this process's own records win afterwards
+    assert brake.evaluate("b").engaged
+    assert not brake.evaluate("a").engaged
 
 
 def test_an_engaged_brake_touches_no_pod_and_holds_open_remediations() -> None:

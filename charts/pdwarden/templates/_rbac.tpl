@@ -44,8 +44,8 @@ they use hostPath, hostNetwork or RDMA).
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
-# The optional NetworkPolicy of a model's runtime pods (networkPolicy.enabled), deleted again
-# when disabled.
+# The NetworkPolicies of a model's runtime and router pods (networkPolicy.enabled, the
+# default), deleted again when disabled.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
@@ -58,6 +58,11 @@ they use hostPath, hostNetwork or RDMA).
 - apiGroups: [""]
   resources: ["pods/eviction"]
   verbs: ["create"]
+# The watchdog acts only on pods its model controls: a pod's ReplicaSet is read once to
+# follow its controller up to the model's Deployment.
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["get"]
 # The watchdog's list of each model's gone runtime pods (a ConfigMap `<model>-gone-pods` its
 # runtime pods mount): decodes free pages held for a writer once its pod is listed there.
 - apiGroups: [""]

@@ -192,6 +192,18 @@ class PodWorker(threading.Thread):
         uid, gid = run.user
         return [NSENTER, f"--target={run.proc.pid}", "--mount", "--net", f"--setuid={uid}", f"--setgid={gid}"]
 
+    def _run_probe(self, probe: JSON, run: ContainerRun, cwd: str) -> tuple[bool, str]:
+        return run_probe(
+            probe, run.spec, self.pod_ip, run.env, cwd, self._probe_prefix(run), self._probe_netns()
+        )
+
+    def _probe_netns(self) -> str | None:
+        """The kubelet's own probe connections leave from the gateway namespace: it holds the
+        nodes' network stack (their bridges), as a node's own stack holds a kubelet's. There
+        kube-network-policies lets a node's root-owned traffic to pods through, as on a node;
+        sent from the host, a probe would come in as a stranger's and meet the pod's policies."""
+        return self.net.plan.gateway_netns if self.net is not None else None
+
     # --- running ----------------------------------------------------------------------
     def _step(self, pod: JSON) -> None:
         if self.evicted:
@@ -320,9 +332,7 @@ class PodWorker(threading.Thread):
         startup = run.probes.get("startup")
         if startup is not None and not run.started:
             if startup.due(t):
-                ok, msg = run_probe(
-                    startup.probe, run.spec, self.pod_ip, run.env, cwd, self._probe_prefix(run)
-                )
+                ok, msg = self._run_probe(startup.probe, run, cwd)
                 startup.record(ok, msg, now())
                 if startup.result is True:
                     run.started = True
@@ -332,7 +342,7 @@ class PodWorker(threading.Thread):
             return
         liveness = run.probes.get("liveness")
         if liveness is not None and liveness.due(t):
-            ok, msg = run_probe(liveness.probe, run.spec, self.pod_ip, run.env, cwd, self._probe_prefix(run))
+            ok, msg = self._run_probe(liveness.probe, run, cwd)
             liveness.record(ok, msg, now())
             if liveness.result is False:
                 probe_grace = liveness.probe.get("terminationGracePeriodSeconds")
@@ -343,7 +353,7 @@ class PodWorker(threading.Thread):
                 return
         readiness = run.probes.get("readiness")
         if readiness is not None and readiness.due(t):
-            ok, msg = run_probe(readiness.probe, run.spec, self.pod_ip, run.env, cwd, self._probe_prefix(run))
+            ok, msg = self._run_probe(readiness.probe, run, cwd)
             readiness.record(ok, msg, now())
             if readiness.result is not None:
                 run.ready = readiness.result

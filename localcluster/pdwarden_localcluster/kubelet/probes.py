@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -12,6 +13,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from pdwarden_localcluster import network
 
 JSON = dict[str, Any]
 
@@ -35,23 +38,40 @@ def run_probe(
     env: Mapping[str, str],
     cwd: str | None,
     exec_prefix: Sequence[str] = (),
+    node_netns: str | None = None,
 ) -> tuple[bool, str]:
-    """One probe attempt: (success, message)."""
+    """One probe attempt: (success, message).
+
+    `node_netns`: the network namespace a connection to `pod_ip` leaves from (the node's
+    stack, as a kubelet's leave from its node); None: this process's own.
+    """
     timeout = float(probe.get("timeoutSeconds") or 1)
     try:
         if "httpGet" in probe:
-            return _http(probe["httpGet"], container, pod_ip, timeout)
+            spec = probe["httpGet"]
+            with _leaving_from(node_netns, spec, pod_ip):
+                return _http(spec, container, pod_ip, timeout)
         if "exec" in probe:
             return _exec(list(probe["exec"].get("command") or []), env, cwd, timeout, exec_prefix)
         if "tcpSocket" in probe:
             spec = probe["tcpSocket"]
-            with socket.create_connection(
-                (spec.get("host") or pod_ip, resolve_port(spec.get("port"), container)), timeout=timeout
+            with (
+                _leaving_from(node_netns, spec, pod_ip),
+                socket.create_connection(
+                    (spec.get("host") or pod_ip, resolve_port(spec.get("port"), container)), timeout=timeout
+                ),
             ):
                 return True, ""
     except (OSError, ValueError) as exc:
         return False, str(exc)
     return True, "probe kind not supported by the local kubelet; treated as success"
+
+
+def _leaving_from(netns: str | None, spec: JSON, pod_ip: str) -> contextlib.AbstractContextManager[None]:
+    """A probe of the pod's own address from `netns`; one naming another host, from here."""
+    if netns is None or spec.get("host") not in (None, "", pod_ip):
+        return contextlib.nullcontext()
+    return network.entered(netns)
 
 
 def _http(spec: JSON, container: JSON, pod_ip: str, timeout: float) -> tuple[bool, str]:

@@ -263,10 +263,16 @@ def apply(spec: dict[str, Any]) -> None:
             _traversable(path)
     targets = []
     image = _open_image(spec.get("image") or [])
-    for m in spec.get("mounts") or []:
+    mounts = spec.get("mounts") or []
+    # Every source is opened before the first mount: a runtime resolves volume sources on the
+    # node, so a volume mounted at /tmp must not hide a later source under /tmp.
+    sources = [os.open(m["source"], os.O_PATH) for m in mounts]
+    for m, fd in zip(mounts, sources, strict=True):
+        source = f"/proc/self/fd/{fd}"
         _record_created(m["target"], spec.get("createdLog"))
-        _ensure_target(m["source"], m["target"])
-        mount(m["source"], m["target"], None, MS_BIND | MS_REC)
+        _ensure_target(source, m["target"])
+        mount(source, m["target"], None, MS_BIND | MS_REC)
+        os.close(fd)
         _show_image_under(m["target"], image)
         if m.get("readOnly"):
             mount(None, m["target"], None, MS_BIND | MS_REMOUNT | MS_RDONLY)

@@ -71,6 +71,7 @@ class ResourceType:
 RESOURCE_TYPES: dict[tuple[str, str], ResourceType] = {
     ("apps/v1", "Deployment"): ResourceType("deployments"),
     ("apps/v1", "StatefulSet"): ResourceType("statefulsets"),
+    ("apps/v1", "ReplicaSet"): ResourceType("replicasets"),
     ("v1", "Service"): ResourceType("services"),
     ("v1", "ServiceAccount"): ResourceType("serviceaccounts"),
     ("v1", "Pod"): ResourceType("pods"),
@@ -113,9 +114,16 @@ def object_path(obj: Obj) -> str:
 class KubeClient:
     """Async facade over the sync REST client."""
 
-    def __init__(self, api_client: kubernetes.client.ApiClient, workers: int = DEFAULT_WORKERS) -> None:
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient,
+        workers: int = DEFAULT_WORKERS,
+        request_timeout: float = REQUEST_TIMEOUT_S,
+        thread_name_prefix: str = "pdwarden-kube",
+    ) -> None:
         self._api = api_client
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pdwarden-kube")
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix)
+        self._request_timeout = request_timeout
 
     async def request(
         self,
@@ -144,7 +152,7 @@ class KubeClient:
                 auth_settings=["BearerToken"],
                 _return_http_data_only=True,
                 _preload_content=False,
-                _request_timeout=REQUEST_TIMEOUT_S,
+                _request_timeout=self._request_timeout,
             )
         except ApiException as exc:
             raise _api_error(exc, method, path) from None
@@ -197,8 +205,14 @@ def _api_error(exc: ApiException, method: str, path: str) -> KubeApiError:
     )
 
 
-def connect(kubeconfig: str | None = None, workers: int = DEFAULT_WORKERS) -> KubeClient:
-    """From `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster service account."""
+def connect(
+    kubeconfig: str | None = None,
+    workers: int = DEFAULT_WORKERS,
+    request_timeout: float = REQUEST_TIMEOUT_S,
+    thread_name_prefix: str = "pdwarden-kube",
+) -> KubeClient:
+    """From `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster service account.
+    Each call is a connection pool and worker threads of its own."""
     cfg = kubernetes.client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
     if path or os.path.exists(os.path.expanduser("~/.kube/config")):
@@ -206,7 +220,12 @@ def connect(kubeconfig: str | None = None, workers: int = DEFAULT_WORKERS) -> Ku
     else:
         kubernetes.config.load_incluster_config(client_configuration=cfg)
     cfg.connection_pool_maxsize = workers
-    return KubeClient(kubernetes.client.ApiClient(cfg), workers=workers)
+    return KubeClient(
+        kubernetes.client.ApiClient(cfg),
+        workers=workers,
+        request_timeout=request_timeout,
+        thread_name_prefix=thread_name_prefix,
+    )
 
 
 _client: KubeClient | None = None

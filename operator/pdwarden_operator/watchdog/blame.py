@@ -20,12 +20,14 @@ runtime pod of the other role. X then gets a wedged verdict naming the pods that
 it and their figures; a pointing pod that was itself judged wedged is cleared of it (it is
 waiting on X). A pod whose own queue is stuck with no common peer keeps its verdict. Pods
 without trustworthy per-peer figures (absent, garbage, a counter that went down) give no
-evidence: nothing changes for them, so such metrics can never trigger an action.
+evidence: nothing changes for them, so such metrics can never trigger an action. Only peers
+that are pods of the model (of the other role, by IP) count at all, as pointers, reporters or
+"every one of its peers": a peer a pod names that the model does not have is not counted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -160,13 +162,16 @@ def _pointer(
 
 
 def _pointers_of(
-    pod: PodView, run: list[tuple[float, PeerFigures]], stuck_after: float
+    pod: PodView, run: list[tuple[float, PeerFigures]], stuck_after: float, known: Set[str]
 ) -> tuple[dict[str, Pointer], set[str]]:
-    """The peers this pod points at, and every peer it reported."""
+    """The peers this pod points at, and every peer it reported, among the `known` ones (the
+    IPs of the model's pods of the other role)."""
     if len(run) < 2:
         return {}, set()
     latest = run[-1][1]
-    reported = {p for p in (*latest.inflight, *latest.outcomes, *latest.held) if p != PEER_OTHER}
+    reported = {
+        p for p in (*latest.inflight, *latest.outcomes, *latest.held) if p != PEER_OTHER and p in known
+    }
     found = {peer: ptr for peer in reported if (ptr := _pointer(pod, run, peer, stuck_after)) is not None}
     if len(reported) >= 2 and set(found) == reported:
         return {}, reported  # points at everyone: the pod's own side is the suspect
@@ -182,6 +187,10 @@ def attribute(
 ) -> Attribution:
     """Apply pair-aware blame to this round's verdicts (keyed by pod UID)."""
     live = [p for p in pods if not p.terminating]
+    known: dict[str, set[str]] = {}  # role -> the IPs of the model's pods of that role
+    for pod in pods:
+        if pod.ip:
+            known.setdefault(pod.role, set()).add(pod.ip)
     by_ip: dict[tuple[str, str], list[PodView]] = {}
     for pod in live:
         if pod.ip:
@@ -191,8 +200,8 @@ def attribute(
     pointer_uids: dict[tuple[str, str], list[str]] = {}
     for pod in live:
         run = _peer_run(observations.get(pod.uid, ()))
-        found, reported = _pointers_of(pod, run, stuck_after)
         other = next((r for r in ("prefill", "decode") if r != pod.role), "")
+        found, reported = _pointers_of(pod, run, stuck_after, known.get(other, set()))
         for peer in reported:
             reporters[(other, peer)] = reporters.get((other, peer), 0) + 1
         for peer, pointer in found.items():

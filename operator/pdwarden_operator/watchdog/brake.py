@@ -1,10 +1,19 @@
-"""The fleet brake: operator-wide limits above which no model is remediated.
+"""The brakes: limits above which models are not remediated, per namespace and for the fleet.
 
 A fault wider than a pod (an RDMA switch, a bad driver roll-out) wedges many models at
 once; restarting their pods only spends every model's budget on pods that wedge again. So
-the operator counts, across all models: the models and pods in trouble now, and the
-remediations it performed in the last hour. Above a limit it stops acting everywhere
-(engaged) until the counts fall back (it releases on its own).
+the operator counts the models and pods in trouble now and the remediations performed in the
+last hour, and above a limit it stops acting (engaged) until the counts fall back (it releases
+on its own).
+
+Tenants share the operator, so one tenant's faulty models must not stop another's
+remediation: each namespace has a brake of its own, and a namespace counts toward the fleet
+limits at most up to its own limits (which are lower). One namespace alone engages only its
+own brake; the fleet brake needs trouble in several.
+
+The counts survive a failover: remediations live in each model's status, and a model's first
+round seeds its hour of remediations from there. Until every tracked model has reported once,
+the brakes hold (a new leader that acted on the first models it saw would not see the rest).
 
 A pod is *in trouble* when it is wedged, or when it has been busy without progress (or held
 a room in Transferring) for half of its model's `stuckAfterSeconds`: models hit by the same
@@ -16,13 +25,19 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
+from pdwarden_operator.watchdog.outcome import Outcome
+from pdwarden_operator.watchdog.state import Remediation
 
 HOUR_S = 3600.0
-Key = tuple[str, str]
+Key = tuple[str, str]  # (namespace, model)
+Scope = Literal["", "fleet", "namespace", "startup"]
+# A remediation that reached one of these touched a pod: it counts toward the hour's limit.
+_ACTED = frozenset({Outcome.DELETED, Outcome.EVICTED, Outcome.QUARANTINED})
 
 
 @dataclass(frozen=True)
@@ -34,19 +49,43 @@ class BrakeLimits:
     def __post_init__(self) -> None:
         for name in ("max_remediations_per_hour", "max_wedged_models", "max_wedged_pods"):
             if getattr(self, name) < 1:
-                raise ValueError(f"fleet brake: {name} must be at least 1, got {getattr(self, name)}")
+                raise ValueError(f"brake: {name} must be at least 1, got {getattr(self, name)}")
+
+
+DEFAULT_FLEET = BrakeLimits()
+DEFAULT_NAMESPACE = BrakeLimits(max_remediations_per_hour=10, max_wedged_models=2, max_wedged_pods=5)
+
+
+def check_limits(fleet: BrakeLimits, namespace: BrakeLimits) -> None:
+    """One namespace alone must never reach the fleet limits, or one tenant stops all others."""
+    problems = []
+    if namespace.max_remediations_per_hour >= fleet.max_remediations_per_hour:
+        problems.append("remediations per hour")
+    if namespace.max_wedged_models > fleet.max_wedged_models:
+        problems.append("wedged models")
+    if namespace.max_wedged_pods > fleet.max_wedged_pods:
+        problems.append("wedged pods")
+    if problems:
+        raise ValueError(
+            f"the namespace brake's limits on {', '.join(problems)} must stay below the fleet "
+            "brake's: one namespace alone would otherwise stop every namespace's remediation"
+        )
 
 
 @dataclass(frozen=True)
 class BrakeState:
     engaged: bool
     reason: str
+    scope: Scope = ""
 
 
 def judge(troubled: dict[Key, int], actions_last_hour: int, limits: BrakeLimits) -> BrakeState:
     """The brake from the counts (pure)."""
     models = sum(1 for n in troubled.values() if n > 0)
-    pods = sum(troubled.values())
+    return judge_counts(models, sum(troubled.values()), actions_last_hour, limits)
+
+
+def judge_counts(models: int, pods: int, actions_last_hour: int, limits: BrakeLimits) -> BrakeState:
     reasons = []
     if models > limits.max_wedged_models:
         reasons.append(f"{models} models have wedged pods at once (limit {limits.max_wedged_models})")
@@ -63,44 +102,120 @@ def judge(troubled: dict[Key, int], actions_last_hour: int, limits: BrakeLimits)
     )
 
 
-class FleetBrake:
-    """The process-wide brake; every model's watchdog reports to it and asks it each round."""
+def judge_all(
+    troubled: dict[Key, int],
+    actions: dict[Key, int],
+    namespace: str,
+    fleet: BrakeLimits,
+    per_namespace: BrakeLimits,
+) -> BrakeState:
+    """The brake that holds `namespace`'s models (pure): the fleet's, else the namespace's own.
+    Each namespace counts toward the fleet at most up to its own limits."""
+    fleet_models = fleet_pods = fleet_actions = 0
+    for ns in {ns for ns, _ in (*troubled, *actions)}:
+        mine = {k: c for k, c in troubled.items() if k[0] == ns}
+        fleet_models += min(sum(1 for c in mine.values() if c > 0), per_namespace.max_wedged_models)
+        fleet_pods += min(sum(mine.values()), per_namespace.max_wedged_pods)
+        done = sum(c for k, c in actions.items() if k[0] == ns)
+        fleet_actions += min(done, per_namespace.max_remediations_per_hour)
+    wide = judge_counts(fleet_models, fleet_pods, fleet_actions, fleet)
+    if wide.engaged:
+        return BrakeState(True, f"fleet brake: {wide.reason}", "fleet")
+    own = judge(
+        {k: c for k, c in troubled.items() if k[0] == namespace},
+        sum(c for k, c in actions.items() if k[0] == namespace),
+        per_namespace,
+    )
+    if own.engaged:
+        return BrakeState(True, f"namespace {namespace} brake: {own.reason}", "namespace")
+    return own
+
+
+def acted_at(remediations: Iterable[Remediation]) -> list[float]:
+    """When the remediations that touched a pod were decided (what a status says)."""
+    return [
+        r.time
+        for r in remediations
+        if r.action != "alert" and (r.outcome in _ACTED or any(o in _ACTED for o, _ in r.phases))
+    ]
+
+
+class Brakes:
+    """The process-wide brakes; every model's watchdog reports to them and asks them each round."""
 
     def __init__(
         self,
-        limits: BrakeLimits = BrakeLimits(),
+        fleet: BrakeLimits = DEFAULT_FLEET,
+        namespace: BrakeLimits = DEFAULT_NAMESPACE,
         clock: Callable[[], float] = time.time,
         metrics: OperatorMetrics = METRICS,
     ) -> None:
-        self.limits = limits
+        check_limits(fleet, namespace)
+        self.limits = fleet
+        self.namespace_limits = namespace
         self._clock = clock
         self._metrics = metrics
         self._troubled: dict[Key, int] = {}
-        self._actions: deque[float] = deque()
+        self._actions: dict[Key, deque[float]] = {}
+        self._expected: set[Key] = set()
+        self._reported: set[Key] = set()
         self.state = BrakeState(False, "")
         metrics.brake_engaged.set(0)
 
+    def expect(self, key: Key) -> None:
+        """A model is tracked: the brakes hold until it has reported once."""
+        self._expected.add(key)
+
+    def seed(self, key: Key, remediations: Iterable[Remediation]) -> None:
+        """The model's remediations of the last hour, from its status (once: this process's own
+        records win)."""
+        if key in self._actions:
+            return
+        now = self._clock()
+        self._actions[key] = deque(sorted(t for t in acted_at(remediations) if now - t < HOUR_S))
+
     def report(self, key: Key, troubled_pods: int) -> None:
         self._troubled[key] = troubled_pods
+        self._reported.add(key)
 
     def forget(self, key: Key) -> None:
         self._troubled.pop(key, None)
+        self._actions.pop(key, None)
+        self._expected.discard(key)
+        self._reported.discard(key)
 
-    def record_action(self) -> None:
-        self._actions.append(self._clock())
+    def record_action(self, key: Key) -> None:
+        self._actions.setdefault(key, deque()).append(self._clock())
 
-    def evaluate(self) -> BrakeState:
+    def evaluate(self, namespace: str) -> BrakeState:
+        """The brake on `namespace`'s models now; exports the fleet brake's state."""
         now = self._clock()
-        while self._actions and now - self._actions[0] >= HOUR_S:
-            self._actions.popleft()
-        self.state = judge(self._troubled, len(self._actions), self.limits)
-        self._metrics.brake_engaged.set(1.0 if self.state.engaged else 0.0)
+        for times in self._actions.values():
+            while times and now - times[0] >= HOUR_S:
+                times.popleft()
+        waiting = self._expected - self._reported
+        if waiting:
+            self.state = BrakeState(
+                True,
+                f"every model is observed once before any is remediated ({len(waiting)} of "
+                f"{len(self._expected)} not yet)",
+                "startup",
+            )
+        else:
+            counts = {k: len(v) for k, v in self._actions.items()}
+            self.state = judge_all(self._troubled, counts, namespace, self.limits, self.namespace_limits)
+        self._metrics.brake_engaged.set(1.0 if self.state.scope == "fleet" else 0.0)
+        self._metrics.namespace_brake_engaged.labels(namespace).set(
+            1.0 if self.state.scope == "namespace" else 0.0
+        )
         return self.state
 
 
-BRAKE = FleetBrake()
+BRAKE = Brakes()
 
 
-def configure(limits: BrakeLimits) -> None:
-    """Set the operator-wide limits (from `pdwarden operator run --brake-*`)."""
-    BRAKE.limits = limits
+def configure(fleet: BrakeLimits, namespace: BrakeLimits = DEFAULT_NAMESPACE) -> None:
+    """Set the limits (from `pdwarden operator run --brake-*` and `--namespace-brake-*`)."""
+    check_limits(fleet, namespace)
+    BRAKE.limits = fleet
+    BRAKE.namespace_limits = namespace

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from pdwarden_operator import render
 from pdwarden_operator.cache import slim
+from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube import configmaps as kube_configmaps
 from pdwarden_operator.kube import pods as kube_pods
 from pdwarden_operator.kube.client import KubeApiError
@@ -34,6 +35,7 @@ from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
 from pdwarden_operator.watchdog.gone_pods import GonePods, from_json, seen, to_json
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.outcome import Outcome
+from pdwarden_operator.watchdog.ownership import Owners
 from pdwarden_operator.watchdog.rule import Verdict, judge
 from pdwarden_operator.watchdog.scrape import Scraper, Target
 from pdwarden_operator.watchdog.state import (
@@ -43,7 +45,7 @@ from pdwarden_operator.watchdog.state import (
     state_to_status,
     status_write_due,
 )
-from pdwarden_operator.watchdog.targets import metrics_url, pod_view
+from pdwarden_operator.watchdog.targets import metrics_url, peer_addresses, pod_view
 from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.watchdog")
@@ -80,6 +82,8 @@ class ModelWatchdog:
         self._written: Mapping[str, Any] | None = None  # the last status patch this process wrote
         self._written_at: float | None = None
         self.gone: GonePods | None = None  # read back from its ConfigMap on the first round
+        self.owners = Owners(uid, namespace)
+        self._strangers: set[str] = set()  # look-alike pods already logged
         self._gone_unwritten = False
 
     async def run(self, latest_body: Callable[[], Mapping[str, Any] | None]) -> None:
@@ -108,12 +112,17 @@ class ModelWatchdog:
     async def round(self, body: Mapping[str, Any]) -> float:
         """One scrape-judge-act round; returns the scrape interval to wait."""
         ns, name = self.model.namespace, self.model.name
+        # the hour of remediations this model's status remembers counts toward the brakes (a
+        # new leader starts from there, not from zero)
+        BRAKE.seed((ns, name), state_from_status(body.get("status")).remediations)
         spec = _parsed_spec(body)  # the one read of the spec this round
         if spec is None:
             log.warning("%s/%s: watchdog idle: the spec does not validate", ns, name)
+            BRAKE.report((ns, name), 0)
             return IDLE_INTERVAL_S
         settings = spec.watchdog
         if not round_due(body.get("status"), self._seen_any(), contract.RUNTIME_ROLES):
+            BRAKE.report((ns, name), 0)
             return settings.scrape_interval_seconds  # no scraper, no pod list: nothing to look at yet
         if self.state is None:
             self.state = state_from_status(body.get("status"))
@@ -125,12 +134,14 @@ class ModelWatchdog:
             )
         self.histories.set_keep_seconds(settings.stuck_after_seconds + 3 * settings.scrape_interval_seconds)
 
-        pod_objs = await kube_pods.list_runtime_pods(ns, name)
+        pod_objs = await self._own_pods(await kube_pods.list_runtime_pods(ns, name))
         await self._label_ranks(pod_objs)
         await self._track_gone_pods(pod_objs)
         views = {}
         targets = []
         paired = []
+        # a `peer` label may name only the model's own pods (listed, or gone lately)
+        peers = peer_addresses(pod_objs, (g.ip for g in self.gone.entries()) if self.gone else ())
         for obj in pod_objs:
             view = pod_view(obj)
             if view is None:
@@ -140,7 +151,7 @@ class ModelWatchdog:
             url = metrics_url(obj)
             if url is not None and (view.ready or self._seen(view.uid)):
                 # a pod that has never been Ready nor answered is starting, not unobserved
-                targets.append(Target(view.uid, url))
+                targets.append(Target(view.uid, url, peers))
         started = time.perf_counter()
         results = await self.scraper.scrape(targets)
         self.metrics.scrape_duration.labels(ns, name).observe(time.perf_counter() - started)
@@ -174,7 +185,10 @@ class ModelWatchdog:
         self.executor.groups = gangs.members(found)
         self.executor.group_names = frozenset(found)
         BRAKE.report((ns, name), sum(1 for v in verdicts.values() if v.troubled))
-        brake = BRAKE.evaluate()
+        brake = BRAKE.evaluate(ns)
+        if brake.scope == "startup":
+            log.info("%s/%s: not acting yet: %s", ns, name, brake.reason)
+            return settings.scrape_interval_seconds
         await self._announce_brake(brake)
         plan = ladder.plan(
             verdicts=verdicts,
@@ -214,13 +228,32 @@ class ModelWatchdog:
             if result.outcome in (Outcome.EVICTED, Outcome.QUARANTINED) or (
                 result.outcome == Outcome.DELETED and result.action.kind == "restart"
             ):
-                BRAKE.record_action()
+                BRAKE.record_action((ns, name))
         self.state = ladder.apply_results(plan.state, results_done, now)
         findings = self._findings(spec, self.state, now, wedged, unobserved)
         if status_write_due(self._written, self._written_at, findings, now):
             await self._write_status(body, spec, findings, now)
         self._update_gauges(views, verdicts, self.state)
         return settings.scrape_interval_seconds
+
+    async def _own_pods(self, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The listed pods the model controls (ownership.py); look-alikes are logged once and
+        never scraped, judged or touched."""
+        await self.owners.learn(listed, kube_apply.get)
+        own = [p for p in listed if self.owners.ours(p)]
+        if len(own) < len(listed):
+            for pod in listed:
+                meta = pod.get("metadata") or {}
+                uid = str(meta.get("uid"))
+                if not self.owners.ours(pod) and uid not in self._strangers and len(self._strangers) < 1024:
+                    self._strangers.add(uid)
+                    log.warning(
+                        "%s/%s: pod %s is labelled as this model's but is not controlled by it: ignored",
+                        self.model.namespace,
+                        self.model.name,
+                        meta.get("name"),
+                    )
+        return own
 
     async def _track_gone_pods(self, pod_objs: list[dict[str, Any]]) -> None:
         """Publish the model's runtime pods whose processes are gone (gone_pods.py), for the
@@ -304,22 +337,27 @@ class ModelWatchdog:
         findings["watchdog"]["budgetExhausted"] = state.exhausted and spec.watchdog.action != "alert"
         # the reason only while engaged: the counts behind it change with every model's round
         findings["watchdog"]["fleetBrake"] = (
-            {"engaged": True, "reason": self._brake.reason} if self._brake.engaged else {"engaged": False}
+            {"engaged": True, "scope": self._brake.scope, "reason": self._brake.reason}
+            if self._brake.engaged
+            else {"engaged": False}
         )
         return findings
 
     async def _announce_brake(self, brake: BrakeState) -> None:
-        """An Event on this model when the fleet brake engages or releases."""
-        if brake.engaged == self._brake.engaged:
+        """An Event on this model when a brake (the fleet's or its namespace's) engages or releases."""
+        if (brake.engaged, brake.scope) == (self._brake.engaged, self._brake.scope):
             self._brake = brake
             return
+        held = brake if brake.engaged else self._brake
+        which = "NamespaceBrake" if held.scope == "namespace" else "FleetBrake"
         self._brake = brake
-        reason = "FleetBrakeEngaged" if brake.engaged else "FleetBrakeReleased"
+        reason = f"{which}Engaged" if brake.engaged else f"{which}Released"
         kind: Literal["Normal", "Warning"] = "Warning" if brake.engaged else "Normal"
+        whose = f"namespace {self.model.namespace}'s models" if which == "NamespaceBrake" else "any model"
         message = (
-            f"fleet brake engaged, no remediation on any model: {brake.reason}"
+            f"brake engaged, no remediation on {whose}: {brake.reason}"
             if brake.engaged
-            else f"fleet brake released: {brake.reason}"
+            else f"brake released: {brake.reason}"
         )
         log.warning("%s/%s: %s: %s", self.model.namespace, self.model.name, reason, message)
         await self.executor.post_model_event(reason, message, kind)
@@ -381,6 +419,7 @@ async def track_model(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     task = _tasks.get(key)
     if task is None or task.done():
         watchdog = ModelWatchdog(key[0], key[1], body.metadata.uid or "")
+        BRAKE.expect(key)  # the brakes hold until this model has reported once
         _tasks[key] = asyncio.create_task(
             watchdog.run(lambda: _bodies.get(key)), name=f"watchdog-{key[0]}-{key[1]}"
         )

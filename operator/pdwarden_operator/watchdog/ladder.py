@@ -345,7 +345,7 @@ def plan(
             skip = (
                 Outcome.SKIPPED_BRAKE,
                 "FleetBrakeEngaged",
-                f"the fleet brake is engaged (too many wedges or remediations across models); "
+                f"a brake is engaged (too many wedges or remediations in the namespace or the fleet); "
                 f"not acting on wedged {pod.role} pod {pod.name}",
             )
         elif state.used >= settings.max_remediations:

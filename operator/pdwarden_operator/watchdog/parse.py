@@ -3,11 +3,18 @@
 Tolerant by construction: whatever the body (truncated, huge, wrong types, NaN, duplicate
 series, binary junk), `parse_metrics` returns a `PodSample` or raises `ParseError`; nothing
 else escapes. A pod whose body does not parse is *unobserved*, never wedged.
+
+Bounded by construction too: the lines kept are few and short, and every label value kept
+comes from a known set (the contract's outcomes, thread kinds and states; for `peer`, the
+addresses of the model's own pods), so a hostile body can make the pod unobserved but cannot
+make the operator keep what it sends.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +43,9 @@ from pdwarden_runtime.contract import (
     METRIC_KV_TRANSFERS_TOTAL,
     METRIC_RUNTIME_THREADS,
     METRIC_RUNTIME_THREADS_EXPECTED,
+    OUTCOMES,
+    PEER_OTHER,
+    RUNTIME_THREAD_KINDS,
 )
 
 # The one room state in which only a transfer fault holds a room (prefill sending; decode
@@ -80,6 +90,20 @@ _PEER_TRANSFER_FAMILIES = (METRIC_KV_PEER_TRANSFERS_BASE, METRIC_KV_PEER_TRANSFE
 # More peers than this in one body is garbage (the runtime caps its peers far below).
 MAX_PEERS = 256
 _THREAD_FAMILIES = (METRIC_RUNTIME_THREADS, METRIC_RUNTIME_THREADS_EXPECTED)
+# A runtime's longest kept line is ~180 characters and its longest label value an IPv6 address
+# (45); its kept series are under 300 (33 peer series x 7, thread kinds, states). Beyond these
+# a body is garbage, refused before the (pure-Python, ~1 ms per KiB) parser sees it.
+MAX_LINE_CHARS = 512
+MAX_LABEL_VALUE_CHARS = 128
+MAX_SERIES = 768
+# name="value" in a sample line's braces (a value's escapes kept as written)
+_LABEL_PAIR = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+# label -> the values a runtime may write (`peer` is checked against the model's pods)
+_KNOWN_VALUES: dict[str, frozenset[str]] = {
+    LABEL_METRIC_OUTCOME: frozenset(OUTCOMES),
+    LABEL_METRIC_THREAD: frozenset(RUNTIME_THREAD_KINDS),
+    LABEL_METRIC_STATE: frozenset(KV_STATES),
+}
 
 
 class ParseError(ValueError):
@@ -130,16 +154,57 @@ class PodSample:
         return max(0.0, self.inflight - self.bootstrapping)
 
 
-def _relevant_lines(text: str) -> str:
+def _relevant_lines(text: str, peers: Collection[str] | None) -> str:
+    """The lines about the contract's metrics, each short, with its label values checked (so
+    a hostile body costs a scan, not a parse)."""
     keep: list[str] = []
+    series = 0
     for line in text.splitlines():
         if line.startswith(_PREFIXES):
-            keep.append(line)
+            series += 1
+            if series > MAX_SERIES:
+                raise ParseError(f"more than {MAX_SERIES} series of the contract's metrics")
+            if len(line) > MAX_LINE_CHARS:
+                raise ParseError(
+                    f"a line of {len(line)} characters ({line[:40]!r}...), at most {MAX_LINE_CHARS}"
+                )
+            name, _, labels = line.partition("{")
+            for label, value in _LABEL_PAIR.findall(labels.rpartition("}")[0]):
+                _check_value(name, label, value, peers)
         elif line.startswith("#"):
             parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] in ("TYPE", "HELP") and parts[2].startswith(_PREFIXES):
-                keep.append(line)
+            if not (len(parts) >= 3 and parts[1] in ("TYPE", "HELP") and parts[2].startswith(_PREFIXES)):
+                continue
+            if len(line) > MAX_LINE_CHARS:
+                raise ParseError(
+                    f"a line of {len(line)} characters ({line[:40]!r}...), at most {MAX_LINE_CHARS}"
+                )
+        else:
+            continue
+        keep.append(line)
     return "\n".join(keep) + "\n"
+
+
+def _check_labels(family: Any, peers: Collection[str] | None) -> None:
+    """Every label value of the parsed family, as the parser read it (the authority)."""
+    for sample in family.samples:
+        for label, value in sample.labels.items():
+            _check_value(sample.name, label, value, peers)
+
+
+def _check_value(name: str, label: str, value: str, peers: Collection[str] | None) -> None:
+    """A label value bounded and from its known set: the pod is unobserved otherwise. (Raw and
+    parsed values agree on every known value: none holds a character the text escapes.)"""
+    if len(value) > MAX_LABEL_VALUE_CHARS:
+        raise ParseError(
+            f"{name[:60]}: label {label[:40]!r} has a value of {len(value)} characters, "
+            f"at most {MAX_LABEL_VALUE_CHARS}"
+        )
+    known = _KNOWN_VALUES.get(label)
+    if known is not None and value not in known:
+        raise ParseError(f"{name[:60]}: {label} {value[:40]!r} is not one of the contract's")
+    if label == LABEL_METRIC_PEER and peers is not None and value != PEER_OTHER and value not in peers:
+        raise ParseError(f"{name[:60]}: peer {value[:40]!r} is not a pod of this model")
 
 
 def _checked(name: str, value: float) -> float:
@@ -154,20 +219,25 @@ def _checked(name: str, value: float) -> float:
     return float(value)
 
 
-def parse_metrics(body: str | bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> PodSample:
-    """Parse a runtime pod's metrics body. Raises only ParseError."""
+def parse_metrics(
+    body: str | bytes | bytearray, *, max_bytes: int = DEFAULT_MAX_BYTES, peers: Collection[str] | None = None
+) -> PodSample:
+    """Parse a runtime pod's metrics body. Raises only ParseError.
+
+    `peers`: the addresses a `peer` label may name (the model's pods; `other` is always
+    allowed); None leaves them unchecked (a tool reading one pod on its own)."""
     try:
-        return _parse(body, max_bytes)
+        return _parse(body, max_bytes, peers)
     except ParseError:
         raise
     except Exception as exc:  # the parser raises ValueError, IndexError, ... on junk
         raise ParseError(f"unparseable metrics: {type(exc).__name__}: {str(exc)[:120]}") from None
 
 
-def _parse(body: str | bytes, max_bytes: int) -> PodSample:
+def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str] | None) -> PodSample:
     if len(body) > max_bytes:
         raise ParseError(f"body of {len(body)} bytes exceeds the limit of {max_bytes}")
-    if isinstance(body, bytes):
+    if isinstance(body, (bytes, bytearray)):
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
@@ -186,7 +256,8 @@ def _parse(body: str | bytes, max_bytes: int) -> PodSample:
     peer_families: list[Any] = []
     per_state: dict[str, float] | None = None
     optional: dict[str, list[float]] = {name: [] for name in _OPTIONAL_GAUGES}
-    for family in text_string_to_metric_families(_relevant_lines(text)):
+    for family in text_string_to_metric_families(_relevant_lines(text, peers)):
+        _check_labels(family, peers)
         if (
             family.name == METRIC_KV_PEER_INFLIGHT
             or family.name in _PEER_TRANSFER_FAMILIES

@@ -1,16 +1,24 @@
 """Scrape many runtime pods' /metrics concurrently: bounded concurrency, per-request timeout,
 bounded body size. Every failure becomes a `ScrapeResult` with an error; nothing raises.
+
+Each model's Scraper keeps its own connections (keep-alive per pod) and timeout, but draws
+slots, body bytes and parse workers from the operator-wide budget (`budget.py`), so the
+number of models does not multiply what scraping may cost, and parsing never runs on the
+event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
 
+from pdwarden_operator.watchdog import budget as scrape_budget
+from pdwarden_operator.watchdog.budget import BudgetBusy, Reservation, ScrapeBudget
 from pdwarden_operator.watchdog.parse import DEFAULT_MAX_BYTES, ParseError, PodSample, parse_metrics
 
 
@@ -18,6 +26,8 @@ from pdwarden_operator.watchdog.parse import DEFAULT_MAX_BYTES, ParseError, PodS
 class Target:
     key: str  # the pod's UID
     url: str  # http://<pod ip>:<metrics port>/metrics
+    # The addresses its `peer` labels may name (the model's pods); None: unchecked.
+    peers: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -38,27 +48,31 @@ class Scraper:
         timeout_seconds: float = 5.0,
         max_bytes: int = DEFAULT_MAX_BYTES,
         keepalive_seconds: float = 60.0,
+        budget: ScrapeBudget | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        self.concurrency = concurrency
+        self.concurrency = concurrency  # this model's share; the budget bounds all models together
         self.timeout_seconds = timeout_seconds
         self.max_bytes = max_bytes
         self.keepalive_seconds = keepalive_seconds
+        self._budget = budget
         self._session: aiohttp.ClientSession | None = None
-        self._semaphore: asyncio.Semaphore | None = None
+
+    @property
+    def budget(self) -> ScrapeBudget:
+        return self._budget if self._budget is not None else scrape_budget.shared()
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
-                limit=0,  # the semaphore bounds concurrency; the pool may keep one idle socket per pod
+                limit=0,  # the budget bounds requests in flight; the pool may keep one idle socket per pod
                 keepalive_timeout=self.keepalive_seconds,
                 use_dns_cache=False,  # pod IPs, no names
             )
             self._session = aiohttp.ClientSession(
                 connector=connector, auto_decompress=False, headers={"Accept": "text/plain"}
             )
-            self._semaphore = asyncio.Semaphore(self.concurrency)
         return self._session
 
     async def close(self) -> None:
@@ -69,37 +83,60 @@ class Scraper:
     async def scrape(self, targets: Sequence[Target]) -> list[ScrapeResult]:
         """Scrape all targets; results in the targets' order."""
         session = self._ensure_session()
-        return list(await asyncio.gather(*(self._one(session, t) for t in targets)))
+        budget = self.budget
+        if self.max_bytes > budget.max_body:
+            raise ValueError(f"max_bytes {self.max_bytes} exceeds the budget's body limit {budget.max_body}")
+        own = asyncio.Semaphore(self.concurrency)
+        return list(await asyncio.gather(*(self._one(session, budget, own, t) for t in targets)))
 
-    async def _one(self, session: aiohttp.ClientSession, target: Target) -> ScrapeResult:
-        assert self._semaphore is not None
-        async with self._semaphore:
+    async def _one(
+        self, session: aiohttp.ClientSession, budget: ScrapeBudget, own: asyncio.Semaphore, target: Target
+    ) -> ScrapeResult:
+        async with own:
             started = time.perf_counter()
+            reservation = budget.reservation()
             try:
-                body = await asyncio.wait_for(self._fetch(session, target.url), self.timeout_seconds)
-                sample: PodSample | None = parse_metrics(body, max_bytes=self.max_bytes)
+                # waiting for a slot has its own bound: a busy operator reports the pod
+                # unobserved rather than letting the round run on
+                async with budget.slot(self.timeout_seconds):
+                    body = await asyncio.wait_for(
+                        self._fetch(session, target.url, budget, reservation), self.timeout_seconds
+                    )
+                parse = functools.partial(parse_metrics, body, max_bytes=self.max_bytes, peers=target.peers)
+                del body  # the parse worker holds the only reference: freed when it is done
+                sample: PodSample | None = await budget.parse(reservation, parse)
                 error = None
             except TimeoutError:
                 sample, error = None, f"timeout after {self.timeout_seconds:g}s"
-            except ParseError as exc:
+            except (ParseError, BudgetBusy) as exc:
                 sample, error = None, str(exc)
             except aiohttp.ClientError as exc:
                 sample, error = None, f"{type(exc).__name__}: {str(exc)[:160]}"
             except Exception as exc:  # never let one pod's oddity end the round
                 sample, error = None, f"unexpected {type(exc).__name__}: {str(exc)[:160]}"
+            finally:
+                reservation.release()  # a no-op once the parse worker released it
             return ScrapeResult(target.key, sample, error, time.perf_counter() - started)
 
-    async def _fetch(self, session: aiohttp.ClientSession, url: str) -> bytes:
+    async def _fetch(
+        self, session: aiohttp.ClientSession, url: str, budget: ScrapeBudget, reservation: Reservation
+    ) -> bytearray:
         async with session.get(url, allow_redirects=False) as resp:
             if resp.status != 200:
                 raise ParseError(f"HTTP {resp.status} from {url}")
             if resp.content_length is not None and resp.content_length > self.max_bytes:
                 raise ParseError(f"body of {resp.content_length} bytes exceeds the limit of {self.max_bytes}")
-            chunks: list[bytes] = []
-            size = 0
+            # what the body will hold, before reading it: its length, else a first share
+            await reservation.grow_to(
+                resp.content_length
+                if resp.content_length is not None
+                else min(budget.first_reservation, self.max_bytes)
+            )
+            body = bytearray()  # one buffer, not chunks and then their join
             async for chunk in resp.content.iter_any():
-                size += len(chunk)
-                if size > self.max_bytes:
+                if len(body) + len(chunk) > self.max_bytes:
                     raise ParseError(f"body exceeds the limit of {self.max_bytes} bytes")
-                chunks.append(chunk)
-            return b"".join(chunks)
+                if len(body) + len(chunk) > reservation.held:  # a chunked body beyond its first share
+                    await reservation.grow_to(self.max_bytes)
+                body += chunk
+            return body

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pdwarden_operator.watchdog.ladder import PodView
@@ -52,3 +52,22 @@ def metrics_url(pod: Mapping[str, Any]) -> str | None:
                 port = p["containerPort"]
     host = f"[{ip}]" if ":" in str(ip) else ip
     return f"http://{host}:{port}{contract.METRICS_PATH}"
+
+
+def pod_addresses(pod: Mapping[str, Any]) -> set[str]:
+    """The pod's IPs (`status.podIP` and, dual-stack, `status.podIPs`)."""
+    status = pod.get("status") or {}
+    found = {str(status["podIP"])} if status.get("podIP") else set()
+    for entry in status.get("podIPs") or []:
+        if isinstance(entry, Mapping) and entry.get("ip"):
+            found.add(str(entry["ip"]))
+    return found
+
+
+def peer_addresses(pods: Iterable[Mapping[str, Any]], gone_ips: Iterable[str] = ()) -> frozenset[str]:
+    """What a `peer` label of the model's pods may name: the IPs of its listed pods and of its
+    runtime pods gone lately (a runtime keeps a gone peer's series until it forgets it)."""
+    found: set[str] = {ip for ip in gone_ips if ip}
+    for pod in pods:
+        found |= pod_addresses(pod)
+    return frozenset(found)
