@@ -57,7 +57,13 @@ def _pod(name: str, *refs: dict[str, Any]) -> dict[str, Any]:
 
 POD_OF_DEPLOYMENT = _pod("p1", _ref("ReplicaSet", "web-prefill-abc", "rs-uid"))
 POD_OF_GROUP = _pod("p2", _ref("StatefulSet", "web-decode-0", "sts-uid"))
-QUARANTINED = _pod("p3", _ref(contract.KIND, "web", MODEL_UID))
+QUARANTINED = _pod("p3", _ref(contract.KIND, "web", MODEL_UID, controller=False))
+# the drain's patch landed, the ReplicaSet has not let it go yet
+QUARANTINING = _pod(
+    "p4",
+    _ref("ReplicaSet", "web-prefill-abc", "rs-uid"),
+    _ref(contract.KIND, "web", MODEL_UID, controller=False),
+)
 
 
 @pytest.mark.parametrize(
@@ -66,6 +72,20 @@ QUARANTINED = _pod("p3", _ref(contract.KIND, "web", MODEL_UID))
         (POD_OF_DEPLOYMENT, True),
         (POD_OF_GROUP, True),
         (QUARANTINED, True),
+        (QUARANTINING, True),
+        (_pod("model-controlled", _ref(contract.KIND, "web", MODEL_UID)), True),
+        (
+            _pod("another-models-quarantine", _ref(contract.KIND, "web", "other-model", controller=False)),
+            False,
+        ),
+        (
+            _pod(
+                "their-rs-claiming-us",
+                _ref("ReplicaSet", "web-prefill-xyz", "their-rs"),
+                _ref(contract.KIND, "web", MODEL_UID, controller=False),
+            ),
+            False,
+        ),
         (_pod("bare"), False),
         (_pod("uncontrolled", _ref("ReplicaSet", "web-prefill-abc", "rs-uid", controller=False)), False),
         (_pod("forged-uid", _ref("ReplicaSet", "web-prefill-abc", "not-the-rs")), False),

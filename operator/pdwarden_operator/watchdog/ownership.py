@@ -4,7 +4,8 @@ Labels alone prove nothing: anyone who may create pods in the namespace can labe
 model's runtime pod (or as quarantined). A pod is the model's when its controller is
 - a ReplicaSet controlled by a Deployment that the model controls (a runtime role's pods),
 - a StatefulSet the model controls (a group's pods), or
-- the model itself (a quarantined pod: the drain hands it to the model).
+- nothing, with the model among its owners (a quarantined pod: the drain adds the model as an
+  owner and its ReplicaSet then lets it go).
 Controllers are checked by uid, each once (`Owners` keeps what it learnt); a forged owner
 reference names a uid the chain does not lead to.
 """
@@ -46,7 +47,12 @@ class Owners:
         """Whether `pod` belongs to the model, from what `learn` found (unknown: not ours)."""
         ref = controller_ref(pod)
         if ref is None:
-            return False
+            # quarantined: its ReplicaSet let it go, and the drain made the model an owner
+            refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+            return any(
+                isinstance(r, Mapping) and r.get("kind") == contract.KIND and r.get("uid") == self.model_uid
+                for r in refs
+            )
         if ref.get("kind") == contract.KIND:
             return bool(ref.get("uid") == self.model_uid)
         return self.known.get(str(ref.get("uid")), False)
