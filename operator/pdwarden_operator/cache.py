@@ -27,6 +27,14 @@ def slim(body: Mapping[str, Any]) -> Obj:
     return out
 
 
+def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The object's controller owner reference, if it has one."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") is True:
+            return ref
+    return None
+
+
 def owner_model(body: Mapping[str, Any]) -> ModelKey | None:
     """The DisaggregatedModel a child belongs to, from its controller owner reference."""
     meta = body.get("metadata") or {}

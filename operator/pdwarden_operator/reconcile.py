@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from pdwarden_operator import plan, podpolicy, scheduling
+from pdwarden_operator.cache import controller_ref
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
@@ -192,13 +193,12 @@ async def _refuse_foreign(
 
 
 def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    return any(r.get("controller") and r.get("uid") == uid for r in refs if isinstance(r, Mapping))
+    ctl = controller_ref(obj)
+    return ctl is not None and ctl.get("uid") == uid
 
 
 def _controller(obj: Mapping[str, Any]) -> str:
-    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
-    ctl = next((r for r in refs if isinstance(r, Mapping) and r.get("controller")), None)
+    ctl = controller_ref(obj)
     return f"controlled by {ctl.get('kind')} {ctl.get('name')}" if ctl else "no controller"
 
 

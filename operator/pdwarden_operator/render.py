@@ -11,7 +11,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pdwarden_operator import groups, podtemplate
+from pdwarden_operator import groups, podpolicy, podtemplate
 from pdwarden_operator.models import (
     GPU_RESOURCE,
     ROUTER_DEFAULT_RESOURCES,
@@ -72,7 +72,7 @@ class Owner:
 
     @property
     def allow_fault_injection(self) -> bool:
-        return self.annotations.get(contract.ANNOTATION_ALLOW_FAULT_INJECTION, "").lower() == "true"
+        return podpolicy.fault_injection_asked(self.annotations)
 
     def owner_reference(self) -> Obj:
         return {

@@ -94,6 +94,12 @@ QUARANTINING = _pod(
         (_pod("gone-rs", _ref("ReplicaSet", "web-prefill-old", "gone")), False),
         (_pod("another-model", _ref(contract.KIND, "web", "other-model")), False),
         (_pod("a-job", _ref("Job", "web-prefill", "job")), False),
+        (
+            _pod(
+                "odd-api", {**_ref("ReplicaSet", "web-prefill-abc", "rs-uid"), "apiVersion": "x.example/v1"}
+            ),
+            False,
+        ),
     ],
     ids=lambda v: v["metadata"]["name"] if isinstance(v, dict) else str(v),
 )

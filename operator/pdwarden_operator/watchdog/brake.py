@@ -111,21 +111,24 @@ def judge_all(
 ) -> BrakeState:
     """The brake that holds `namespace`'s models (pure): the fleet's, else the namespace's own.
     Each namespace counts toward the fleet at most up to its own limits."""
-    fleet_models = fleet_pods = fleet_actions = 0
-    for ns in {ns for ns, _ in (*troubled, *actions)}:
-        mine = {k: c for k, c in troubled.items() if k[0] == ns}
-        fleet_models += min(sum(1 for c in mine.values() if c > 0), per_namespace.max_wedged_models)
-        fleet_pods += min(sum(mine.values()), per_namespace.max_wedged_pods)
-        done = sum(c for k, c in actions.items() if k[0] == ns)
-        fleet_actions += min(done, per_namespace.max_remediations_per_hour)
-    wide = judge_counts(fleet_models, fleet_pods, fleet_actions, fleet)
+    # (models in trouble, pods in trouble, remediations) per namespace, in one pass
+    counts: dict[str, list[int]] = {}
+    for (ns, _), pods in troubled.items():
+        c = counts.setdefault(ns, [0, 0, 0])
+        c[0] += pods > 0
+        c[1] += pods
+    for (ns, _), done in actions.items():
+        counts.setdefault(ns, [0, 0, 0])[2] += done
+    wide = judge_counts(
+        sum(min(c[0], per_namespace.max_wedged_models) for c in counts.values()),
+        sum(min(c[1], per_namespace.max_wedged_pods) for c in counts.values()),
+        sum(min(c[2], per_namespace.max_remediations_per_hour) for c in counts.values()),
+        fleet,
+    )
     if wide.engaged:
         return BrakeState(True, f"fleet brake: {wide.reason}", "fleet")
-    own = judge(
-        {k: c for k, c in troubled.items() if k[0] == namespace},
-        sum(c for k, c in actions.items() if k[0] == namespace),
-        per_namespace,
-    )
+    models, pods, done = counts.get(namespace, [0, 0, 0])
+    own = judge_counts(models, pods, done, per_namespace)
     if own.engaged:
         return BrakeState(True, f"namespace {namespace} brake: {own.reason}", "namespace")
     return own

@@ -84,6 +84,7 @@ class ModelWatchdog:
         self.gone: GonePods | None = None  # read back from its ConfigMap on the first round
         self.owners = Owners(uid, namespace)
         self._strangers: set[str] = set()  # look-alike pods already logged
+        self._seeded = False  # the brakes know this model's remediations from its status
         self._gone_unwritten = False
 
     async def run(self, latest_body: Callable[[], Mapping[str, Any] | None]) -> None:
@@ -112,9 +113,11 @@ class ModelWatchdog:
     async def round(self, body: Mapping[str, Any]) -> float:
         """One scrape-judge-act round; returns the scrape interval to wait."""
         ns, name = self.model.namespace, self.model.name
-        # the hour of remediations this model's status remembers counts toward the brakes (a
-        # new leader starts from there, not from zero)
-        BRAKE.seed((ns, name), state_from_status(body.get("status")).remediations)
+        if not self._seeded:
+            # the hour of remediations this model's status remembers counts toward the brakes
+            # (a new leader starts from there, not from zero)
+            BRAKE.seed((ns, name), state_from_status(body.get("status")).remediations)
+            self._seeded = True
         spec = _parsed_spec(body)  # the one read of the spec this round
         if spec is None:
             log.warning("%s/%s: watchdog idle: the spec does not validate", ns, name)

@@ -16,23 +16,16 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdwarden_operator.cache import controller_ref
 from pdwarden_runtime import contract
 
 Obj = dict[str, Any]
 # (apiVersion, kind, namespace, name) -> the object, or None when it does not exist
 Reader = Callable[[str, str, str, str], Awaitable[Obj | None]]
 
-_API_VERSIONS = {"ReplicaSet": "apps/v1", "Deployment": "apps/v1", "StatefulSet": "apps/v1"}
 # what may control what, up to the model
 MAX_KNOWN = 1024
 _PARENTS = {"ReplicaSet": ("Deployment",), "Deployment": (contract.KIND,), "StatefulSet": (contract.KIND,)}
-
-
-def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            return ref
-    return None
 
 
 @dataclass
@@ -72,10 +65,10 @@ class Owners:
             return self.known[uid]
         if kind == contract.KIND:
             return uid == self.model_uid
-        if kind not in _PARENTS or depth > 2:
+        if kind not in _PARENTS or ref.get("apiVersion") != "apps/v1" or depth > 2:
             self.known[uid] = False
             return False
-        obj = await read(_API_VERSIONS[kind], kind, self.namespace, str(ref.get("name")))
+        obj = await read(str(ref.get("apiVersion")), kind, self.namespace, str(ref.get("name")))
         meta = (obj or {}).get("metadata") or {}
         parent = controller_ref(obj or {})
         ok = (

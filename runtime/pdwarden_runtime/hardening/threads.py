@@ -15,16 +15,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
+from pdwarden_runtime import contract
+
 # Thread kinds, from the target's name that threading puts in a thread's default name
 # ("Thread-7 (transfer_worker)") or an explicit name.
 THREAD_KINDS: Final = {
-    "bootstrap_thread_guarded": "nixl_bootstrap",
-    "transfer_worker": "nixl_transfer_worker",
-    "decode_listener_thread": "nixl_decode_listener",
-    "HeartbeatChecker": "nixl_heartbeat",
-    "pdwarden-handle-quarantine": "pdwarden_quarantine",
-    "pdwarden-deadline-reaper": "pdwarden_deadline_reaper",
-    "pdwarden-stock-mirror": "pdwarden_stock_mirror",
+    "bootstrap_thread_guarded": contract.THREAD_NIXL_BOOTSTRAP,
+    "transfer_worker": contract.THREAD_NIXL_TRANSFER_WORKER,
+    "decode_listener_thread": contract.THREAD_NIXL_DECODE_LISTENER,
+    "HeartbeatChecker": contract.THREAD_NIXL_HEARTBEAT,
+    "pdwarden-handle-quarantine": contract.THREAD_PDWARDEN_QUARANTINE,
+    "pdwarden-deadline-reaper": contract.THREAD_PDWARDEN_DEADLINE_REAPER,
+    "pdwarden-stock-mirror": contract.THREAD_PDWARDEN_STOCK_MIRROR,
 }
 
 
