@@ -39,6 +39,7 @@ class OperatorProcess:
         extra_env: dict[str, str] | None = None,
         extra_args: tuple[str, ...] = (),
         allow: tuple[str, ...] = ("faultInjection",),
+        executable: str | Path | None = None,
     ) -> None:
         self.kubeconfig = str(kubeconfig)
         self.namespaces = namespaces
@@ -49,12 +50,14 @@ class OperatorProcess:
         self.extra_args = extra_args
         # the scenarios inject faults into their models' pods (the installation must allow it)
         self.allow = allow
+        # the `pdwarden` to run (default: the one beside this Python)
+        self.executable = executable
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
     def command(self) -> list[str]:
-        exe = shutil.which("pdwarden", path=str(Path(sys.executable).parent)) or "pdwarden"
-        cmd = [exe, "operator", "run", "--bind-host", "127.0.0.1"]
+        exe = self.executable or shutil.which("pdwarden", path=str(Path(sys.executable).parent)) or "pdwarden"
+        cmd = [str(exe), "operator", "run", "--bind-host", "127.0.0.1"]
         cmd += ["--health-port", str(self.health_port), "--metrics-port", str(self.metrics_port)]
         for ns in self.namespaces:
             cmd += ["--namespace", ns]

@@ -32,7 +32,7 @@ from typing import Any, Final
 from pdwarden_bench.cluster_env import API_TRANSIENT, Env, Load, http_json, synthetic_model
 from pdwarden_bench.promtext import metric_sum, samples
 from pdwarden_localcluster.cluster import ports
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.testing import WaitTimeout, wait_for
 from pdwarden_runtime import contract
 
 INFLIGHT_DEADLINE: Final = 8
@@ -69,24 +69,60 @@ def model_body(env: Env, name: str, stuck_after: int) -> dict[str, Any]:
     )
 
 
-def _nft(netns: str, *args: str, check: bool = True) -> None:
-    subprocess.run(["ip", "netns", "exec", netns, "nft", *args], check=check, capture_output=True, timeout=30)
+def _nft(netns: str, script: str, check: bool = True) -> None:
+    command = ["ip", "netns", "exec", netns, "nft", script]
+    subprocess.run(command, check=check, capture_output=True, timeout=30)
 
 
 @contextlib.contextmanager
 def partition(decodes: list[dict[str, Any]], prefill_ip: str) -> Iterator[None]:
-    """Drop every packet from ``prefill_ip`` at the decodes (in their pods' network namespaces)."""
+    """Drop every packet from ``prefill_ip`` at the decodes (in their pods' network namespaces),
+    one nft transaction per decode: the cut lands while the rooms seen in flight still are."""
     net = ports().net
     spaces = [net.pod_netns(p["metadata"]["uid"]) for p in decodes]
+    rules = (
+        f"add table inet {NFT_TABLE}; "
+        f"add chain inet {NFT_TABLE} input {{ type filter hook input priority 0; }}; "
+        f"add rule inet {NFT_TABLE} input ip saddr {prefill_ip} drop"
+    )
     try:
         for ns in spaces:
-            _nft(ns, "add", "table", "inet", NFT_TABLE)
-            _nft(ns, "add", "chain", "inet", NFT_TABLE, "input", "{ type filter hook input priority 0; }")
-            _nft(ns, "add", "rule", "inet", NFT_TABLE, "input", "ip", "saddr", prefill_ip, "drop")
+            _nft(ns, rules)
         yield
     finally:
         for ns in spaces:
-            _nft(ns, "delete", "table", "inet", NFT_TABLE, check=False)
+            _nft(ns, f"delete table inet {NFT_TABLE}", check=False)
+
+
+def peer_figures(pod: dict[str, Any], ip: str) -> dict[str, float]:
+    """What ``pod`` exports about its peer ``ip``: rooms in flight, pages held, outcomes."""
+    url = f"http://{pod['status']['podIP']}:{contract.DEFAULT_METRICS_PORT}{contract.METRICS_PATH}"
+    status, text = http_json(url, timeout=5)
+    if status != 200:
+        raise RuntimeError(f"{pod['metadata']['name']} /metrics answered {status}")
+    found = samples(str(text))
+    figures = {
+        "inflight": metric_sum(found, contract.METRIC_KV_PEER_INFLIGHT, peer=ip),
+        "pages_held": metric_sum(found, contract.METRIC_KV_PAGES_HELD, peer=ip),
+    }
+    for outcome in contract.OUTCOMES:
+        figures[outcome] = metric_sum(
+            found, contract.METRIC_KV_PEER_TRANSFERS_TOTAL, peer=ip, outcome=outcome
+        )
+    return figures
+
+
+def _every_decode_moving_with(decodes: list[dict[str, Any]], ip: str) -> None:
+    """Until every decode has a room in flight with the prefill at ``ip``: a cut then catches
+    each of them mid-transfer, so each holds pages for it (and points at it). A decode with no
+    room of it at the cut could only point at it through the rooms that come later."""
+    wait_for(
+        lambda: all(peer_figures(d, ip)["inflight"] > 0 for d in decodes),
+        120,
+        f"every decode moving KV with {ip}",
+        0.1,
+        API_TRANSIENT,
+    )
 
 
 def _state(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -197,6 +233,7 @@ def run(env: Env, name: str, mode: str, say: Any = lambda _m: None) -> Partition
     with Load(env, name, concurrency=6, prompt=PROMPT) as load, HeldWatch(decodes, prefill) as watch:
         load.wait_flowing(12, timeout=180)
         time.sleep(3)  # the decodes' writer watch has asked every prefill who it is
+        _every_decode_moving_with(decodes, watch.ip)
         say(f"{mode}: cutting {prefill['metadata']['name']} ({watch.ip}) off both decodes")
         gone_at: float | None = None
         with partition(decodes, watch.ip):
@@ -204,7 +241,7 @@ def run(env: Env, name: str, mode: str, say: Any = lambda _m: None) -> Partition
             if mode == "heal":
                 time.sleep(PARTITION_S)
             else:
-                gone_at = _wait_remediated(env, name, prefill)
+                gone_at = _wait_remediated(env, name, prefill, decodes)
             held_at_end = watch.held_pages_max
         healed = time.monotonic()
         say(f"{mode}: path restored after {healed - started:.0f}s ({held_at_end} pages held at most)")
@@ -239,15 +276,31 @@ def _held_now(decodes: list[dict[str, Any]], ip: str) -> bool:
     return False
 
 
-def _wait_remediated(env: Env, name: str, prefill: dict[str, Any]) -> float:
-    """Until the watchdog restarted the cut-off prefill and its deletion completed; when."""
+def _wait_remediated(env: Env, name: str, prefill: dict[str, Any], decodes: list[dict[str, Any]]) -> float:
+    """Until the watchdog restarted the cut-off prefill and its deletion completed; when. On a
+    timeout the error carries what the decodes export about the prefill and the model's
+    watchdog status: the evidence the watchdog judged."""
     uid = prefill["metadata"]["uid"]
 
     def gone() -> bool:
         pods = env.call("GET", f"/api/v1/namespaces/{env.namespace}/pods")["items"]
         return all(p["metadata"]["uid"] != uid for p in pods)
 
-    wait_for(gone, 240, f"{prefill['metadata']['name']} remediated and gone", 1.0, API_TRANSIENT)
+    try:
+        wait_for(gone, 240, f"{prefill['metadata']['name']} remediated and gone", 1.0, API_TRANSIENT)
+    except WaitTimeout as exc:
+        ip = str(prefill["status"]["podIP"])
+        seen: dict[str, Any] = {}
+        for d in decodes:
+            try:
+                seen[d["metadata"]["name"]] = peer_figures(d, ip)
+            except Exception as err:  # the figures are for the message only
+                seen[d["metadata"]["name"]] = repr(err)
+        try:
+            status = env.dm(name).get("status", {})
+        except Exception as err:
+            status = repr(err)
+        raise WaitTimeout(f"{exc}; the decodes about {ip}: {seen}; the model's status: {status}") from exc
     return time.monotonic()
 
 

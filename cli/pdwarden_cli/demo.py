@@ -177,8 +177,13 @@ async def run_demo(
         f"Installing the pdwarden chart (release {RELEASE}, namespace {NAMESPACE}, operator.scope "
         f"{scope}: it watches {watched})"
     )
+    from pdwarden_localcluster.cluster import ports  # imported when run, as demo() does
+
+    # The demo scrapes the operator from the host (scrape_targets), as a Prometheus outside
+    # the cluster would.
+    values = chart_values(scope, scraper=f"{ports().net.host_addr}/32")
     with steps.waiting("helm install --wait ..."):
-        await asyncio.to_thread(kube.helm_install, RELEASE, NAMESPACE, chart_values(scope))
+        await asyncio.to_thread(kube.helm_install, RELEASE, NAMESPACE, values)
     result.operator_scope = scope
     steps.ok("operator running (its RBAC is the chart's, through its ServiceAccount)")
 

@@ -46,10 +46,15 @@ def operator_scope(asked: str, started_cluster: bool) -> str:
     return asked
 
 
-def chart_values(scope: str) -> dict[str, str]:
+def chart_values(scope: str, scraper: str) -> dict[str, str]:
     """The demo's helm values for the operator's ``scope`` ("cluster" or "namespace"); the demo
-    injects a fault into its own model's pod, which the installation must allow."""
-    allow = {"podPolicy.namespaces." + NAMESPACE: "{faultInjection}"}
+    injects a fault into its own model's pod, which the installation must allow. It scrapes
+    the operator's metrics from ``scraper`` (a CIDR: the host, outside the cluster), which
+    the operator's NetworkPolicy lets in only when named in operator.networkPolicy.metricsFrom."""
+    allow = {
+        "podPolicy.namespaces." + NAMESPACE: "{faultInjection}",
+        "operator.networkPolicy.metricsFrom[0].ipBlock.cidr": scraper,
+    }
     if scope == "namespace":
         return {"operator.scope": "namespace", "operator.watchNamespace": NAMESPACE, **allow}
     return {"operator.scope": "cluster", **allow}

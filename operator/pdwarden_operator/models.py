@@ -455,6 +455,15 @@ class RoleSpec(_Base):
         ),
     )
     gpus: int = Field(0, description="GPUs per pod, requested as nvidia.com/gpu. 0: CPU only.", ge=0, le=64)
+    # A field of its own: a podTemplate's `tolerations: null` is pruned on its way through the
+    # API server, so it cannot drop the default toleration; false can.
+    gpu_toleration: bool = Field(
+        True,
+        description="true: pods that request GPUs (gpus > 0) tolerate the GPU nodes' taint "
+        f"{GPU_RESOURCE}:NoSchedule (operator Exists), unless podTemplate.spec.tolerations has "
+        f"one for the key {GPU_RESOURCE}, which replaces it. false: pdwarden adds no GPU "
+        "toleration; the pods tolerate only what podTemplate.spec.tolerations lists.",
+    )
     resources: ResourceRequirements | None = Field(
         None,
         description="CPU and memory requests and limits per pod. Without an ephemeral-storage "

@@ -278,13 +278,13 @@ def tmp_volume() -> tuple[Obj, Obj]:
 GPU_TOLERATION: Obj = {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
 
 
-def gpu_tolerations(gpus: int, fragment: Obj | None) -> list[Obj]:
-    """The GPU toleration for a pod that requests GPUs, unless its podTemplate says otherwise:
-    a template toleration for the same key replaces it (appended lists would keep both), and
-    `tolerations: null` drops every toleration."""
-    if gpus <= 0:
+def gpu_tolerations(role_spec: RoleSpec) -> list[Obj]:
+    """The GPU toleration for a pod that requests GPUs, unless the role says otherwise:
+    `gpuToleration: false` drops it, and a podTemplate toleration for the same key replaces it
+    (appended lists would keep both)."""
+    if role_spec.gpus <= 0 or not role_spec.gpu_toleration:
         return []
-    own = ((fragment or {}).get("spec") or {}).get("tolerations") or []
+    own = ((role_spec.pod_template or {}).get("spec") or {}).get("tolerations") or []
     if any(isinstance(t, dict) and t.get("key") == GPU_RESOURCE for t in own):
         return []
     return [dict(GPU_TOLERATION)]
@@ -446,7 +446,7 @@ def runtime_pod_template(
     }
     if volumes:
         pod_spec["volumes"] = volumes
-    tolerations = gpu_tolerations(role_spec.gpus, role_spec.pod_template)
+    tolerations = gpu_tolerations(role_spec)
     if tolerations:
         pod_spec["tolerations"] = tolerations
     if spec.transfer.host_network:

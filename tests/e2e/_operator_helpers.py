@@ -28,6 +28,21 @@ CHILD_RESOURCES = (
 )
 
 
+def idle_model(name: str, namespace: str | None = None) -> dict[str, Any]:
+    """A synthetic model with no pods: the operator reconciles its children, nothing runs."""
+    meta = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {
+        "apiVersion": "pdwarden.io/v1alpha1",
+        "kind": "DisaggregatedModel",
+        "metadata": meta,
+        "spec": {
+            "model": {"path": "synthetic/tiny"},
+            "engine": "synthetic",
+            **{role: {"replicas": 0} for role in ("prefill", "decode", "router")},
+        },
+    }
+
+
 def kubectl_with_crd(kubeconfig: str | Path) -> Kubectl:
     """kubectl for the cluster, with the DisaggregatedModel CRD applied and Established."""
     k = Kubectl(kubeconfig)
@@ -96,16 +111,7 @@ def wait_watching_new_namespaces(kubectl: Kubectl, prefix: str, timeout: float =
     namespace that fell in that gap is dropped and another one tried; once one is reconciled,
     namespaces created later reach the operator through the watch.
     """
-    probe = {
-        "apiVersion": "pdwarden.io/v1alpha1",
-        "kind": "DisaggregatedModel",
-        "metadata": {"name": "probe"},
-        "spec": {
-            "model": {"path": "synthetic/tiny"},
-            "engine": "synthetic",
-            **{role: {"replicas": 0} for role in ("prefill", "decode", "router")},
-        },
-    }
+    probe = idle_model("probe")
     deadline = time.monotonic() + timeout
     while True:
         for ns in new_namespace(kubectl, prefix):

@@ -1,5 +1,6 @@
 """The chart on the local cluster's real API server: schema-valid manifests, a real install
-whose operator pod reconciles a model with the chart's RBAC, a refused bad value, and an
+whose operator pod reconciles a model with the chart's RBAC and passes `helm test` (through
+the operator's NetworkPolicy, which the local cluster enforces), a refused bad value, and an
 uninstall that leaves no operator objects behind."""
 
 from __future__ import annotations
@@ -62,9 +63,15 @@ def namespace(kubeconfig: Path) -> Iterator[str]:
     kubectl(kubeconfig, "delete", "namespace", name, "--wait=false")
 
 
+def is_test_hook(doc: Mapping[str, Any]) -> bool:
+    return (doc.get("metadata", {}).get("annotations") or {}).get("helm.sh/hook") == "test"
+
+
 def rendered(namespace: str, values: Mapping[str, str], release: str = "pdw") -> str:
+    # Without the `helm test` hooks: their Pod names a ServiceAccount that a dry run never
+    # creates (admission refuses it); `helm test` creates both for real in the install test.
     docs = chart.helm_template(release=release, namespace=namespace, set_values=values, include_crds=True)
-    return yaml.safe_dump_all([d for d in docs if d["kind"] not in MONITORING_KINDS])
+    return yaml.safe_dump_all([d for d in docs if d["kind"] not in MONITORING_KINDS and not is_test_hook(d)])
 
 
 @pytest.mark.parametrize(
@@ -163,6 +170,42 @@ def test_rbac_is_least_privilege_on_the_real_authorizer(kubeconfig: Path, namesp
         kubectl(kubeconfig, "delete", "-f", "-", "--wait=false", stdin=manifest)
 
 
+def hook_selector(release: str) -> str:
+    """The chart's `helm test` objects (templates/tests/) of `release`."""
+    return f"app.kubernetes.io/instance={release},app.kubernetes.io/component=test"
+
+
+def assert_helm_test_passes(kubeconfig: Path, namespace: str, release: str) -> None:
+    """`helm test`: the chart's test Pod, in the operator's image and as hardened as its pod,
+    reaches the operator through the metrics Service (past the operator's NetworkPolicy) and
+    finds the CRD served by API discovery, with a ServiceAccount bound to no Role."""
+    proc = run(
+        [chart.find_tool("helm"), "test", release, "-n", namespace, "--timeout", "150s", "--logs"],
+        kubeconfig,
+        timeout=210,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (pod,) = get_json(kubeconfig, "pods", "-n", namespace, "-l", hook_selector(release))["items"]
+    assert pod["status"]["phase"] == "Succeeded"
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    deployment = get_json(kubeconfig, "deployment", f"{release}-pdwarden", "-n", namespace)
+    (operator,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert pod["spec"]["containers"][0]["image"] == operator["image"]  # the operator's own image
+    # Its log (Helm keeps the Pod, before-hook-creation): both checks passed, none skipped.
+    logs = kubectl(kubeconfig, "logs", pod["metadata"]["name"], "-n", namespace)
+    assert logs.returncode == 0, logs.stderr
+    assert f"ok: the operator answers at http://{release}-pdwarden-metrics.{namespace}.svc:" in logs.stdout
+    served = f"{contract.PLURAL}.{contract.API_GROUP}/{contract.API_VERSION}"
+    assert f"ok: the API server serves {served}" in logs.stdout, logs.stdout
+    assert "passed:" in logs.stdout and "skipped" not in logs.stdout, logs.stdout
+    # the test's ServiceAccount may read discovery and nothing else
+    sa = f"system:serviceaccount:{namespace}:{release}-pdwarden-test"
+    models = f"disaggregatedmodels.{contract.API_GROUP}"
+    for verb, resource in [("get", models), ("list", "pods"), ("get", "secrets")]:
+        answer = kubectl(kubeconfig, "auth", "can-i", verb, resource, "-n", namespace, "--as", sa)
+        assert answer.stdout.strip() == "no", (verb, resource, answer.stdout, answer.stderr)
+
+
 def assert_runs_as_the_chart_says(pod: dict[str, Any]) -> None:
     """The operator's process (the local kubelet's containerID is its pid): the chart's
     non-root user, a read-only root with /tmp writable, the API reached only through the
@@ -231,6 +274,8 @@ def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
             2.0,
         )
 
+        assert_helm_test_passes(kubeconfig, namespace, release)
+
         model = yaml.safe_load(EXAMPLE.read_text())
         model["metadata"]["namespace"] = namespace
         assert kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(model)).returncode == 0
@@ -260,6 +305,9 @@ def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
             == 0
         )
     finally:
+        # Hook objects are not the release's (Helm leaves them at uninstall): the test's Pod and
+        # ServiceAccount go here.
+        kubectl(kubeconfig, "delete", "pod,serviceaccount", "-n", namespace, "-l", hook_selector(release))
         proc = helm(kubeconfig, "uninstall", release, "-n", namespace, "--wait", "--timeout", "120s")
     assert proc.returncode == 0, proc.stderr
 

@@ -18,7 +18,14 @@ from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import Kubectl, wait_for
 
-from ._operator_helpers import CHILD_RESOURCES, ROOT, condition, new_namespace, operator_module_fixtures
+from ._operator_helpers import (
+    CHILD_RESOURCES,
+    ROOT,
+    condition,
+    idle_model,
+    new_namespace,
+    operator_module_fixtures,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -57,23 +64,8 @@ def _complete(kubectl: Kubectl, name: str, ns: str) -> bool:
     )
 
 
-def _zero_doc(name: str, ns: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "pdwarden.io/v1alpha1",
-        "kind": "DisaggregatedModel",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "model": {"path": "synthetic/none"},
-            "engine": "synthetic",
-            "prefill": {"replicas": 0},
-            "decode": {"replicas": 0},
-            "router": {"replicas": 0},
-        },
-    }
-
-
 def _zero_model(kubectl: Kubectl, name: str, ns: str) -> None:
-    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(_zero_doc(name, ns)))
+    kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(idle_model(name, ns)))
 
 
 def _ready(kubectl: Kubectl, name: str, ns: str) -> dict[str, Any] | None:
@@ -178,7 +170,7 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
     )
     try:
         assert watch.stdout is not None
-        kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all([_zero_doc(n, namespace) for n in names]))
+        kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump_all([idle_model(n, namespace) for n in names]))
         readable, _, _ = select.select([watch.stdout], [], [], 60)
         assert readable, "no child within 60 s"
         operator.kill()

@@ -9,6 +9,7 @@
 - on nodes tainted like GPU nodes, a model without a toleration stays Pending with the
   scheduler's reason in its Ready condition; with podTemplate tolerations and nodeSelector,
   shm and a PersistentVolumeClaim of weights it becomes Ready;
+- a GPU role's Deployment tolerates the GPU taint by default and not with `gpuToleration: false`;
 - the NetworkPolicies (on by default) disappear and reappear with `networkPolicy.enabled`;
 - every example is accepted by the API server (server-side dry-run).
 
@@ -168,6 +169,35 @@ def test_a_refused_fragment_is_reported_and_nothing_is_applied(
     )
     degraded = condition(kubectl.get("disaggregatedmodel", "frag", namespace), "Degraded")
     assert degraded.get("reason") != "ApplyFailed", degraded
+
+
+def test_gpu_toleration_false_through_kubectl_apply_drops_the_gpu_toleration(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    """The opt-out reaches the operator (a podTemplate's `tolerations: null` does not: the API
+    server prunes it); the Deployments are enough, no pod needs to start (replicas 0)."""
+    kubectl.apply(_model("tol-default", prefill={"gpus": 1}), namespace)
+    kubectl.apply(_model("tol-off", prefill={"gpus": 1, "gpuToleration": False}), namespace)
+
+    def pod_spec(name: str) -> dict[str, Any] | None:
+        deployment = kubectl.get("deployment", f"{name}-prefill", namespace)
+        return deployment["spec"]["template"]["spec"] if deployment else None
+
+    def gpu_tolerations(pod: dict[str, Any]) -> list[dict[str, Any]]:
+        return [t for t in pod.get("tolerations") or [] if t.get("key") == "nvidia.com/gpu"]
+
+    default = wait_for(lambda: pod_spec("tol-default"), 120, "the default model's prefill Deployment", 1.0)
+    off = wait_for(lambda: pod_spec("tol-off"), 120, "the opted-out model's prefill Deployment", 1.0)
+    for pod in (default, off):
+        assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1", "a GPU role"
+    assert gpu_tolerations(default) == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert gpu_tolerations(off) == [], off.get("tolerations")
+    # what the API server stored: the field as applied, and the CRD's default where it was left out
+    for name, expected in (("tol-default", True), ("tol-off", False)):
+        dm = kubectl.get("disaggregatedmodel", name, namespace)
+        assert dm is not None and dm["spec"]["prefill"]["gpuToleration"] is expected, name
 
 
 def test_network_policy_follows_the_spec(kubectl: Kubectl, operator: OperatorProcess, namespace: str) -> None:

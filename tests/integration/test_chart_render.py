@@ -13,8 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+import yaml
 
-from pdwarden_cli import chart
+from pdwarden_cli import chart, demo_scenario
 from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.integration
@@ -61,21 +62,29 @@ def test_helm_lint_strict_passes(values: Mapping[str, str]) -> None:
     assert "0 chart(s) failed" in proc.stdout
 
 
-def test_default_render_is_operator_rbac_and_metrics_service_only() -> None:
+def is_hook(doc: Mapping[str, Any]) -> bool:
+    return "helm.sh/hook" in (doc["metadata"].get("annotations") or {})
+
+
+def test_default_render_is_the_operator_its_rbac_service_budget_policy_and_helm_test() -> None:
     docs = render()
-    assert kinds(docs) == sorted(
+    assert kinds([d for d in docs if not is_hook(d)]) == sorted(
         [
             "ClusterRole",
             "ClusterRole",
             "ClusterRoleBinding",
             "ClusterRoleBinding",
             "Deployment",
+            "NetworkPolicy",
+            "PodDisruptionBudget",
             "Role",
             "RoleBinding",
             "Service",
             "ServiceAccount",
         ]
     )
+    # `helm test` only (templates/tests/)
+    assert kinds([d for d in docs if is_hook(d)]) == ["Pod", "ServiceAccount"]
     for doc in docs:
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert doc["metadata"]["namespace"] == NAMESPACE
@@ -113,7 +122,7 @@ def test_operator_deployment_is_hardened_leader_and_standby_with_probes() -> Non
     assert ports == {"metrics": contract.OPERATOR_METRICS_PORT, "health": contract.OPERATOR_HEALTH_PORT}
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert container["image"] == "ghcr.io/pdwarden/pdwarden-runtime:0.1.0"  # tag defaults to appVersion
+    assert container["image"] == "ghcr.io/pdwarden/pdwarden-operator:0.1.0"  # tag defaults to appVersion
     # $(POD_IP) in args is expanded by the kubelet from this env var
     env = {e["name"]: e for e in container["env"]}
     assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
@@ -260,7 +269,195 @@ def test_dashboard_shows_the_queue_and_uses_only_contract_metrics() -> None:
             assert used and used <= allowed, (panel["title"], used - allowed)
 
 
+def operator_pod_labels(docs: list[dict[str, Any]]) -> dict[str, str]:
+    labels: dict[str, str] = chart.only_object(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def test_pod_disruption_budget_keeps_a_replica_through_a_drain() -> None:
+    docs = render()
+    deployment = chart.only_object(docs, "Deployment")
+    pdb = chart.only_object(docs, "PodDisruptionBudget")
+    assert pdb["apiVersion"] == "policy/v1" and pdb["metadata"]["namespace"] == NAMESPACE
+    # one replica at a time: of the 2 the other stays to hold or take over the Lease
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"  # a broken replica never blocks
+    # the Deployment's own selector, which its pods carry
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= operator_pod_labels(docs).items()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"operator.replicas": "1"}, {"operator.podDisruptionBudget.enabled": "false"}],
+    ids=["one-replica", "disabled"],
+)
+def test_no_pod_disruption_budget_for_one_replica_or_when_disabled(values: Mapping[str, str]) -> None:
+    # (with one replica a budget could only block every drain, or allow everything)
+    assert not chart.find_objects(render(values), "PodDisruptionBudget")
+
+
+PROMETHEUS_PEER = {
+    "namespaceSelector": {},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+}
+
+
+def test_network_policy_admits_only_scrapers_and_the_helm_test_to_the_metrics_port() -> None:
+    docs = render()
+    policy = chart.only_object(docs, "NetworkPolicy")
+    assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["metadata"]["namespace"] == NAMESPACE
+    spec = policy["spec"]
+    assert spec["podSelector"] == chart.only_object(docs, "Deployment")["spec"]["selector"]
+    # ingress only; egress (API server, every model's metrics ports) stays open
+    assert spec["policyTypes"] == ["Ingress"] and "egress" not in spec
+    (rule,) = spec["ingress"]
+    # the metrics port only: the health port is the kubelet's (the node, always let in)
+    assert rule["ports"] == [{"protocol": "TCP", "port": contract.OPERATOR_METRICS_PORT}]
+    prometheus, test_peer = rule["from"]
+    assert prometheus == PROMETHEUS_PEER  # the default metricsFrom, as the models' own policies
+    # the helm test pod of this release in this namespace (no namespaceSelector), not the operator
+    assert set(test_peer) == {"podSelector"}
+    test_pod = next(d for d in chart.find_objects(docs, "Pod") if is_hook(d))
+    assert test_peer["podSelector"]["matchLabels"].items() <= test_pod["metadata"]["labels"].items()
+    assert not test_peer["podSelector"]["matchLabels"].items() <= operator_pod_labels(docs).items()
+    # the Service's target is that port
+    (port,) = chart.only_object(docs, "Service")["spec"]["ports"]
+    (container,) = chart.only_object(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    named = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert named[port["targetPort"]] == contract.OPERATOR_METRICS_PORT
+
+
+def test_network_policy_peers_and_port_follow_the_values() -> None:
+    docs = render(
+        {
+            "operator.metricsPort": "9091",
+            "operator.networkPolicy.metricsFrom[0].ipBlock.cidr": "10.0.0.5/32",
+            "operator.networkPolicy.metricsFrom[1].namespaceSelector.matchLabels.team": "monitoring",
+        }
+    )
+    (rule,) = chart.only_object(docs, "NetworkPolicy")["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9091}]
+    assert rule["from"][:2] == [
+        {"ipBlock": {"cidr": "10.0.0.5/32"}},
+        {"namespaceSelector": {"matchLabels": {"team": "monitoring"}}},
+    ]  # replace the default, which is gone
+    assert PROMETHEUS_PEER not in rule["from"] and len(rule["from"]) == 3
+
+
+def test_network_policy_without_scrapers_still_admits_no_one_else() -> None:
+    (rule,) = chart.only_object(render({"operator.networkPolicy.metricsFrom": "null"}), "NetworkPolicy")[
+        "spec"
+    ]["ingress"]
+    # never an empty `from` (which would admit every source): only the helm test pod
+    assert [set(peer) for peer in rule["from"]] == [{"podSelector"}]
+
+
+def test_network_policy_can_be_disabled() -> None:
+    assert not chart.find_objects(render({"operator.networkPolicy.enabled": "false"}), "NetworkPolicy")
+
+
+def test_the_demo_lets_its_host_scrape_the_operator() -> None:
+    # `pdwarden demo` scrapes the operator from the host, outside the cluster
+    docs = render(demo_scenario.chart_values("cluster", "198.18.15.1/32"))
+    (rule,) = chart.only_object(docs, "NetworkPolicy")["spec"]["ingress"]
+    assert rule["from"][0] == {"ipBlock": {"cidr": "198.18.15.1/32"}}
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def images(docs: list[dict[str, Any]]) -> list[str]:
+    """Every container image the chart renders: the operator's and the helm test's."""
+    pods = [chart.only_object(docs, "Deployment")["spec"]["template"], *chart.find_objects(docs, "Pod")]
+    return [c["image"] for pod in pods for c in pod["spec"]["containers"]]
+
+
+def test_image_by_digest_everywhere_the_operator_image_runs() -> None:
+    docs = render(
+        {"image.repository": "registry.example/pdwarden", "image.tag": "1.2.3", "image.digest": DIGEST}
+    )
+    # repository@digest: the digest alone says what runs (the tag is ignored)
+    assert images(docs) == [f"registry.example/pdwarden@{DIGEST}"] * 2
+    # by tag without one (the tag defaulting to the chart's appVersion)
+    repository = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())["image"]["repository"]
+    app_version = yaml.safe_load((chart.CHART_DIR / "Chart.yaml").read_text())["appVersion"]
+    assert images(render()) == [f"{repository}:{app_version}"] * 2
+
+
+def test_helm_test_pod_is_a_hardened_test_hook() -> None:
+    docs = render()
+    sa, pod = sorted((d for d in docs if is_hook(d)), key=lambda d: d["kind"] != "ServiceAccount")
+    for hook in (sa, pod):
+        annotations = hook["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "test"
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation"
+        assert hook["metadata"]["name"] == "pdw-pdwarden-test"
+    assert int(sa["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        pod["metadata"]["annotations"].get("helm.sh/hook-weight", "0")
+    )  # the ServiceAccount first
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never" and spec["activeDeadlineSeconds"] > 0
+    assert spec["serviceAccountName"] == sa["metadata"]["name"] and spec["automountServiceAccountToken"]
+    # as hardened as the operator's pod
+    operator = chart.only_object(docs, "Deployment")["spec"]["template"]["spec"]
+    assert spec["securityContext"] == operator["securityContext"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = spec["containers"]
+    sec = container["securityContext"]
+    assert sec == operator["containers"][0]["securityContext"]
+    assert sec["readOnlyRootFilesystem"] is True and sec["allowPrivilegeEscalation"] is False
+    assert sec["privileged"] is False and sec["capabilities"]["drop"] == ["ALL"]
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert container["image"] == operator["containers"][0]["image"]
+    # not the operator's: nothing that selects the operator's pods selects it
+    labels = pod["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "test"
+    for selector in (
+        chart.only_object(docs, "Service")["spec"]["selector"],
+        chart.only_object(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+        chart.only_object(docs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"],
+    ):
+        assert not selector.items() <= labels.items()
+    # its ServiceAccount is bound to nothing (discovery is every authenticated identity's)
+    for binding in chart.find_objects(docs, "RoleBinding") + chart.find_objects(docs, "ClusterRoleBinding"):
+        assert sa["metadata"]["name"] not in [s["name"] for s in binding["subjects"]]
+
+
+def test_helm_test_checks_the_charts_service_metric_and_crd() -> None:
+    (pod,) = (d for d in render() if is_hook(d) and d["kind"] == "Pod")
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][:2] == ["python3", "-c"]
+    assert container["command"][2] == (chart.CHART_DIR / "files" / "helm-test.py").read_text()
+    env = {e["name"]: e["value"] for e in container["env"]}
+    port = contract.OPERATOR_METRICS_PORT
+    assert env["METRICS_URL"] == f"http://pdw-pdwarden-metrics.{NAMESPACE}.svc:{port}{contract.METRICS_PATH}"
+    assert env["OPERATOR_METRIC"] == contract.METRIC_OPERATOR_LEADER  # every replica exports it
+    crd = yaml.safe_load(next((chart.CHART_DIR / "crds").glob("*.yaml")).read_text())
+    assert env["CRD_GROUP"] == crd["spec"]["group"] == contract.API_GROUP
+    assert env["CRD_PLURAL"] == crd["spec"]["names"]["plural"] == contract.PLURAL
+    assert env["CRD_VERSIONS"].split(",") == [v["name"] for v in crd["spec"]["versions"] if v["served"]]
+    assert contract.API_VERSION in env["CRD_VERSIONS"].split(",")
+    no_service = {"metricsService.enabled": "false"}
+    (pod,) = (d for d in render(no_service) if is_hook(d) and d["kind"] == "Pod")
+    assert "METRICS_URL" not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+
+
 BAD_VALUES = [
+    ({"image.digest": "sha256:abc"}, "/image/digest"),
+    ({"image.digest": "sha256:" + "0123456789ABCDEF" * 4}, "/image/digest"),  # lowercase hex only
+    ({"image.digest": "1.2.3"}, "/image/digest"),  # a tag is not a digest
+    ({"operator.podDisruptionBudget.enabled": "maybe"}, "/operator/podDisruptionBudget/enabled"),
+    ({"operator.networkPolicy.enabled": "yes"}, "/operator/networkPolicy/enabled"),
+    (
+        {"operator.networkPolicy.metricsFrom[0].podSelector.matchLabel.app": "prometheus"},
+        "/operator/networkPolicy/metricsFrom/0/podSelector",
+    ),
+    (
+        {"operator.networkPolicy.metricsFrom[0].ipBlock.except[0]": "10.0.0.0/8"},
+        "/operator/networkPolicy/metricsFrom/0/ipBlock",
+    ),
     ({"operator.scope": "everywhere"}, "/operator/scope"),
     ({"operator.metricsPort": "70000"}, "/operator/metricsPort"),
     (

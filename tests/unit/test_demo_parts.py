@@ -161,9 +161,13 @@ def test_the_demo_chooses_its_operators_scope(asked: str, started: bool, scope: 
 
 
 def test_the_demo_scopes_values_are_the_charts() -> None:
-    allow = {f"podPolicy.namespaces.{demo_scenario.NAMESPACE}": "{faultInjection}"}
-    assert demo_scenario.chart_values("cluster") == {"operator.scope": "cluster", **allow}
-    values = demo_scenario.chart_values("namespace")
+    allow = {
+        f"podPolicy.namespaces.{demo_scenario.NAMESPACE}": "{faultInjection}",
+        # the demo scrapes the operator from the host: its NetworkPolicy must let that in
+        "operator.networkPolicy.metricsFrom[0].ipBlock.cidr": "198.18.15.1/32",
+    }
+    assert demo_scenario.chart_values("cluster", "198.18.15.1/32") == {"operator.scope": "cluster", **allow}
+    values = demo_scenario.chart_values("namespace", "198.18.15.1/32")
     assert values == {
         "operator.scope": "namespace",
         "operator.watchNamespace": demo_scenario.NAMESPACE,

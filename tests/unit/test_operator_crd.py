@@ -59,6 +59,19 @@ def test_every_spec_field_is_described() -> None:
     assert watchdog["properties"]["action"]["enum"] == ["alert", "restart", "evict", "drain"]
 
 
+def test_runtime_roles_carry_the_gpu_toleration_switch_on_by_default() -> None:
+    """A field of its own, not a podTemplate null (which the API server prunes)."""
+    spec = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for role in ("prefill", "decode"):
+        field = spec["properties"][role]["properties"]["gpuToleration"]
+        assert field["type"] == "boolean" and field["default"] is True
+        assert "nullable" not in field
+        assert "nvidia.com/gpu" in field["description"] and "false" in field["description"]
+        # the role's own default object spells it out too (an absent role gets it)
+        assert spec["properties"][role]["default"]["gpuToleration"] is True
+    assert "gpuToleration" not in spec["properties"]["router"]["properties"], "the router has no GPUs"
+
+
 def test_cel_rules_cover_the_cross_field_invariants() -> None:
     schema = _version()["schema"]["openAPIV3Schema"]
     rules = [r["rule"] for _, n in _walk(schema) for r in n.get("x-kubernetes-validations", [])]

@@ -35,6 +35,9 @@ def test_defaults() -> None:
     assert spec.engine == "sglang"
     assert (spec.prefill.replicas, spec.decode.replicas, spec.router.replicas) == (1, 1, 1)
     assert spec.prefill.tensor_parallel == 1 and spec.prefill.gpus == 0
+    assert spec.prefill.gpu_toleration is True and spec.decode.gpu_toleration is True
+    off = parse_spec({"model": {"path": "m"}, "decode": {"gpuToleration": False}})
+    assert off.decode.gpu_toleration is False and off.prefill.gpu_toleration is True
     assert spec.watchdog.stuck_after_seconds == 360 and spec.watchdog.action == "drain"
     assert spec.watchdog.stuck_after_seconds > spec.transfer.inflight_deadline_seconds
     assert spec.transfer.backend == "nixl"

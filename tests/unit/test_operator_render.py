@@ -525,8 +525,6 @@ def test_gpu_pods_tolerate_the_gpu_taint_and_cpu_pods_do_not() -> None:
                 {"key": "pool", "operator": "Exists"},
             ],
         ),
-        # null drops every toleration
-        ({"spec": {"tolerations": None}}, None),
     ],
 )
 def test_a_pod_template_overrides_the_gpu_toleration(template: dict[str, Any], expected: Any) -> None:
@@ -535,3 +533,46 @@ def test_a_pod_template_overrides_the_gpu_toleration(template: dict[str, Any], e
         _by_key(render_children(Owner(name="m1", namespace="ns1", uid=UID), parse_spec(spec))), "prefill"
     )
     assert pod.get("tolerations") == expected
+
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (None, None),
+        # the template's tolerations stay as written, one for the GPU key included
+        (
+            {"spec": {"tolerations": [{"key": "pool", "operator": "Exists"}]}},
+            [{"key": "pool", "operator": "Exists"}],
+        ),
+        (
+            {"spec": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "h100"}]}},
+            [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "h100"}],
+        ),
+    ],
+)
+def test_gpu_toleration_false_adds_no_gpu_toleration(template: dict[str, Any] | None, expected: Any) -> None:
+    spec = {
+        "model": {"path": "m"},
+        "engine": "sglang",
+        "prefill": {"gpus": 1, "gpuToleration": False, "podTemplate": template},
+        "decode": {"gpus": 1},
+    }
+    objs = _by_key(render_children(Owner(name="m1", namespace="ns1", uid=UID), parse_spec(spec)))
+    assert _pod(objs, "prefill").get("tolerations") == expected
+    assert _pod(objs, "decode")["tolerations"] == [GPU_TOLERATION], "a role's own choice"
+
+
+@pytest.mark.parametrize("wanted", [True, False])
+def test_gpu_toleration_reaches_every_group_of_a_multi_node_role(wanted: bool) -> None:
+    prefill = {"replicas": 2, "nodesPerReplica": 2, "gpus": 8, "tensorParallel": 16, "gpuToleration": wanted}
+    spec = {"model": {"path": "m"}, "engine": "sglang", "prefill": prefill, "decode": {"replicas": 0}}
+    objs = render_children(Owner(name="m1", namespace="ns1", uid=UID), parse_spec(spec))
+    groups = [
+        o for o in objs if o["kind"] == "StatefulSet" and o["metadata"]["name"].startswith("m1-prefill-")
+    ]
+    assert len(groups) == 2
+    for group in groups:
+        assert group["spec"]["template"]["spec"].get("tolerations") == ([GPU_TOLERATION] if wanted else None)

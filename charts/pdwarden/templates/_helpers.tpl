@@ -21,18 +21,47 @@
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The labels of the release's objects, the operator's: every object but the helm test's. */}}
 {{- define "pdwarden.labels" -}}
+{{ include "pdwarden.commonLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* What every object of the release carries whatever its component. */}}
+{{- define "pdwarden.commonLabels" -}}
 helm.sh/chart: {{ include "pdwarden.chart" . }}
-{{ include "pdwarden.selectorLabels" . }}
+{{ include "pdwarden.instanceLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: pdwarden
 {{- end }}
 
-{{- define "pdwarden.selectorLabels" -}}
+{{- define "pdwarden.instanceLabels" -}}
 app.kubernetes.io/name: {{ include "pdwarden.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The operator's pods: the Deployment's selector, and the Service's, the
+PodDisruptionBudget's and the NetworkPolicy's. */}}
+{{- define "pdwarden.selectorLabels" -}}
+{{ include "pdwarden.instanceLabels" . }}
 app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The `helm test` Pod (templates/tests/): never the operator's component, so that nothing
+selecting the operator's pods selects it. */}}
+{{- define "pdwarden.testSelectorLabels" -}}
+{{ include "pdwarden.instanceLabels" . }}
+app.kubernetes.io/component: test
+{{- end }}
+
+{{- define "pdwarden.testLabels" -}}
+{{ include "pdwarden.commonLabels" . }}
+app.kubernetes.io/component: test
+{{- end }}
+
+{{- define "pdwarden.testName" -}}
+{{- printf "%s-test" (include "pdwarden.fullname" .) }}
 {{- end }}
 
 {{- define "pdwarden.serviceAccountName" -}}
@@ -43,8 +72,15 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* The operator's image (the Deployment's and the helm test's): by digest when image.digest
+is set (repository@sha256:..., the tag then ignored: the digest alone says what runs), else
+by tag. */}}
 {{- define "pdwarden.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* The namespace the operator watches in namespace mode. */}}

@@ -1,0 +1,121 @@
+"""An image's Python environment built without a container runtime, from its Dockerfile.
+
+The Dockerfile's COPY steps lay the build context out in a scratch directory and its
+`pip install` RUN steps run there, as written, with a fresh virtualenv's Python first on
+PATH (the image runs them with its base image's Python). Only those two kinds of step are
+carried out: what the recipe installs is what this environment gets, and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Step:
+    instruction: str  # upper case: RUN, COPY, ...
+    argument: str
+
+
+def steps(dockerfile: str) -> list[Step]:
+    """The instructions of a Dockerfile, continuation lines joined, comments dropped."""
+    lines = [line for line in dockerfile.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\s*\n", " ", "\n".join(lines))
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            instruction, _, argument = line.strip().partition(" ")
+            out.append(Step(instruction.upper(), argument.strip()))
+    return out
+
+
+def arg_default(dockerfile: str, name: str) -> str | None:
+    for step in steps(dockerfile):
+        if step.instruction == "ARG" and step.argument.startswith(f"{name}="):
+            return step.argument.split("=", 1)[1]
+    return None
+
+
+def _env(step: Step) -> dict[str, str]:
+    """An ENV step's variables (`ENV K=V K2=V2`)."""
+    return dict(pair.split("=", 1) for pair in step.argument.split() if "=" in pair)
+
+
+@dataclass(frozen=True)
+class Environment:
+    root: Path  # the virtualenv
+    pip_commands: tuple[str, ...]  # the RUN steps carried out
+
+    @property
+    def bin(self) -> Path:
+        return self.root / "bin"
+
+    def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}"}
+        env.pop("PYTHONPATH", None)
+        return subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, cwd="/")
+
+    def size_mib(self) -> float:
+        total = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
+        return total / (1 << 20)
+
+
+def build(dockerfile: Path, scratch: Path) -> Environment:
+    """The environment `dockerfile`'s pip steps make, in `scratch` (a new directory)."""
+    text = dockerfile.read_text()
+    context, root = scratch / "context", scratch / "venv"
+    context.mkdir(parents=True)
+    venv.EnvBuilder(with_pip=True, clear=True).create(root)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["VIRTUAL_ENV"] = str(root)
+    workdir = Path("/")
+    ran = []
+    for step in steps(text):
+        if step.instruction == "ENV":
+            # HOME and caches of the image stay the test's own
+            env.update({k: v for k, v in _env(step).items() if k.startswith(("PIP_", "PYTHON"))})
+        elif step.instruction == "WORKDIR":
+            workdir = workdir / step.argument
+        elif step.instruction == "COPY":
+            *sources, dest = step.argument.split()
+            target = context / (workdir / dest).relative_to("/")
+            for source in sources:
+                src = ROOT / source
+                into = target / src.name if dest.endswith("/") else target
+                if src.is_dir():
+                    shutil.copytree(src, into, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+                else:
+                    into.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(src, into)
+        elif step.instruction == "RUN" and "pip install" in step.argument:
+            cwd = context / workdir.relative_to("/")
+            done = subprocess.run(
+                ["bash", "-euo", "pipefail", "-c", step.argument],
+                cwd=cwd,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"`{step.argument}` failed ({done.returncode}): {done.stderr[-4000:]}")
+            ran.append(step.argument)
+    if not ran:
+        raise ValueError(f"{dockerfile} has no `pip install` step")
+    return Environment(root, tuple(ran))
+
+
+def same_python(dockerfile: Path) -> bool:
+    """Whether this Python is the minor version the Dockerfile's base image runs."""
+    version = arg_default(dockerfile.read_text(), "PYTHON_VERSION") or ""
+    return version.split(".")[:2] == [str(sys.version_info.major), str(sys.version_info.minor)]
