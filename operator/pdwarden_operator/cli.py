@@ -284,10 +284,23 @@ def _step_down() -> None:
 @click.command()
 @click.option("--write", is_flag=True, help="Write crds/ and charts/pdwarden/crds/ instead of printing.")
 @click.option("--check", is_flag=True, help="Exit 1 if the files on disk differ from the models.")
-def crd(write: bool, check: bool) -> None:
+@click.option(
+    "--apply",
+    "apply_",
+    is_flag=True,
+    help="Write the CRD to the cluster (create or replace; $KUBECONFIG, else in-cluster) and wait until "
+    "it is served: what the chart's pre-upgrade hook runs (Helm never upgrades a chart's crds/).",
+)
+@click.option("--timeout", default=60.0, show_default=True, help="--apply: seconds to wait until served.")
+def crd(write: bool, check: bool, apply_: bool, timeout: float) -> None:
     """Print the DisaggregatedModel CRD generated from the pydantic models."""
     from pdwarden_operator import crd as crd_mod
 
+    if sum((write, check, apply_)) > 1:
+        raise click.UsageError("--write, --check and --apply exclude each other")
+    if apply_:
+        _apply_crd(timeout)
+        return
     if write:
         for path in crd_mod.write_crds():
             click.echo(f"wrote {path}", err=True)
@@ -299,3 +312,23 @@ def crd(write: bool, check: bool) -> None:
             click.echo(f"stale: {p} (run `pdwarden crd --write`)", err=True)
         sys.exit(1 if stale else 0)
     click.echo(crd_mod.crd_yaml(), nl=False)
+
+
+def _apply_crd(timeout: float) -> None:
+    from kubernetes.config import ConfigException
+
+    from pdwarden_operator.crd_install import CrdNotServed, apply_crd
+    from pdwarden_operator.kube.client import KubeApiError, connect, set_client
+
+    async def run() -> str:
+        set_client(connect())
+        try:
+            return (await apply_crd(timeout)).summary()
+        finally:
+            set_client(None)
+
+    try:
+        click.echo(asyncio.run(run()))
+    except (KubeApiError, CrdNotServed, ConfigException) as exc:
+        click.echo(f"pdwarden crd --apply: {exc}", err=True)
+        sys.exit(1)

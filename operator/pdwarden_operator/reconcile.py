@@ -211,7 +211,10 @@ async def _apply(
     await _refuse_foreign(body, spec, objs, known)
     await _dry_run(body, spec, objs)
     try:
-        return await kube_apply.apply_all(objs)
+        applied: list[Obj] = []
+        for wave in plan.apply_waves(objs):
+            applied += await kube_apply.apply_all(wave)
+        return applied
     except KubeApiError as exc:
         if exc.retriable:
             raise RetryLater(f"applying children failed: {exc}") from exc

@@ -786,7 +786,8 @@ def spec_field(obj: Obj) -> str:
 
 
 def render_children(owner: Owner, spec: DisaggregatedModelSpec) -> list[Obj]:
-    """Every child of one DisaggregatedModel; `kube.apply.apply_all` applies them all at once."""
+    """Every child of one DisaggregatedModel; reconcile applies them in `plan.apply_waves`'
+    order (what pods depend on first), each wave at once."""
     return [
         *runtime_workloads(owner, spec, contract.ROLE_PREFILL),
         *runtime_workloads(owner, spec, contract.ROLE_DECODE),

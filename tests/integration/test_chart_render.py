@@ -62,8 +62,10 @@ def test_helm_lint_strict_passes(values: Mapping[str, str]) -> None:
     assert "0 chart(s) failed" in proc.stdout
 
 
-def is_hook(doc: Mapping[str, Any]) -> bool:
-    return "helm.sh/hook" in (doc["metadata"].get("annotations") or {})
+def is_hook(doc: Mapping[str, Any], which: str | None = None) -> bool:
+    """A Helm hook (of kind `which`: test, pre-upgrade, ...)."""
+    hook = (doc["metadata"].get("annotations") or {}).get("helm.sh/hook")
+    return hook is not None and (which is None or hook == which)
 
 
 def test_default_render_is_the_operator_its_rbac_service_budget_policy_and_helm_test() -> None:
@@ -83,8 +85,11 @@ def test_default_render_is_the_operator_its_rbac_service_budget_policy_and_helm_
             "ServiceAccount",
         ]
     )
-    # `helm test` only (templates/tests/)
-    assert kinds([d for d in docs if is_hook(d)]) == ["Pod", "ServiceAccount"]
+    # `helm test` (templates/tests/) and the CRD's pre-upgrade hook (templates/crd-upgrade.yaml)
+    assert kinds([d for d in docs if is_hook(d, "test")]) == ["Pod", "ServiceAccount"]
+    upgrade = [d for d in docs if is_hook(d, "pre-upgrade")]
+    assert kinds(upgrade) == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
+    assert all(is_hook(d, "test") or is_hook(d, "pre-upgrade") for d in docs if is_hook(d))
     for doc in docs:
         if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
             assert doc["metadata"]["namespace"] == NAMESPACE
@@ -181,7 +186,12 @@ def test_rbac_is_least_privilege_and_never_touches_secrets(values: Mapping[str, 
 
 def test_namespace_mode_grants_nothing_cluster_wide() -> None:
     docs = render(NON_DEFAULT)
-    assert not chart.find_objects(docs, "ClusterRole") and not chart.find_objects(docs, "ClusterRoleBinding")
+    # the CRD's pre-upgrade hook alone, while it runs: one CRD, get and update (tested below)
+    lasting = [d for d in docs if not is_hook(d, "pre-upgrade")]
+    assert not chart.find_objects(lasting, "ClusterRole") and not chart.find_objects(
+        lasting, "ClusterRoleBinding"
+    )
+    assert not chart.find_objects(render({**NON_DEFAULT, "crds.upgrade": "false"}), "ClusterRole")
     role = next(d for d in chart.find_objects(docs, "Role") if d["metadata"]["namespace"] == "ml")
     binding = next(d for d in chart.find_objects(docs, "RoleBinding") if d["metadata"]["namespace"] == "ml")
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "ml"
@@ -318,7 +328,7 @@ def test_network_policy_admits_only_scrapers_and_the_helm_test_to_the_metrics_po
     assert prometheus == PROMETHEUS_PEER  # the default metricsFrom, as the models' own policies
     # the helm test pod of this release in this namespace (no namespaceSelector), not the operator
     assert set(test_peer) == {"podSelector"}
-    test_pod = next(d for d in chart.find_objects(docs, "Pod") if is_hook(d))
+    test_pod = next(d for d in chart.find_objects(docs, "Pod") if is_hook(d, "test"))
     assert test_peer["podSelector"]["matchLabels"].items() <= test_pod["metadata"]["labels"].items()
     assert not test_peer["podSelector"]["matchLabels"].items() <= operator_pod_labels(docs).items()
     # the Service's target is that port
@@ -387,7 +397,7 @@ def test_image_by_digest_everywhere_the_operator_image_runs() -> None:
 
 def test_helm_test_pod_is_a_hardened_test_hook() -> None:
     docs = render()
-    sa, pod = sorted((d for d in docs if is_hook(d)), key=lambda d: d["kind"] != "ServiceAccount")
+    sa, pod = sorted((d for d in docs if is_hook(d, "test")), key=lambda d: d["kind"] != "ServiceAccount")
     for hook in (sa, pod):
         annotations = hook["metadata"]["annotations"]
         assert annotations["helm.sh/hook"] == "test"
@@ -426,7 +436,7 @@ def test_helm_test_pod_is_a_hardened_test_hook() -> None:
 
 
 def test_helm_test_checks_the_charts_service_metric_and_crd() -> None:
-    (pod,) = (d for d in render() if is_hook(d) and d["kind"] == "Pod")
+    (pod,) = (d for d in render() if is_hook(d, "test") and d["kind"] == "Pod")
     (container,) = pod["spec"]["containers"]
     assert container["command"][:2] == ["python3", "-c"]
     assert container["command"][2] == (chart.CHART_DIR / "files" / "helm-test.py").read_text()
@@ -440,11 +450,55 @@ def test_helm_test_checks_the_charts_service_metric_and_crd() -> None:
     assert env["CRD_VERSIONS"].split(",") == [v["name"] for v in crd["spec"]["versions"] if v["served"]]
     assert contract.API_VERSION in env["CRD_VERSIONS"].split(",")
     no_service = {"metricsService.enabled": "false"}
-    (pod,) = (d for d in render(no_service) if is_hook(d) and d["kind"] == "Pod")
+    (pod,) = (d for d in render(no_service) if is_hook(d, "test") and d["kind"] == "Pod")
     assert "METRICS_URL" not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
 
 
+def test_crd_upgrade_hook_applies_the_operators_crd_and_may_touch_nothing_else() -> None:
+    from pdwarden_operator.crd import CRD_NAME
+
+    docs = render()
+    hooks = {d["kind"]: d for d in docs if is_hook(d, "pre-upgrade")}
+    annotations = {kind: d["metadata"]["annotations"] for kind, d in hooks.items()}
+    for kind, a in annotations.items():
+        assert a["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded", kind
+    # the RBAC exists before the Job starts
+    assert all(
+        int(annotations[k]["helm.sh/hook-weight"]) < int(annotations["Job"]["helm.sh/hook-weight"])
+        for k in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding")
+    )
+    (rule,) = hooks["ClusterRole"]["rules"]
+    assert rule == {
+        "apiGroups": ["apiextensions.k8s.io"],
+        "resources": ["customresourcedefinitions"],
+        "resourceNames": [CRD_NAME],
+        "verbs": ["get", "update"],
+    }
+    sa = hooks["ServiceAccount"]["metadata"]
+    assert hooks["ClusterRoleBinding"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["name"], "namespace": NAMESPACE}
+    ]
+    assert hooks["ClusterRoleBinding"]["roleRef"]["name"] == hooks["ClusterRole"]["metadata"]["name"]
+    pod = hooks["Job"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["name"] and pod["restartPolicy"] == "Never"
+    (container,) = pod["containers"]
+    assert container["command"][:3] == ["pdwarden", "crd", "--apply"]
+    operator_pod = chart.only_object(docs, "Deployment")["spec"]["template"]["spec"]
+    (operator,) = operator_pod["containers"]
+    # the operator's own image, as hardened as its pod
+    assert container["image"] == operator["image"]
+    assert container["securityContext"] == operator["securityContext"]
+    assert pod["securityContext"] == operator_pod["securityContext"]
+    assert container["resources"]["limits"]["memory"]
+    # nothing of the hook selects or is selected as the operator's pods
+    assert pod and hooks["Job"]["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == (
+        "crd-upgrade"
+    )
+    assert not [d for d in render({"crds.upgrade": "false"}) if is_hook(d, "pre-upgrade")]
+
+
 BAD_VALUES = [
+    ({"crds.upgrade": "sometimes"}, "/crds/upgrade"),
     ({"image.digest": "sha256:abc"}, "/image/digest"),
     ({"image.digest": "sha256:" + "0123456789ABCDEF" * 4}, "/image/digest"),  # lowercase hex only
     ({"image.digest": "1.2.3"}, "/image/digest"),  # a tag is not a digest

@@ -7,7 +7,7 @@ import copy
 import pytest
 
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.plan import covers, to_apply
+from pdwarden_operator.plan import POD_MAKERS, apply_waves, covers, to_apply
 from pdwarden_operator.render import Owner, child_key, render_children
 
 pytestmark = pytest.mark.unit
@@ -62,3 +62,25 @@ def test_extra_named_items_owned_by_others_are_not_drift() -> None:
     assert covers({"env": [{"name": "B", "value": "2"}, {"name": "A", "value": "1"}]}, desired)
     assert not covers({"env": [{"name": "A", "value": "2"}]}, desired)
     assert not covers({"args": ["a", "b", "c"]}, {"args": ["a", "b"]}), "plain lists compare exactly"
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_what_pods_depend_on_is_applied_before_what_makes_pods(nodes: int) -> None:
+    owner = Owner(name="m", namespace="ns", uid="u1")
+    spec = parse_spec(
+        {
+            "model": {"path": "p"},
+            "engine": "synthetic",
+            "prefill": {"nodesPerReplica": nodes, "tensorParallel": nodes, "gpus": 1},
+        }
+    )
+    children = render_children(owner, spec)
+    first, then = apply_waves(children)
+    assert sorted(map(child_key, first + then)) == sorted(map(child_key, children))  # nothing lost
+    assert then and {o["kind"] for o in then} <= POD_MAKERS
+    assert not {o["kind"] for o in first} & POD_MAKERS
+    accounts = {o["metadata"]["name"] for o in first if o["kind"] == "ServiceAccount"}
+    for maker in then:
+        # every pod's ServiceAccount exists before the pod is made (else the pod is refused)
+        assert maker["spec"]["template"]["spec"]["serviceAccountName"] in accounts, child_key(maker)
+    assert any(o["kind"] == "NetworkPolicy" for o in first)

@@ -60,6 +60,12 @@ app.kubernetes.io/component: test
 app.kubernetes.io/component: test
 {{- end }}
 
+{{/* The pre-upgrade hook that applies the CRD (templates/crd-upgrade.yaml). */}}
+{{- define "pdwarden.crdUpgradeLabels" -}}
+{{ include "pdwarden.commonLabels" . }}
+app.kubernetes.io/component: crd-upgrade
+{{- end }}
+
 {{- define "pdwarden.testName" -}}
 {{- printf "%s-test" (include "pdwarden.fullname" .) }}
 {{- end }}

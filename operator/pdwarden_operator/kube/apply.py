@@ -71,3 +71,17 @@ async def delete(api_version: str, kind: str, namespace: str | None, name: str) 
             return False
         raise
     return True
+
+
+async def create(obj: Obj) -> Obj:
+    """Create `obj` (409 when it exists); strict field validation."""
+    meta = obj["metadata"]
+    path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"))
+    return await get_client().request("POST", path, body=obj, query=[("fieldValidation", "Strict")])
+
+
+async def replace(obj: Obj) -> Obj:
+    """Replace `obj` whole (PUT): fields it lacks are removed, whoever set them. Its
+    metadata.resourceVersion makes it a compare-and-swap (409 when the object changed since)."""
+    query = [("fieldValidation", "Strict")]
+    return await get_client().request("PUT", object_path(obj), body=obj, query=query)
