@@ -21,7 +21,7 @@ from pdwarden_localcluster.testing import wait_for
 from pdwarden_operator.crd import CRD_FILENAME, CRD_NAME
 from pdwarden_runtime import contract
 
-from .test_helm_install import EXAMPLE, get_json, helm, kubeconfig, kubectl, namespace
+from .test_helm_install import EXAMPLE, get_json, helm, helm_install, kubeconfig, kubectl, namespace
 
 pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
 __all__ = ["kubeconfig", "namespace"]  # the fixtures, shared with test_helm_install
@@ -71,18 +71,7 @@ def test_upgrade_from_the_previous_chart_applies_the_new_crd_and_replaces_no_pod
         applied = kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=old)
         assert applied.returncode == 0, applied.stderr
         assert NEW_FIELD not in prefill_properties(get_json(kubeconfig, "crd", CRD_NAME))
-        proc = helm(
-            kubeconfig,
-            "install",
-            release,
-            str(PREVIOUS_CHART),
-            "-n",
-            namespace,
-            "--wait",
-            "--timeout",
-            "180s",
-            *values,
-        )
+        proc = helm_install(kubeconfig, "install", release, PREVIOUS_CHART, namespace, *values)
         assert proc.returncode == 0, proc.stderr
         assert kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(model)).returncode == 0
 
@@ -102,18 +91,7 @@ def test_upgrade_from_the_previous_chart_applies_the_new_crd_and_replaces_no_pod
 
         before = wait_for(running, 240, "the model's three pods Ready under the previous chart", 2.0)
 
-        proc = helm(
-            kubeconfig,
-            "upgrade",
-            release,
-            str(chart.CHART_DIR),
-            "-n",
-            namespace,
-            "--wait",
-            "--timeout",
-            "240s",
-            *values,
-        )
+        proc = helm_install(kubeconfig, "upgrade", release, chart.CHART_DIR, namespace, *values)
         assert proc.returncode == 0, proc.stderr
         # the hook applied this operator's CRD, and the API server serves it
         assert NEW_FIELD in prefill_properties(get_json(kubeconfig, "crd", CRD_NAME))
