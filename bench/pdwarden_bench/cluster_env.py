@@ -78,11 +78,19 @@ def pod_metrics(pod: dict[str, Any]) -> dict[str, float]:
     """The watchdog's three figures from a pod's /metrics, read with the watchdog's own parser."""
     from pdwarden_operator.watchdog.parse import parse_metrics
 
-    with urllib.request.urlopen(
-        f"http://{pod['status']['podIP']}:{contract.DEFAULT_METRICS_PORT}/metrics", timeout=3
-    ) as resp:
+    with urllib.request.urlopen(metrics_url(pod), timeout=3) as resp:
         sample = parse_metrics(resp.read())
     return {"inflight": sample.inflight, "age": sample.oldest_age, "transfers": sample.transfers}
+
+
+def metrics_url(pod: dict[str, Any]) -> str:
+    """The pod's /metrics, as the watchdog finds it (its port named metrics)."""
+    from pdwarden_operator.watchdog.targets import metrics_url as watchdog_metrics_url
+
+    url = watchdog_metrics_url(pod)
+    if url is None:
+        raise ValueError(f"{pod['metadata']['name']} is not running: no metrics to read")
+    return url
 
 
 def generate_url(pod: dict[str, Any]) -> str:

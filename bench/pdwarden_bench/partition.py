@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pdwarden_bench.cluster_env import API_TRANSIENT, Env, Load, http_json, synthetic_model
-from pdwarden_bench.promtext import metric_sum, samples
+from pdwarden_bench.cluster_env import API_TRANSIENT, Env, Load, http_json, metrics_url, synthetic_model
+from pdwarden_bench.promtext import Sample, metric_sum, samples
 from pdwarden_localcluster.cluster import ports
 from pdwarden_localcluster.testing import WaitTimeout, wait_for
 from pdwarden_runtime import contract
@@ -94,13 +94,17 @@ def partition(decodes: list[dict[str, Any]], prefill_ip: str) -> Iterator[None]:
             _nft(ns, f"delete table inet {NFT_TABLE}", check=False)
 
 
-def peer_figures(pod: dict[str, Any], ip: str) -> dict[str, float]:
-    """What ``pod`` exports about its peer ``ip``: rooms in flight, pages held, outcomes."""
-    url = f"http://{pod['status']['podIP']}:{contract.DEFAULT_METRICS_PORT}{contract.METRICS_PATH}"
-    status, text = http_json(url, timeout=5)
+def pod_samples(pod: dict[str, Any]) -> list[Sample]:
+    """Every sample of a runtime pod's /metrics."""
+    status, text = http_json(metrics_url(pod), timeout=5)
     if status != 200:
         raise RuntimeError(f"{pod['metadata']['name']} /metrics answered {status}")
-    found = samples(str(text))
+    return samples(str(text))
+
+
+def peer_figures(pod: dict[str, Any], ip: str) -> dict[str, float]:
+    """What ``pod`` exports about its peer ``ip``: rooms in flight, pages held, outcomes."""
+    found = pod_samples(pod)
     figures = {
         "inflight": metric_sum(found, contract.METRIC_KV_PEER_INFLIGHT, peer=ip),
         "pages_held": metric_sum(found, contract.METRIC_KV_PAGES_HELD, peer=ip),
@@ -193,11 +197,7 @@ class HeldWatch:
 def corrupted_pages(pods: list[dict[str, Any]]) -> float:
     total = 0.0
     for pod in pods:
-        url = f"http://{pod['status']['podIP']}:{contract.DEFAULT_METRICS_PORT}{contract.METRICS_PATH}"
-        status, text = http_json(url, timeout=5)
-        if status != 200:
-            raise RuntimeError(f"{pod['metadata']['name']} /metrics answered {status}")
-        total += metric_sum(samples(str(text)), contract.METRIC_KV_VERIFY_FAILURES_TOTAL)
+        total += metric_sum(pod_samples(pod), contract.METRIC_KV_VERIFY_FAILURES_TOTAL)
     return total
 
 

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.e2e
 DOCKERFILE = ROOT / "operator" / "Dockerfile"
 NS_PREFIX = "pdwe-image-"
 # What an operator image must not carry: the runtime's heavy dependencies.
+# what the entrypoint imports (as the Dockerfile's last step checks)
+OPERATOR_IMPORTS = "import pdwarden_operator.cli, pdwarden_operator.handlers"
 RUNTIME_ONLY = ("torch", "sglang", "nixl", "smg", "zmq")
 EXPECTED_CHILDREN = {"deployments/slim-prefill", "deployments/slim-decode", "deployments/slim-router"}
 
@@ -44,7 +46,7 @@ def operator_env(tmp_path_factory: pytest.TempPathFactory) -> image_recipe.Envir
     # figures for the closing notes of changes to the image (printed with -s)
     built = time.monotonic() - started
     started = time.monotonic()
-    env.run("python", "-c", "import pdwarden_operator.cli, pdwarden_operator.handlers")
+    env.run("python", "-c", OPERATOR_IMPORTS)
     print(
         f"operator environment: {env.size_mib():.0f} MiB, built in {built:.0f}s, "
         f"the operator imported in {time.monotonic() - started:.2f}s"
@@ -66,7 +68,7 @@ def test_the_recipe_installs_the_operator_and_nothing_of_the_runtime(
     help_text = operator_env.run("pdwarden", "operator", "run", "--help")
     assert help_text.returncode == 0, help_text.stderr
     assert "--namespace" in help_text.stdout
-    imports = operator_env.run("python", "-c", "import pdwarden_operator.cli, pdwarden_operator.handlers")
+    imports = operator_env.run("python", "-c", OPERATOR_IMPORTS)
     assert imports.returncode == 0, imports.stderr
     probe = (
         "import importlib.util, sys; print(','.join(m for m in sys.argv[1:] if importlib.util.find_spec(m)))"

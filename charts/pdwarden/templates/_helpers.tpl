@@ -66,6 +66,13 @@ app.kubernetes.io/component: test
 app.kubernetes.io/component: crd-upgrade
 {{- end }}
 
+{{/* The hook annotations of its objects; the argument is the hook weight (RBAC before the Job). */}}
+{{- define "pdwarden.crdUpgradeHook" -}}
+helm.sh/hook: pre-upgrade
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end }}
+
 {{- define "pdwarden.testName" -}}
 {{- printf "%s-test" (include "pdwarden.fullname" .) }}
 {{- end }}
