@@ -5,8 +5,9 @@ Starts the embedded cluster, installs the Helm chart, deploys examples/synthetic
 (2 prefill, 2 decode, 1 router), sends steady traffic through the router with some
 clients cancelling, injects the emulated NIXL port's status race into ONE prefill pod, and shows the
 wedge detected, the pod restarted, traffic recovering, the Events and status entries,
-and the alerts that fired (the chart's rules evaluated by promtool over the scraped
-series). Cleans up after itself; exits non-zero if any of that did not happen.
+and the alerts that reached Alertmanager (the local cluster's Prometheus scrapes through the
+chart's PodMonitor and ServiceMonitor and evaluates its PrometheusRule). Cleans up after
+itself; exits non-zero if any of that did not happen.
 """
 
 from __future__ import annotations
@@ -18,30 +19,28 @@ import sys
 import time
 from collections.abc import Callable
 from typing import TypeVar
-from urllib.parse import urlsplit
 
 import aiohttp
 import click
 import yaml
 from rich.console import Console
 
-from pdwarden_cli import chart, demo_alerts, demo_traffic
+from pdwarden_cli import chart, demo_traffic
 from pdwarden_cli.demo_kube import DemoCluster, DemoError, Obj, pod_ip, selector
 from pdwarden_cli.demo_report import Steps, summary_table
 from pdwarden_cli.demo_scenario import (
-    DEMO_RULE_VALUES,
+    ALERT_POLL_S,
     EXAMPLE,
     INFLIGHT_ALERTS,
     NAMESPACE,
-    OPERATOR_JOB,
     PREFILL_DEMO_ARGS,
     RECOVERY_SETTLE_S,
     RECOVERY_WINDOW_S,
     RELEASE,
     SCOPES,
-    SCRAPE_STEP_S,
     TRAFFIC,
     WARMUP_S,
+    AlertsSeen,
     DemoResult,
     Observed,
     chart_values,
@@ -52,11 +51,10 @@ from pdwarden_cli.demo_scenario import (
     remediations_for,
     wedge_seen,
 )
-from pdwarden_cli.demo_scrape import SeriesStore, Target, scrape_once
-from pdwarden_localcluster import testing
+from pdwarden_localcluster import monitoring, testing
+from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.testing import serving
 from pdwarden_operator.render import child_name
-from pdwarden_operator.watchdog.targets import metrics_url
 from pdwarden_runtime import contract
 
 T = TypeVar("T")
@@ -75,50 +73,14 @@ def role_selector(role: str, model: str) -> str:
     return selector({contract.LABEL_MODEL: model, contract.LABEL_ROLE: role})
 
 
-def scrape_targets(kube: DemoCluster, model: str) -> list[Target]:
-    """Runtime pods where the watchdog scrapes them; the operator where its ServiceMonitor would."""
-    targets = []
-    for role in contract.RUNTIME_ROLES:
-        for pod in kube.pods(NAMESPACE, role_selector(role, model)):
-            url = metrics_url(pod)
-            if url is None:
-                continue
-            labels = {
-                "job": f"{NAMESPACE}/{RELEASE}-runtime",
-                "instance": urlsplit(url).netloc,
-                "namespace": NAMESPACE,
-                "pod": pod["metadata"]["name"],
-                "model": model,
-            }
-            targets.append(Target(url, labels))
-    for pod in kube.pods(
-        NAMESPACE, f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
-    ):
-        ip = pod_ip(pod)
-        if ip and serving(pod):
-            port = container_port(pod, "metrics") or contract.OPERATOR_METRICS_PORT
-            labels = {"job": OPERATOR_JOB, "instance": f"{ip}:{port}", "namespace": NAMESPACE}
-            targets.append(Target(f"http://{ip}:{port}{contract.METRICS_PATH}", labels, honor_labels=True))
-    return targets
-
-
-def container_port(pod: Obj, name: str) -> int | None:
-    for container in pod.get("spec", {}).get("containers", []):
-        for port in container.get("ports") or []:
-            if port.get("name") == name:
-                return int(port["containerPort"])
-    return None
-
-
-async def collect(kube: DemoCluster, model: str, store: SeriesStore, stop: asyncio.Event) -> None:
-    """Scrape every SCRAPE_STEP_S until stopped (targets re-listed each time: pods come and go)."""
-    async with aiohttp.ClientSession() as session:
-        while not stop.is_set():
-            began = time.monotonic()
-            targets = await asyncio.to_thread(scrape_targets, kube, model)
-            await scrape_once(session, store, targets)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.1, SCRAPE_STEP_S - (time.monotonic() - began)))
+async def watch_alerts(alertmanager_url: str, seen: AlertsSeen, stop: asyncio.Event) -> None:
+    """Ask Alertmanager every ALERT_POLL_S which of the demo namespace's alerts it holds, until
+    stopped (a poll it does not answer is skipped: the next one asks again)."""
+    while not stop.is_set():
+        with contextlib.suppress(ClusterError):
+            seen.add(await asyncio.to_thread(monitoring.alerts, alertmanager_url, namespace=NAMESPACE))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), ALERT_POLL_S)
 
 
 def model_ready(kube: DemoCluster, name: str) -> bool:
@@ -166,7 +128,13 @@ async def inject_fault(ip: str) -> Obj:
 
 
 async def run_demo(
-    kube: DemoCluster, steps: Steps, result: DemoResult, seen: Observed, example: Obj, scope: str
+    kube: DemoCluster,
+    steps: Steps,
+    result: DemoResult,
+    seen: Observed,
+    example: Obj,
+    scope: str,
+    alertmanager_url: str,
 ) -> None:
     manifest = demo_manifest(example)
     model = manifest["metadata"]["name"]
@@ -177,11 +145,7 @@ async def run_demo(
         f"Installing the pdwarden chart (release {RELEASE}, namespace {NAMESPACE}, operator.scope "
         f"{scope}: it watches {watched})"
     )
-    from pdwarden_localcluster.cluster import ports  # imported when run, as demo() does
-
-    # The demo scrapes the operator from the host (scrape_targets), as a Prometheus outside
-    # the cluster would.
-    values = chart_values(scope, scraper=f"{ports().net.host_addr}/32")
+    values = chart_values(scope)
     with steps.waiting("helm install --wait ..."):
         await asyncio.to_thread(kube.helm_install, RELEASE, NAMESPACE, values)
     result.operator_scope = scope
@@ -217,11 +181,11 @@ async def run_demo(
 
         await wait_for(routes, 120, "a first request through the router", 2.0)
 
-    store = SeriesStore(start=time.time(), step=SCRAPE_STEP_S)
+    alerts = AlertsSeen()
     log = demo_traffic.TrafficLog()
     stop = asyncio.Event()
     tasks = [
-        asyncio.create_task(collect(kube, model, store, stop)),
+        asyncio.create_task(watch_alerts(alertmanager_url, alerts, stop)),
         asyncio.create_task(demo_traffic.run_traffic(router_ip, served, TRAFFIC, log, stop)),
     ]
     failure: DemoError | None = None
@@ -238,32 +202,22 @@ async def run_demo(
     result.requests_failed = counts[demo_traffic.FAILED]
     result.requests_cancelled = counts[demo_traffic.CANCELLED]
     if seen.inject_time is not None:
-        await evaluate_alerts(steps, result, store, seen.inject_time)
+        report_alerts(steps, result, alerts, seen.inject_time)
     await gather_status(kube, result, seen, model)
     if failure is not None:
         raise failure
 
 
-async def evaluate_alerts(steps: Steps, result: DemoResult, store: SeriesStore, inject_time: float) -> None:
-    steps.say("Evaluating the chart's alert rules with promtool over the scraped series")
-    groups = chart.rule_groups(
-        await asyncio.to_thread(
-            chart.helm_template, release=RELEASE, namespace=NAMESPACE, set_values=DEMO_RULE_VALUES
-        )
-    )
-    result.alerts_before_fault = await asyncio.to_thread(
-        demo_alerts.firing_alerts, groups, store, until_slot=max(0, store.slot(inject_time) - 1)
-    )
-    result.alerts_fired = await asyncio.to_thread(demo_alerts.firing_alerts, groups, store)
-    pod_alerts = result.alerts_for_wedged_pod = await asyncio.to_thread(
-        demo_alerts.firing_alerts,
-        groups,
-        store,
-        matchers={"pod": result.wedged_pod or ""},
-        only=INFLIGHT_ALERTS,
+def report_alerts(steps: Steps, result: DemoResult, alerts: AlertsSeen, inject_time: float) -> None:
+    """What Alertmanager received from the cluster's Prometheus, which evaluated the chart's
+    PrometheusRule over what it scraped through the chart's PodMonitor and ServiceMonitor."""
+    result.alerts_before_fault = alerts.started_before(inject_time)
+    result.alerts_fired = alerts.names()
+    pod_alerts = result.alerts_for_wedged_pod = alerts.names(
+        pod=result.wedged_pod or "", only=INFLIGHT_ALERTS
     )
     steps.ok(
-        f"alerts fired: {', '.join(result.alerts_fired) or 'none'}; for {result.wedged_pod}: "
+        f"Alertmanager received: {', '.join(result.alerts_fired) or 'none'}; for {result.wedged_pod}: "
         f"{', '.join(pod_alerts) or 'none'}"
     )
 
@@ -365,8 +319,9 @@ async def traffic_and_fault(
         steps.ok(recovery)
     else:
         steps.say(f"[red]✗ {recovery}")
-    # Let the collector see the replacement for a few more scrapes.
-    await asyncio.sleep(2 * SCRAPE_STEP_S)
+    # Let Prometheus evaluate the rules a few more times (PdwardenWedgeRemediated follows the
+    # operator's remediation counter through its ServiceMonitor).
+    await asyncio.sleep(RECOVERY_SETTLE_S)
 
 
 def cleanup(kube: DemoCluster | None, steps: Steps, model: str) -> None:
@@ -410,16 +365,23 @@ def demo(as_json: bool, keep: bool, scope: str) -> None:
     try:
         from pdwarden_localcluster import cluster, tools
 
-        steps.say("Set-up: pinned kubectl, helm and promtool")
+        steps.say("Set-up: pinned kubectl and helm")
         tools.install(progress=False)
         steps.say("Starting the local Kubernetes cluster (first run builds it: minutes)")
         info = cluster.ensure_up(progress=lambda m: console.log(m))
         started_cluster = info.started
         steps.ok(f"cluster up: Kubernetes {info.kubernetes_version}, kubeconfig {info.kubeconfig}")
+        steps.say(
+            "Starting the monitoring stack: prometheus-operator, Prometheus, Alertmanager "
+            "(the first run builds them)"
+        )
+        stack = monitoring.ensure_monitoring(info.kubeconfig, progress=lambda m: console.log(m))
+        steps.ok(f"Prometheus at {stack.prometheus_url}, Alertmanager at {stack.alertmanager_url}")
         kube = DemoCluster(info.kubeconfig)
         kube.ensure_namespace(NAMESPACE)
-        asyncio.run(run_demo(kube, steps, result, seen, example, operator_scope(scope, started_cluster)))
-    except (DemoError, chart.HelmError, chart.ToolMissing, RuntimeError) as exc:
+        scope_used = operator_scope(scope, started_cluster)
+        asyncio.run(run_demo(kube, steps, result, seen, example, scope_used, stack.alertmanager_url))
+    except (DemoError, ClusterError, chart.HelmError, chart.ToolMissing, RuntimeError) as exc:
         result.error = str(exc)
         console.log(f"[red]demo step failed: {exc}")
     except KeyboardInterrupt:

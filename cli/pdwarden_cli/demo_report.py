@@ -44,7 +44,7 @@ def summary_table(result: DemoResult, seen: Observed) -> list[Table]:
     for phase, ok, failed, cancelled in seen.traffic_phases:
         t.add_row(f"traffic {phase}", f"{ok} ok, {failed} failed, {cancelled} cancelled by clients")
     t.add_row("traffic recovered", "yes" if result.recovered else "NO")
-    t.add_row("alerts fired (promtool)", ", ".join(result.alerts_fired) or "none")
+    t.add_row("alerts in Alertmanager", ", ".join(result.alerts_fired) or "none")
     before = result.alerts_before_fault
     t.add_row("alerts before the fault", "-" if before is None else ", ".join(before) or "none")
     tables.append(t)

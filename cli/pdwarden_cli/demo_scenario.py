@@ -8,16 +8,18 @@ from __future__ import annotations
 import copy
 import json
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 
 from pdwarden_cli import chart, demo_traffic
 from pdwarden_cli.demo_kube import Obj
+from pdwarden_localcluster.monitoring import Alert
 from pdwarden_runtime import contract
 
 NAMESPACE = "pdwarden-demo"
 RELEASE = "pdwarden"
 OPERATOR_JOB = f"{RELEASE}-metrics"  # the chart's metrics Service (release name contains the chart's)
 EXAMPLE = chart.REPO_ROOT / "examples" / "synthetic.yaml"
-SCRAPE_STEP_S = 2.0
+ALERT_POLL_S = 1.0  # how often the demo asks Alertmanager what it holds
 WARMUP_S = 20.0
 RECOVERY_SETTLE_S = 5.0
 RECOVERY_WINDOW_S = 20.0
@@ -46,22 +48,26 @@ def operator_scope(asked: str, started_cluster: bool) -> str:
     return asked
 
 
-def chart_values(scope: str, scraper: str) -> dict[str, str]:
-    """The demo's helm values for the operator's ``scope`` ("cluster" or "namespace"); the demo
-    injects a fault into its own model's pod, which the installation must allow. It scrapes
-    the operator's metrics from ``scraper`` (a CIDR: the host, outside the cluster), which
-    the operator's NetworkPolicy lets in only when named in operator.networkPolicy.metricsFrom."""
-    allow = {
-        "podPolicy.namespaces." + NAMESPACE: "{faultInjection}",
-        "operator.networkPolicy.metricsFrom[0].ipBlock.cidr": scraper,
-    }
+def chart_values(scope: str) -> dict[str, str]:
+    """The demo's helm values for the operator's ``scope`` ("cluster" or "namespace"): the
+    chart's monitors and alert rules on (the local cluster's Prometheus picks them up, and
+    the operator's NetworkPolicy admits it by default), and the demo's own pod may take the
+    fault it injects."""
+    allow = {"podPolicy.namespaces." + NAMESPACE: "{faultInjection}", **DEMO_MONITORING_VALUES}
     if scope == "namespace":
         return {"operator.scope": "namespace", "operator.watchNamespace": NAMESPACE, **allow}
     return {"operator.scope": "cluster", **allow}
 
 
-# The chart's alert rules with windows sized for a demo that lasts minutes, not hours.
-DEMO_RULE_VALUES = {
+# The chart's monitors and alert rules, with windows sized for a demo that lasts minutes,
+# not hours, and scrapes frequent enough to see a wedge that lives for seconds.
+DEMO_MONITORING_VALUES = {
+    "monitoring.podMonitor.enabled": "true",
+    "monitoring.podMonitor.interval": "2s",
+    "monitoring.podMonitor.scrapeTimeout": "2s",
+    "monitoring.serviceMonitor.enabled": "true",
+    "monitoring.serviceMonitor.interval": "2s",
+    "monitoring.serviceMonitor.scrapeTimeout": "2s",
     "monitoring.prometheusRule.enabled": "true",
     "monitoring.prometheusRule.rules.inflightStuck.window": "20s",
     "monitoring.prometheusRule.rules.inflightStuck.for": "0s",
@@ -186,6 +192,37 @@ class Observed:
     traffic_phases: list[tuple[str, int, int, int]] = field(default_factory=list)
     inject_time: float | None = None  # wall clock of the fault injection
     fault: str | None = None  # the fault injected
+
+
+@dataclass
+class AlertsSeen:
+    """Every alert Alertmanager held at some poll of the demo (an alert that resolved is gone
+    from its API by the next poll, so the demo keeps what it saw)."""
+
+    by_fingerprint: dict[str, Alert] = field(default_factory=dict)
+
+    def add(self, alerts: list[Alert]) -> None:
+        for alert in alerts:
+            self.by_fingerprint.setdefault(alert.fingerprint, alert)
+
+    def names(self, *, pod: str | None = None, only: tuple[str, ...] | None = None) -> list[str]:
+        """Alert names seen (for `pod`, of `only` these), sorted."""
+        return sorted(
+            {
+                a.name
+                for a in self.by_fingerprint.values()
+                if (pod is None or a.labels.get("pod") == pod) and (only is None or a.name in only)
+            }
+        )
+
+    def started_before(self, wall: float) -> list[str]:
+        return sorted(
+            {
+                a.name
+                for a in self.by_fingerprint.values()
+                if datetime.fromisoformat(a.starts_at).timestamp() < wall
+            }
+        )
 
 
 def remediations_for(dm: Obj, pod: str) -> list[Obj]:

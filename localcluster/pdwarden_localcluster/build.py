@@ -24,7 +24,13 @@ from pathlib import Path
 
 from pdwarden_localcluster import gomod
 from pdwarden_localcluster.errors import ClusterError
-from pdwarden_localcluster.paths import COREDNS_MODULE_DIR, GO_MODULE_DIR, NETPOL_MODULE_DIR, cache_dir
+from pdwarden_localcluster.paths import (
+    COREDNS_MODULE_DIR,
+    GO_MODULE_DIR,
+    MONITORING_MODULE_DIR,
+    NETPOL_MODULE_DIR,
+    cache_dir,
+)
 
 KUBE_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy")
 ETCD_COMMAND = "pdwarden-etcd"
@@ -77,8 +83,9 @@ def _go_sources(module: Path = GO_MODULE_DIR) -> list[Path]:
     return sorted(p for p in module.rglob("*") if p.is_file() and p.suffix in (".go", ".mod"))
 
 
-def _source_hash(module: Path) -> str:
-    digest = hashlib.sha256()
+def _source_hash(module: Path, recipe: str = "") -> str:
+    """Of the module's Go files, the toolchain and `recipe` (what else shapes the binaries)."""
+    digest = hashlib.sha256(recipe.encode())
     for path in _go_sources(module):
         digest.update(str(path.relative_to(module)).encode())
         digest.update(path.read_bytes())
@@ -192,23 +199,151 @@ def _publish(
     staging.rename(target)
 
 
-def _build_coredns(target: Path, progress: Progress) -> None:
+def _build_commands(
+    target: Path,
+    parts: list[tuple[Path, dict[str, str]]],
+    progress: Progress,
+    ldflags: dict[str, str] | None = None,
+) -> None:
+    """Build each (module directory, {name: package}) part into `target`: a copy of the module
+    outside the checkout, `go mod tidy` (which must keep every version the module pins), then
+    `go build` of each package (with `ldflags[name]` added to its linker flags)."""
     go = go_binary()
-    work = _fresh_workdir(COREDNS_MODULE_DIR, target)
-    log = work / "build.log"
-    started = time.monotonic()
-    _run([go, "mod", "tidy"], work, progress, log)
-    staging = work / "out"
+    root = cache_dir() / "gobuild" / target.name
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    log = root / "build.log"
+    staging = root / "out"
     staging.mkdir()
+    started = time.monotonic()
     jobs = os.environ.get("PDWARDEN_GO_BUILD_JOBS", "2")
-    _run(
-        [go, "build", "-p", jobs, "-ldflags", "-s -w", "-o", str(staging) + "/", f"./cmd/{COREDNS_COMMAND}"],
-        work,
-        progress,
-        log,
+    for module_dir, packages in parts:
+        work = root / module_dir.name
+        shutil.copytree(module_dir, work)
+        _run([go, "mod", "tidy"], work, progress, log)
+        _check_pins(work, gomod.requirements((module_dir / "go.mod").read_text()), progress, log)
+        for name, package in packages.items():
+            flags = f"-s -w {(ldflags or {}).get(name, '')}".strip()
+            _run(
+                [go, "build", "-p", jobs, "-ldflags", flags, "-o", str(staging / name), package],
+                work,
+                progress,
+                log,
+            )
+        shutil.copy(work / "go.mod", staging / f"{module_dir.name}.go.mod.generated")
+        shutil.copy(work / "go.sum", staging / f"{module_dir.name}.go.sum")
+    names = tuple(name for _, packages in parts for name in packages)
+    _publish(staging, target, names, {"seconds": round(time.monotonic() - started, 1)}, log)
+    progress(f"built {', '.join(names)} in {time.monotonic() - started:.0f}s -> {target}")
+
+
+def _check_pins(work: Path, pins: dict[str, str], progress: Progress, log: Path) -> None:
+    """What a module pins is what gets built: a tidy that moved a pin (another requirement
+    needing newer) must become a visible change of that go.mod, never a silent one."""
+    go = go_binary()
+    for module, pinned in pins.items():
+        found = json.loads(_run([go, "list", "-m", "-json", module], work, progress, log)).get("Version")
+        if found != pinned:
+            raise ClusterError(
+                f"go mod tidy selects {module} {found} where {work.name}/go.mod pins {pinned}: "
+                "raise the pin there"
+            )
+
+
+def _build_coredns(target: Path, progress: Progress) -> None:
+    _build_commands(target, [(COREDNS_MODULE_DIR, {COREDNS_COMMAND: f"./cmd/{COREDNS_COMMAND}"})], progress)
+
+
+# --- the monitoring stack: prometheus-operator, Prometheus and Alertmanager -----------------
+
+MONITORING_MODULE = "github.com/prometheus-operator/prometheus-operator"
+PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
+ALERTMANAGER_MODULE = "github.com/prometheus/alertmanager"
+PROMETHEUS_OPERATOR_COMMAND = "prometheus-operator"
+CONFIG_RELOADER_COMMAND = "prometheus-config-reloader"
+PROMETHEUS_COMMAND = "prometheus"
+ALERTMANAGER_COMMAND = "alertmanager"
+# two modules: Prometheus needs an older client-go than the operator
+OPERATOR_PART = MONITORING_MODULE_DIR / "operator"
+SERVERS_PART = MONITORING_MODULE_DIR / "servers"
+MONITORING_PARTS = [
+    (
+        OPERATOR_PART,
+        {
+            PROMETHEUS_OPERATOR_COMMAND: f"{MONITORING_MODULE}/cmd/operator",
+            CONFIG_RELOADER_COMMAND: f"{MONITORING_MODULE}/cmd/prometheus-config-reloader",
+        },
+    ),
+    (
+        SERVERS_PART,
+        {
+            PROMETHEUS_COMMAND: f"{PROMETHEUS_MODULE}/cmd/prometheus",
+            ALERTMANAGER_COMMAND: f"{ALERTMANAGER_MODULE}/cmd/alertmanager",
+        },
+    ),
+]
+MONITORING_COMMANDS = tuple(name for _, packages in MONITORING_PARTS for name in packages)
+
+
+def monitoring_pin(module: str) -> str:
+    """The version go-monitoring pins for `module` (in whichever of its modules requires it)."""
+    for part, _ in MONITORING_PARTS:
+        pins = gomod.requirements((part / "go.mod").read_text())
+        if module in pins:
+            return pins[module]
+    raise ValueError(f"no go.mod under {MONITORING_MODULE_DIR} requires {module}")
+
+
+def prometheus_operator_version() -> str:
+    return monitoring_pin(MONITORING_MODULE)
+
+
+def prometheus_release(module_version: str) -> str:
+    """Prometheus' release for its Go module version: v0.305.0 is v3.5.0, v0.45.1 is v2.45.1
+    (the module never left v0; from 3.0 the minor carries the major, times 100)."""
+    minor, patch = module_version.removeprefix("v0.").split(".", 1)
+    number = int(minor)
+    if number >= 300:
+        return f"v{number // 100}.{number % 100}.{patch}"
+    return f"v2.{number}.{patch}"
+
+
+def _monitoring_version_flags() -> dict[str, str]:
+    """Each binary reports its release (`--version`, build_info metrics), as the image's does."""
+    flag = "-X github.com/prometheus/common/version.Version="
+    operator = prometheus_operator_version().removeprefix("v")
+    return {
+        PROMETHEUS_OPERATOR_COMMAND: flag + operator,
+        CONFIG_RELOADER_COMMAND: flag + operator,
+        PROMETHEUS_COMMAND: flag + prometheus_release(monitoring_pin(PROMETHEUS_MODULE)).removeprefix("v"),
+        ALERTMANAGER_COMMAND: flag + monitoring_pin(ALERTMANAGER_MODULE).removeprefix("v"),
+    }
+
+
+def monitoring_bin_dir() -> Path:
+    recipe = json.dumps(_monitoring_version_flags(), sort_keys=True)
+    key = f"monitoring-{prometheus_operator_version()}-{_source_hash(MONITORING_MODULE_DIR, recipe)}"
+    return cache_dir() / "bin" / key
+
+
+def _monitoring_built(directory: Path) -> bool:
+    return (directory / _COMPLETE_MARKER).exists() and all(
+        (directory / c).exists() for c in MONITORING_COMMANDS
     )
-    _publish(staging, target, (COREDNS_COMMAND,), {"seconds": round(time.monotonic() - started, 1)}, log)
-    progress(f"built {COREDNS_COMMAND} in {time.monotonic() - started:.0f}s -> {target}")
+
+
+def ensure_monitoring_built(progress: Progress = _stderr) -> Path:
+    """The directory holding the monitoring stack's binaries (built on a miss: only
+    `cluster up --monitoring` needs them, so a plain cluster never waits for this build)."""
+    target = monitoring_bin_dir()
+    _locked_build(
+        target,
+        lambda: _monitoring_built(target),
+        lambda: _build_commands(target, MONITORING_PARTS, progress, ldflags=_monitoring_version_flags()),
+        progress,
+    )
+    return target
 
 
 # --- kube-network-policies: the NetworkPolicy enforcer, a module of its own -------------------

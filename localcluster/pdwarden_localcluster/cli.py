@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import click
 
 from pdwarden_localcluster import cluster as local
+from pdwarden_localcluster import monitoring as monitoring_stack
 from pdwarden_localcluster import topology
 from pdwarden_localcluster.errors import ClusterError
 
@@ -69,15 +70,24 @@ def cluster() -> None:
     show_default=True,
     help="nvidia.com/gpu capacity of each GPU node.",
 )
+@click.option(
+    "--monitoring",
+    is_flag=True,
+    help="Also run prometheus-operator, Prometheus and Alertmanager (namespace monitoring), which "
+    "pick up every PodMonitor, ServiceMonitor and PrometheusRule.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print what runs as one JSON line.")
 @friendly
-def up(nodes: int | None, cpu_nodes: int | None, gpus: int, as_json: bool) -> None:
+def up(nodes: int | None, cpu_nodes: int | None, gpus: int, monitoring: bool, as_json: bool) -> None:
     """Build if needed, start the cluster (or reuse the running one) and wait for its nodes Ready."""
-    info = local.ensure_up(
-        nodes=nodes, gpus=gpus, cpu_nodes=cpu_nodes, progress=lambda m: click.echo(m, err=True)
-    )
+    progress = lambda m: click.echo(m, err=True)  # noqa: E731
+    info = local.ensure_up(nodes=nodes, gpus=gpus, cpu_nodes=cpu_nodes, progress=progress)
+    stack = monitoring_stack.ensure_monitoring(info.kubeconfig, progress) if monitoring else None
     if as_json:
-        click.echo(json.dumps(info.as_dict()))
+        doc = info.as_dict()
+        if stack is not None:
+            doc["monitoring"] = stack.as_dict()
+        click.echo(json.dumps(doc))
         return
     verb = f"started in {info.seconds:.1f}s" if info.started else "already running"
     click.echo(f"local cluster {verb}: Kubernetes {info.kubernetes_version} at {info.server}")
@@ -86,6 +96,10 @@ def up(nodes: int | None, cpu_nodes: int | None, gpus: int, as_json: bool) -> No
     click.echo(f"  nodes: {', '.join(info.nodes)}")
     click.echo(f"kubeconfig: {info.kubeconfig}")
     click.echo(f"  export KUBECONFIG={info.kubeconfig}")
+    if stack is not None:
+        click.echo(f"monitoring ready in {stack.seconds:.1f}s")
+        click.echo(f"  Prometheus   {stack.prometheus_url}")
+        click.echo(f"  Alertmanager {stack.alertmanager_url}")
 
 
 @cluster.command()

@@ -263,7 +263,17 @@ def ensure_up(
 
 # The code each long-running Python component runs besides the standard library and the venv.
 CODE = {
-    "kubelet": ("kubelet/*.py", "kubeapi.py", "procs.py", "network.py", "topology.py", "errors.py"),
+    # build.py: where the monitoring images' binaries are (kubelet/images.py)
+    "kubelet": (
+        "kubelet/*.py",
+        "kubeapi.py",
+        "procs.py",
+        "network.py",
+        "topology.py",
+        "errors.py",
+        "build.py",
+        "gomod.py",
+    ),
     "provisioner": ("provisioner.py", "kubeapi.py", "pki.py"),
 }
 

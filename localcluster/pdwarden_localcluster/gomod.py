@@ -23,6 +23,18 @@ def pinned_version(go_mod_text: str, module: str = "k8s.io/kubernetes") -> str:
     raise ValueError(f"go.mod does not require {module}")
 
 
+def requirements(go_mod_text: str) -> dict[str, str]:
+    """Every module a go.mod requires, with its version."""
+    found = {}
+    for line in _strip_comments(go_mod_text):
+        m = _REQUIRE_LINE.match(line)
+        if m and not line.lstrip().startswith(
+            ("module", "go ", "toolchain", "replace", "exclude", "retract")
+        ):
+            found[m.group(1)] = m.group(2)
+    return found
+
+
 def staging_version(kubernetes_version: str) -> str:
     """Staging modules are tagged v0.MINOR.PATCH for kubernetes v1.MINOR.PATCH."""
     m = _VERSION.match(kubernetes_version)

@@ -11,6 +11,7 @@ REPO_ROOT = PACKAGE_DIR.parent.parent
 GO_MODULE_DIR = PACKAGE_DIR.parent / "go"
 COREDNS_MODULE_DIR = PACKAGE_DIR.parent / "go-coredns"
 NETPOL_MODULE_DIR = PACKAGE_DIR.parent / "go-netpol"
+MONITORING_MODULE_DIR = PACKAGE_DIR.parent / "go-monitoring"
 
 
 def cache_dir() -> Path:

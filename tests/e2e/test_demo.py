@@ -38,8 +38,10 @@ def test_demo_detects_remediates_recovers_alerts_and_cleans_up(cluster: Any) -> 
     assert result["remediations"] >= 1
     assert result["recovered"] is True
     assert result["requests_ok"] > 0
+    # as Alertmanager received them from the cluster's Prometheus (the chart's rules)
     assert set(demo_scenario.INFLIGHT_ALERTS) & set(result["alerts_for_wedged_pod"])
     assert "PdwardenWedgeRemediated" in result["alerts_fired"]
+    assert set(result["alerts_before_fault"]) <= set(demo_scenario.ALLOWED_BEFORE_FAULT)
     # generous bound: the watchdog's stuckAfterSeconds (20) plus scrapes and polling
     assert 0 < result["detection_seconds"] < 120
     # it cleaned up after itself: no demo namespace left behind

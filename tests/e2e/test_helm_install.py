@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from pdwarden_cli import chart
+from pdwarden_localcluster import monitoring
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_runtime import contract
 
@@ -25,7 +26,6 @@ from ._operator_helpers import kubectl_with_crd
 pytestmark = pytest.mark.e2e
 
 EXAMPLE = chart.REPO_ROOT / "examples" / "synthetic.yaml"
-# prometheus-operator kinds: no CRD on the local cluster; their required fields are unit-tested.
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
@@ -66,6 +66,12 @@ def kubeconfig(cluster: Any) -> Path:
     return Path(cluster.kubeconfig)
 
 
+@pytest.fixture(scope="module")
+def monitoring_crds(cluster: Any) -> None:
+    """prometheus-operator's CRDs (no build needed; the whole stack: tests/e2e/test_monitoring.py)."""
+    monitoring.apply_crds(Path(cluster.kubeconfig))
+
+
 @pytest.fixture
 def namespace(kubeconfig: Path) -> Iterator[str]:
     name = f"pdw-helm-{uuid.uuid4().hex[:6]}"
@@ -82,7 +88,7 @@ def rendered(namespace: str, values: Mapping[str, str], release: str = "pdw") ->
     # Without the `helm test` hooks: their Pod names a ServiceAccount that a dry run never
     # creates (admission refuses it); `helm test` creates both for real in the install test.
     docs = chart.helm_template(release=release, namespace=namespace, set_values=values, include_crds=True)
-    return yaml.safe_dump_all([d for d in docs if d["kind"] not in MONITORING_KINDS and not is_test_hook(d)])
+    return yaml.safe_dump_all([d for d in docs if not is_test_hook(d)])
 
 
 @pytest.mark.parametrize(
@@ -92,6 +98,10 @@ def rendered(namespace: str, values: Mapping[str, str], release: str = "pdw") ->
         {
             "operator.scope": "namespace",
             "monitoring.grafanaDashboard.enabled": "true",
+            # validated by prometheus-operator's own CRDs (monitoring_crds)
+            "monitoring.serviceMonitor.enabled": "true",
+            "monitoring.podMonitor.enabled": "true",
+            "monitoring.prometheusRule.enabled": "true",
             "metricsService.type": "NodePort",
             "serviceAccount.annotations.team": "ml",
             "podLabels.tier": "control",
@@ -102,15 +112,19 @@ def rendered(namespace: str, values: Mapping[str, str], release: str = "pdw") ->
     ids=["default", "non-default"],
 )
 def test_rendered_manifests_pass_the_api_servers_schema_validation(
-    kubeconfig: Path, namespace: str, values: Mapping[str, str]
+    kubeconfig: Path, namespace: str, values: Mapping[str, str], monitoring_crds: None
 ) -> None:
     # --dry-run=server: the real API server validates every object against its OpenAPI
-    # schemas (and the CRD), runs admission, and persists nothing.
+    # schemas (and the CRDs: ours, and prometheus-operator's for the monitors and rules),
+    # runs admission, and persists nothing.
     manifest = rendered(namespace, values)
     proc = kubectl(kubeconfig, "apply", "--dry-run=server", "--validate=strict", "-f", "-", stdin=manifest)
     assert proc.returncode == 0, proc.stderr
     applied = [line for line in proc.stdout.splitlines() if "(server dry run)" in line]
-    assert len(applied) == len([d for d in yaml.safe_load_all(manifest) if d])
+    docs = [d for d in yaml.safe_load_all(manifest) if d]
+    assert len(applied) == len(docs)
+    if values.get("monitoring.podMonitor.enabled"):
+        assert {d["kind"] for d in docs} >= MONITORING_KINDS
 
 
 def test_the_dry_run_validation_catches_a_bad_object(kubeconfig: Path, namespace: str) -> None:

@@ -367,11 +367,15 @@ def test_network_policy_can_be_disabled() -> None:
     assert not chart.find_objects(render({"operator.networkPolicy.enabled": "false"}), "NetworkPolicy")
 
 
-def test_the_demo_lets_its_host_scrape_the_operator() -> None:
-    # `pdwarden demo` scrapes the operator from the host, outside the cluster
-    docs = render(demo_scenario.chart_values("cluster", "198.18.15.1/32"))
+def test_the_demos_values_turn_on_the_monitors_and_rules_that_the_stacks_prometheus_may_scrape() -> None:
+    docs = render(demo_scenario.chart_values("cluster"))
+    (endpoint,) = chart.only_object(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert endpoint["interval"] == "2s"
+    assert chart.only_object(docs, "ServiceMonitor")["spec"]["endpoints"][0]["interval"] == "2s"
+    assert chart.only_object(docs, "PrometheusRule")["spec"]["groups"]
+    # the operator's NetworkPolicy admits what prometheus-operator labels its Prometheus with
     (rule,) = chart.only_object(docs, "NetworkPolicy")["spec"]["ingress"]
-    assert rule["from"][0] == {"ipBlock": {"cidr": "198.18.15.1/32"}}
+    assert rule["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
 
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4

@@ -31,7 +31,11 @@ def test_helm_is_the_pinned_version() -> None:
 
 
 def test_promtool_is_the_version_of_the_pinned_package() -> None:
-    package = (tools.promtool_dir() / "VERSION").read_text()  # e.g. prometheus_2.42.0+ds-5_amd64.deb
+    tools.install(progress=False)
+    pin = tools.PROMETHEUS_PACKAGE
+    package = (pin.directory() / "VERSION").read_text()  # e.g. prometheus_2.42.0+ds-5+deb12u1_amd64.deb
+    # apt-get download fetched exactly the pinned version (the .deb name carries it, `:`-free)
+    assert package.startswith(f"prometheus_{pin.version}_"), package
     match = re.match(r"prometheus_(\d+\.\d+\.\d+)", package)
     assert match, package
     assert f"promtool, version {match.group(1)}" in run(str(tools.require("promtool")), "--version")

@@ -1,22 +1,18 @@
-"""The demo's pure parts: its model manifest, its verdict, and the scraped-series grid that
-promtool replays (fed by a real RuntimeMetrics exposition; tests/integration/test_demo_alerts.py
-has promtool judge it)."""
+"""The demo's pure parts: its model manifest, its verdict, its chart values and the alerts it
+keeps from Alertmanager."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 import yaml
 
 from pdwarden_cli import demo_scenario
-from pdwarden_cli.demo_scrape import SeriesStore, Target, parse_samples, target_labels
+from pdwarden_localcluster.monitoring import Alert
 from pdwarden_operator.models import parse_spec
 from pdwarden_runtime import contract
-from pdwarden_runtime.inflight import InflightTracker
-from pdwarden_runtime.kvpoll import KVPoll
-from pdwarden_runtime.metrics import RuntimeMetrics
-from pdwarden_runtime.status import RoomStatusTable
 
 pytestmark = pytest.mark.unit
 
@@ -98,53 +94,28 @@ def test_demo_fails_when_anything_did_not_happen(change: dict[str, object], comp
         assert result.failures() == [result.error]
 
 
-def exposition_of_a_runtime(rooms_in_flight: int, finished: int) -> str:
-    table = RoomStatusTable(mode="sticky")
-    tracker = InflightTracker(table)
-    metrics = RuntimeMetrics("prefill", table, tracker, engine="synthetic", transfer_backend="nixl")
-    for room in range(finished):
-        table.open(room, KVPoll.Bootstrapping)
-        table.update(room, KVPoll.Transferring)
-        table.update(room, KVPoll.Success)
-    for room in range(1000, 1000 + rooms_in_flight):
-        table.open(room, KVPoll.Bootstrapping)
-        table.update(room, KVPoll.Transferring)
-    body, _ = metrics.exposition()
-    return body.decode()
+def alert(name: str, fingerprint: str, starts_at: str, **labels: str) -> Alert:
+    return Alert.model_validate(
+        {"labels": {"alertname": name, **labels}, "startsAt": starts_at, "fingerprint": fingerprint}
+    )
 
 
-def test_parse_samples_keeps_the_contract_series_of_a_real_runtime_exposition() -> None:
-    samples = parse_samples(exposition_of_a_runtime(rooms_in_flight=3, finished=5))
-    names = {name for name, _, _ in samples}
-    assert contract.METRIC_INFLIGHT_REQUESTS in names and contract.METRIC_KV_TRANSFERS_TOTAL in names
-    assert not any(n.endswith(("_bucket", "_created", "_sum", "_count")) for n in names)
-    inflight = [v for n, _, v in samples if n == contract.METRIC_INFLIGHT_REQUESTS]
-    assert inflight == [3.0]
-    success = [
-        v
-        for n, labels, v in samples
-        if n == contract.METRIC_KV_TRANSFERS_TOTAL and labels[contract.LABEL_METRIC_OUTCOME] == "success"
+def test_the_alerts_seen_keep_each_alert_once_and_answer_by_pod_and_by_start() -> None:
+    seen = demo_scenario.AlertsSeen()
+    stuck = alert("PdwardenInflightStuck", "f1", "2026-12-02T00:00:10.5Z", pod="m-prefill-a")
+    seen.add([stuck, alert("PdwardenWedgeRemediated", "f2", "2026-12-02T00:00:30Z")])
+    # a later poll: the same alert (its fingerprint) again, another pod's, and the first gone
+    seen.add([stuck, alert("PdwardenInflightOldestAgeHigh", "f3", "2026-12-02T00:00:20+00:00", pod="other")])
+    assert seen.names() == [
+        "PdwardenInflightOldestAgeHigh",
+        "PdwardenInflightStuck",
+        "PdwardenWedgeRemediated",
     ]
-    assert success == [5.0]
-
-
-def test_target_labels_follow_prometheus_honor_labels_semantics() -> None:
-    scraped = {"namespace": "models", "model": "m"}
-    plain = Target("http://x/metrics", {"namespace": "ops", "job": "j"})
-    honored = Target("http://x/metrics", {"namespace": "ops", "job": "j"}, honor_labels=True)
-    assert target_labels(scraped, plain)["namespace"] == "ops"
-    assert target_labels(scraped, honored)["namespace"] == "models"
-
-
-def test_series_grid_marks_missed_scrapes() -> None:
-    store = SeriesStore(start=100.0, step=2.0)
-    labels = {"__name__": "up", "job": 'a"b', "instance": "i"}
-    store.add(100.1, labels, 1)
-    store.add(104.0, labels, 0)
-    store.add(106.2, {**labels, "instance": "k"}, 0.5)
-    rows = {r["series"]: r["values"] for r in store.input_series()}
-    assert rows['up{instance="i", job="a\\"b"}'] == "1 _ 0 _"
-    assert rows['up{instance="k", job="a\\"b"}'] == "_ _ _ 0.5"
+    assert seen.names(pod="m-prefill-a") == ["PdwardenInflightStuck"]
+    assert seen.names(pod="other", only=demo_scenario.INFLIGHT_ALERTS) == ["PdwardenInflightOldestAgeHigh"]
+    assert seen.names(pod="m-prefill-a", only=("PdwardenWedgeRemediated",)) == []
+    injected = datetime(2026, 12, 2, 0, 0, 15, tzinfo=UTC).timestamp()
+    assert seen.started_before(injected) == ["PdwardenInflightStuck"]
 
 
 @pytest.mark.parametrize(
@@ -163,11 +134,10 @@ def test_the_demo_chooses_its_operators_scope(asked: str, started: bool, scope: 
 def test_the_demo_scopes_values_are_the_charts() -> None:
     allow = {
         f"podPolicy.namespaces.{demo_scenario.NAMESPACE}": "{faultInjection}",
-        # the demo scrapes the operator from the host: its NetworkPolicy must let that in
-        "operator.networkPolicy.metricsFrom[0].ipBlock.cidr": "198.18.15.1/32",
+        **demo_scenario.DEMO_MONITORING_VALUES,
     }
-    assert demo_scenario.chart_values("cluster", "198.18.15.1/32") == {"operator.scope": "cluster", **allow}
-    values = demo_scenario.chart_values("namespace", "198.18.15.1/32")
+    assert demo_scenario.chart_values("cluster") == {"operator.scope": "cluster", **allow}
+    values = demo_scenario.chart_values("namespace")
     assert values == {
         "operator.scope": "namespace",
         "operator.watchNamespace": demo_scenario.NAMESPACE,

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pdwarden_localcluster import build, gomod
-from pdwarden_localcluster.kubelet import envvars, ipam, logserver
+from pdwarden_localcluster import build, gomod, monitoring
+from pdwarden_localcluster.kubelet import envvars, images, ipam, logserver
 from pdwarden_localcluster.kubelet.container import ContainerRun
 from pdwarden_localcluster.kubelet.podstatus import container_status, phase, pod_status
 
@@ -75,6 +75,20 @@ def test_pinned_and_staging_versions() -> None:
         gomod.pinned_version("module x\n")
     with pytest.raises(ValueError, match="no staging modules"):
         gomod.render_go_mod(OUR_GO_MOD, "module k8s.io/kubernetes\n")
+
+
+def test_requirements_are_every_pin_of_a_go_mod_and_the_monitoring_pins_are_read_from_them() -> None:
+    text = (
+        "module pdwarden.io/x\n\ngo 1.25.0\n\nrequire a.io/one v1.2.3\n\nrequire (\n"
+        "\tb.io/two v0.305.0 // indirect\n\tc.io/three v0.1.0\n)\n\nreplace (\n"
+        "\ta.io/one => a.io/one v1.2.4\n)\n\ntool (\n\tb.io/two/cmd/two\n)\n"
+    )
+    assert gomod.requirements(text) == {"a.io/one": "v1.2.3", "b.io/two": "v0.305.0", "c.io/three": "v0.1.0"}
+    # each of the monitoring stack's commands comes from a module pinned in go-monitoring
+    assert build.monitoring_pin(build.MONITORING_MODULE).startswith("v0.")
+    assert build.monitoring_pin(build.ALERTMANAGER_MODULE).startswith("v0.")
+    with pytest.raises(ValueError, match="requires"):
+        build.monitoring_pin("example.com/none")
 
 
 def test_the_repository_pin_is_a_release_and_ldflags_carry_it() -> None:
@@ -198,6 +212,58 @@ def test_command_line_expands_and_requires_a_command() -> None:
     ]
     with pytest.raises(envvars.EnvError, match="no `command`"):
         envvars.command_line({"args": ["x"]}, env)
+
+
+def test_an_image_without_command_runs_its_entrypoint_only_at_the_tag_the_cluster_carries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    binary = tmp_path / "prometheus"
+    binary.write_text("")
+    known = images.KnownImage(
+        "quay.io/prometheus/prometheus", "/bin/prometheus", lambda: "v2.42.0", lambda: binary
+    )
+    monkeypatch.setitem(images.KNOWN_IMAGES, known.repository, known)
+    env = {"POD_IP": "198.18.0.9"}
+    container = {
+        "image": "quay.io/prometheus/prometheus:v2.42.0",
+        "args": ["--web.listen-address=$(POD_IP):9090"],
+    }
+    assert envvars.command_line(container, env) == [str(binary), "--web.listen-address=198.18.0.9:9090"]
+    # the image's own path for its binary stands for that binary; any other command is the host's
+    named = {**container, "command": ["/bin/prometheus"]}
+    assert envvars.command_line(named, env)[0] == str(binary)
+    assert envvars.command_line({**container, "command": ["sh", "-c", "x"]}, env)[:2] == ["sh", "-c"]
+    # another tag, a digest, no tag: a different binary than the one the cluster has
+    for ref in (
+        "quay.io/prometheus/prometheus:v3.5.0",
+        "quay.io/prometheus/prometheus@sha256:" + "0" * 64,
+        "quay.io/prometheus/prometheus",
+    ):
+        with pytest.raises(envvars.EnvError, match=r"carries quay\.io/prometheus/prometheus:v2\.42\.0 only"):
+            envvars.command_line({"image": ref}, env)
+    binary.unlink()
+    with pytest.raises(envvars.EnvError, match="is missing"):
+        envvars.command_line(container, env)
+
+
+def test_image_references_split_into_repository_and_tag() -> None:
+    assert images.split_reference("quay.io/prometheus/alertmanager:v0.25.0") == (
+        "quay.io/prometheus/alertmanager",
+        "v0.25.0",
+    )
+    assert images.split_reference("localhost:5000/app") == ("localhost:5000/app", "")
+    assert images.split_reference("localhost:5000/app:1.2") == ("localhost:5000/app", "1.2")
+    assert images.split_reference("app:1@sha256:ab") == ("app", "")
+    # the tags the cluster carries are the Go pins' releases
+    assert build.prometheus_release("v0.305.0") == "v3.5.0"
+    assert build.prometheus_release("v0.310.2") == "v3.10.2"
+    assert build.prometheus_release("v0.45.1") == "v2.45.1"
+    assert images.reference(images.CONFIG_RELOADER_IMAGE) == (
+        f"quay.io/prometheus-operator/prometheus-config-reloader:{build.prometheus_operator_version()}"
+    )
+    assert images.PROMETHEUS_IMAGE.version() == build.prometheus_release(
+        build.monitoring_pin(build.PROMETHEUS_MODULE)
+    )
 
 
 # --- pod IPs -------------------------------------------------------------------------------
@@ -369,3 +435,20 @@ def test_a_missing_executable_is_an_os_error_before_any_prefix_runs(tmp_path: Pa
     assert resolve_executable("tool", str(tmp_path)) == str(script)
     with pytest.raises(FileNotFoundError):
         resolve_executable("no-such-tool", str(tmp_path))
+
+
+def test_the_monitoring_stack_selects_every_monitor_and_rule_and_runs_the_images_the_cluster_carries() -> (
+    None
+):
+    docs = {d["kind"]: d for d in monitoring.stack_manifests()}
+    prometheus = docs["Prometheus"]["spec"]
+    for selector in ("podMonitor", "serviceMonitor", "rule"):
+        assert prometheus[f"{selector}Selector"] == {} and prometheus[f"{selector}NamespaceSelector"] == {}
+    assert prometheus["image"] == images.reference(images.PROMETHEUS_IMAGE)
+    assert prometheus["version"] == images.PROMETHEUS_IMAGE.version()
+    (target,) = prometheus["alerting"]["alertmanagers"]
+    assert (target["namespace"], target["name"]) == (monitoring.NAMESPACE, monitoring.ALERTMANAGER_SERVICE)
+    assert docs["Alertmanager"]["spec"]["image"] == images.reference(images.ALERTMANAGER_IMAGE)
+    # every image of the stack is one the local kubelet knows at its tag
+    for image in (prometheus["image"], docs["Alertmanager"]["spec"]["image"]):
+        assert images.known_image(image) is not None

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from pdwarden_localcluster.kubelet import images
+
 JSON = dict[str, Any]
 Lookup = Callable[[str, str], JSON | None]  # (namespace, name) -> object or None if absent
 
@@ -203,12 +205,13 @@ def resolve_env(
 
 
 def command_line(container: JSON, env: Mapping[str, str]) -> list[str]:
-    """command + args with `$(VAR)` expanded; the image's entrypoint is unknown here."""
+    """command + args with `$(VAR)` expanded; for one of the few images the local kubelet knows
+    (images.py), the entrypoint when there is no command, and its binary where a command names it."""
     command = [expand(str(c), env) for c in container.get("command") or []]
     args = [expand(str(a), env) for a in container.get("args") or []]
-    if not command:
-        raise EnvError(
-            "container has no `command`: the local kubelet runs commands from the project's "
-            "environment, not image entrypoints"
-        )
+    image = str(container.get("image") or "")
+    try:
+        command = images.in_image(image, command) if command else images.entrypoint(image)
+    except images.ImageError as exc:
+        raise EnvError(str(exc)) from None
     return command + args
