@@ -10,10 +10,16 @@ ARGS ?=
 
 .PHONY: setup tools test test-fast test-unit test-integration test-e2e lint demo clean crds
 
-$(VENV)/.installed: pyproject.toml constraints.txt
+# The four distributions, editable: core (the command and the contract), the operator, the
+# runtime with its engines, and the development tools with the test tools (pyproject.toml).
+DISTRIBUTIONS := -e ./core -e ./operator -e './runtime[engines]' -e '.[test]'
+
+$(VENV)/.installed: pyproject.toml core/pyproject.toml operator/pyproject.toml runtime/pyproject.toml constraints.txt
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip==26.3 setuptools==84.2.1 wheel==0.48.0
-	$(VENV)/bin/pip install -q -c constraints.txt -e '.[runtime,test]'
+	@# the one distribution of earlier checkouts (its packages now live in the four)
+	@$(VENV)/bin/pip uninstall -q -y pdwarden >/dev/null 2>&1 || true
+	$(VENV)/bin/pip install -q -c constraints.txt $(DISTRIBUTIONS)
 	@touch $@
 
 setup: $(VENV)/.installed tools

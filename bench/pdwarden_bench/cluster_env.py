@@ -27,12 +27,12 @@ from typing import Any
 
 import yaml
 
+import pdwarden_contract as contract
 from pdwarden_bench.operator_process import OperatorExited, OperatorProcess
 from pdwarden_bench.ports import free_port
 from pdwarden_bench.promtext import metric_sum, samples
 from pdwarden_localcluster.testing import serving, wait_for
 from pdwarden_operator.watchdog import outcome
-from pdwarden_runtime import contract
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 PDWARDEN = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "pdwarden")

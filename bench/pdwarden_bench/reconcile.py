@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
 
 GOAL_P50_S = 1.0
 TEARDOWN_WAIT_S = 180.0

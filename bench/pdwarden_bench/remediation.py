@@ -38,6 +38,7 @@ from typing import Any
 
 import click
 
+import pdwarden_contract as contract
 from pdwarden_bench.cluster_env import (
     API_TRANSIENT,
     CHARGED,
@@ -53,7 +54,6 @@ from pdwarden_bench.cluster_env import (
     wedge,
 )
 from pdwarden_localcluster.testing import serving, wait_for
-from pdwarden_runtime import contract
 
 ACTIONS = ("restart", "drain")
 DRAIN_SECONDS = 300  # above this machine's replacement start-up under load, so the drain can wait for it

@@ -36,10 +36,10 @@ from typing import Any, Final
 import aiohttp
 import click
 
+import pdwarden_contract as c
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
 from pdwarden_bench.promtext import metric_sum, samples
 from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, serve_flags, wait_healthy
-from pdwarden_runtime import contract as c
 
 ENV: Final = {"UCX_TLS": "tcp,self"}
 PROMPT_TOKENS: Final = 160  # 10 pages of 16 tokens: 5 chunks of 2 pages

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
 
 Obj = dict[str, Any]
 ModelKey = tuple[str, str]  # (namespace, DisaggregatedModel name)

@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
+import pdwarden_contract as contract
 from pdwarden_operator import podpolicy
-from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.operator")
 

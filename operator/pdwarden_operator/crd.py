@@ -7,9 +7,9 @@ from typing import Any
 
 import yaml
 
+import pdwarden_contract as contract
 from pdwarden_operator.models import ROOT_RULES, DisaggregatedModelSpec, DisaggregatedModelStatus
 from pdwarden_operator.schema import to_structural
-from pdwarden_runtime import contract
 
 CRD_NAME = f"{contract.PLURAL}.{contract.API_GROUP}"
 CRD_FILENAME = f"{contract.API_GROUP}_{contract.PLURAL}.yaml"

@@ -14,7 +14,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
 
 Obj = dict[str, Any]
 RANKS_SUFFIX = "ranks"

@@ -17,10 +17,10 @@ from typing import Any
 
 import kopf
 
+import pdwarden_contract as contract
 from pdwarden_operator import reconcile
 from pdwarden_operator.cache import Cache
 from pdwarden_operator.kube.client import get_client
-from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.handlers")
 

@@ -31,10 +31,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import pdwarden_contract as contract
 from pdwarden_operator.kube import lease as kube_lease
 from pdwarden_operator.kube.client import KubeApiError, KubeClient, connect
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
-from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.leader")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from pdwarden_runtime.contract import (
+from pdwarden_contract import (
     ENV_POD_IP,
     METRIC_OPERATOR_ABANDONED_ROOMS,
     METRIC_OPERATOR_BRAKE_ENGAGED,

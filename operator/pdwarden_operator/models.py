@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
 
+import pdwarden_contract as contract
 from pdwarden_operator import podtemplate
-from pdwarden_runtime import contract
 
 # Power-of-two tensor-parallel sizes that SGLang accepts on one node.
 TENSOR_PARALLEL_SIZES = (1, 2, 4, 8, 16, 32, 64)

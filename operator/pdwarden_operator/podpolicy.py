@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+import pdwarden_contract as contract
 from pdwarden_operator.models import DisaggregatedModelSpec
-from pdwarden_runtime import contract
 
 
 class Allowance(StrEnum):

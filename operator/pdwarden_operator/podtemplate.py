@@ -30,7 +30,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any, Final
 
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
 
 Obj = dict[str, Any]
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from pdwarden_contract import LABEL_MODEL, LABEL_ROLE, RUNTIME_ROLES
 from pdwarden_operator import plan, podpolicy, scheduling
 from pdwarden_operator.cache import controller_ref
 from pdwarden_operator.kube import apply as kube_apply
@@ -34,7 +35,6 @@ from pdwarden_operator.render import (
 )
 from pdwarden_operator.status import ROLES, Observed, observe_deployment, observe_groups
 from pdwarden_operator.status_writer import WRITER
-from pdwarden_runtime.contract import LABEL_MODEL, LABEL_ROLE, RUNTIME_ROLES
 
 Obj = dict[str, Any]
 T = TypeVar("T")

@@ -11,6 +11,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import pdwarden_contract as contract
 from pdwarden_operator import groups, podpolicy, podtemplate
 from pdwarden_operator.models import (
     GPU_RESOURCE,
@@ -20,7 +21,6 @@ from pdwarden_operator.models import (
     ResourceRequirements,
     RoleSpec,
 )
-from pdwarden_runtime import contract
 
 Obj = dict[str, Any]
 

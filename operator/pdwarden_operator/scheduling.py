@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
 
 # Look at pods only once a role has been waiting this long: a new model's pods are Pending
 # for a moment anyway, and an idle or settled model costs no pod listing.

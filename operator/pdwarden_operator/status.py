@@ -12,9 +12,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+import pdwarden_contract as contract
 from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.render import ROLES
-from pdwarden_runtime import contract
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged", "FleetBrake")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.group import GroupOptions
 from pdwarden_runtime.hardening.config import (
     DEFAULT_INFLIGHT_DEADLINE,

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.group import GroupError, GroupOptions, Worker
 
 log = logging.getLogger(__name__)

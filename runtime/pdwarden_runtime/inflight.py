@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from pdwarden_runtime.contract import OUTCOME_ABORTED, OUTCOME_DEADLINE, OUTCOMES
+from pdwarden_contract import OUTCOME_ABORTED, OUTCOME_DEADLINE, OUTCOMES
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.status import RoomStatusTable
 

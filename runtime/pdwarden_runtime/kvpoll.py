@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
 
 
 class KVPoll(enum.IntEnum):

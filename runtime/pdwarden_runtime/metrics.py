@@ -28,7 +28,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.peers import PeerFigures

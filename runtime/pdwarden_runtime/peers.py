@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
-from pdwarden_runtime.contract import OUTCOMES, PEER_OTHER
+from pdwarden_contract import OUTCOMES, PEER_OTHER
 
 DEFAULT_MAX_PEERS: Final = 32
 DEFAULT_FORGET_AFTER_S: Final = 600.0

@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.engines.synthetic import RequestFailed, SyntheticEngine
 from pdwarden_runtime.engines.synthetic_pattern import BadRequest
 from pdwarden_runtime.group import GroupError, GroupOptions, Leader

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Final, Literal, Protocol
 
-from pdwarden_runtime.contract import OUTCOME_FAILED, OUTCOME_SUCCESS, OUTCOMES
+from pdwarden_contract import OUTCOME_FAILED, OUTCOME_SUCCESS, OUTCOMES
 from pdwarden_runtime.kvpoll import BY_VALUE, OPENING, KVPoll, coerce
 
 Mode = Literal["sticky", "legacy"]

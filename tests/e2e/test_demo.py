@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_cli import demo_scenario
+from pdwarden_demo import demo_scenario
 
 # exclusive: its operator, in cluster scope, watches every namespace
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]

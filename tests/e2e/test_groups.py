@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_bench.cluster_env import EMULATED_PORT_PREFILL, REACHABLE_FROM_HOST, wedge_pod
 from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.testing import Kubectl, wait_for
-from pdwarden_runtime import contract
 
 from ._operator_helpers import new_namespace, operator_module_fixtures
 

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from pdwarden_cli import chart
+import pdwarden_contract as contract
+from pdwarden_demo import chart
 from pdwarden_localcluster import monitoring
 from pdwarden_localcluster.testing import wait_for
-from pdwarden_runtime import contract
 
 from ._operator_helpers import kubectl_with_crd
 

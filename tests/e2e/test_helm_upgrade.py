@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from pdwarden_cli import chart
+import pdwarden_contract as contract
+from pdwarden_demo import chart
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_operator.crd import CRD_FILENAME, CRD_NAME
-from pdwarden_runtime import contract
 
 from .test_helm_install import EXAMPLE, get_json, helm, helm_install, kubeconfig, kubectl, namespace
 

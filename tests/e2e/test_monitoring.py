@@ -17,12 +17,12 @@ import pytest
 import requests
 import yaml
 
-from pdwarden_cli import chart, demo_scenario, demo_traffic
+import pdwarden_contract as contract
+from pdwarden_demo import chart, demo_scenario, demo_traffic
 from pdwarden_localcluster import monitoring
 from pdwarden_localcluster.cluster import ClusterInfo
 from pdwarden_localcluster.testing import Kubectl, serving, wait_for
 from pdwarden_operator.render import child_name
-from pdwarden_runtime import contract
 
 from .test_helm_install import helm, helm_install
 

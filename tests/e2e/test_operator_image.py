@@ -32,6 +32,8 @@ NS_PREFIX = "pdwe-image-"
 # what the entrypoint imports (as the Dockerfile's last step checks)
 OPERATOR_IMPORTS = "import pdwarden_operator.cli, pdwarden_operator.handlers"
 RUNTIME_ONLY = ("torch", "sglang", "nixl", "smg", "zmq")
+# ... nor the project's other packages: the runtime and the development distribution
+NOT_THE_OPERATORS = ("pdwarden_runtime", "pdwarden_localcluster", "pdwarden_bench", "pdwarden_demo", "tests")
 EXPECTED_CHILDREN = {"deployments/slim-prefill", "deployments/slim-decode", "deployments/slim-router"}
 
 
@@ -73,9 +75,15 @@ def test_the_recipe_installs_the_operator_and_nothing_of_the_runtime(
     probe = (
         "import importlib.util, sys; print(','.join(m for m in sys.argv[1:] if importlib.util.find_spec(m)))"
     )
-    present = operator_env.run("python", "-c", probe, *RUNTIME_ONLY)
+    present = operator_env.run("python", "-c", probe, *RUNTIME_ONLY, *NOT_THE_OPERATORS)
     assert present.returncode == 0, present.stderr
     assert present.stdout.strip() == "", f"the operator environment carries {present.stdout.strip()}"
+    # its `pdwarden` has the operator's commands only (the others' distributions are absent)
+    listed = operator_env.run("pdwarden", "--help")
+    assert listed.returncode == 0, listed.stderr
+    section = listed.stdout.split("Commands:", 1)[1].splitlines()
+    commands = [line.split()[0] for line in section if line.startswith("  ") and not line.startswith("   ")]
+    assert commands == ["crd", "operator"], listed.stdout
     # the control: this checkout's own environment has the runtime, so the probe can see one
     assert importlib.util.find_spec("nixl") is not None
     # the installed package, not this checkout: nothing imports from the source tree

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_bench.cluster_env import (
     API_TRANSIENT,
     EMULATED_PORT_PREFILL,
@@ -34,9 +35,8 @@ from pdwarden_bench.cluster_env import (
     wedge,
 )
 from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_cli import demo_traffic
+from pdwarden_demo import demo_traffic
 from pdwarden_localcluster.testing import wait_for
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
 

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_bench import partition
 from pdwarden_bench.cluster_env import Env
-from pdwarden_runtime import contract
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_bench.cluster_env import (
     API_TRANSIENT,
     EMULATED_PORT_PREFILL,
@@ -39,7 +40,6 @@ from pdwarden_bench.cluster_env import (
 )
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_operator.models import WatchdogSpec
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_bench.cluster_env import (
     API_TRANSIENT,
     EMULATED_PORT_PREFILL,
@@ -25,7 +26,6 @@ from pdwarden_bench.cluster_env import (
     wedge,
 )
 from pdwarden_localcluster.testing import wait_for
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
 

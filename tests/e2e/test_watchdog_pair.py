@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_bench.cluster_env import (
     API_TRANSIENT,
     CHARGED,
@@ -24,7 +25,6 @@ from pdwarden_bench.cluster_env import (
     with_outcome,
 )
 from pdwarden_localcluster.testing import wait_for
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.e2e
 

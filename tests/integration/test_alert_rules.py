@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pdwarden_cli import chart
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
+from pdwarden_demo import chart
 
 pytestmark = pytest.mark.integration
 
@@ -70,7 +70,7 @@ def test_alert_expressions_use_only_contract_metric_names(groups: dict[str, Any]
     for rule in chart.alert_rules(groups):
         used = chart.promql_metric_names(rule["expr"])
         assert used, f"{rule['alert']}: no metric found in {rule['expr']!r}"
-        assert used <= allowed, f"{rule['alert']} uses names missing from contract.py: {used - allowed}"
+        assert used <= allowed, f"{rule['alert']} uses names missing from pdwarden_contract: {used - allowed}"
 
 
 def test_metric_name_reader_sees_unknown_names() -> None:

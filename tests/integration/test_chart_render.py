@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pdwarden_cli import chart, demo_scenario
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
+from pdwarden_demo import chart, demo_scenario
 
 pytestmark = pytest.mark.integration
 

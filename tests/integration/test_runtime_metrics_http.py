@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.metrics import exposition, metrics_handler, serve_metrics
 from tests.support.runtime_metrics import CONTRACT_FAMILIES, runtime
 

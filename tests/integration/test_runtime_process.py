@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
+import pdwarden_contract as c
 from pdwarden_bench.runtime_procs import Fleet, Runtime, http_post_json, wait_healthy
 from pdwarden_localcluster import procs
 from pdwarden_localcluster.testing import wait_for
-from pdwarden_runtime import contract as c
 
 pytestmark = pytest.mark.integration
 

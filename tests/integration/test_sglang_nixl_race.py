@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import WaitTimeout, wait_for
-from pdwarden_runtime import contract
 from pdwarden_runtime.sglang_boot import seam_env
 
 pytestmark = pytest.mark.integration

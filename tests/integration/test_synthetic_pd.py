@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+import pdwarden_contract as c
 from pdwarden_bench.pdclient import Endpoint, new_session, request_body
 from pdwarden_bench.promtext import metric_sum, samples
 from pdwarden_bench.runtime_procs import (
@@ -29,7 +30,6 @@ from pdwarden_bench.runtime_procs import (
     wait_router,
 )
 from pdwarden_localcluster.testing import WaitTimeout, wait_for
-from pdwarden_runtime import contract as c
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ of the exposition and the integration tests that serve it."""
 
 from __future__ import annotations
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.metrics import RuntimeMetrics
 from pdwarden_runtime.status import RoomStatusTable

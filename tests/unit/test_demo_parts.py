@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 import pytest
 import yaml
 
-from pdwarden_cli import demo_scenario
+import pdwarden_contract as contract
+from pdwarden_demo import demo_scenario
 from pdwarden_localcluster.monitoring import Alert
 from pdwarden_operator.models import parse_spec
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.unit
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.hardening.held_pages import HeldPages
 from pdwarden_runtime.hardening.writer_watch import (
     CLOCK_SKEW_S,

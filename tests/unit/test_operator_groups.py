@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+import pdwarden_contract as contract
 from pdwarden_operator import plan
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.render import Owner, child_key, render_children
 from pdwarden_operator.status import Observed, Workload, compute_status, observe_groups
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.unit
 

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+import pdwarden_contract as contract
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.render import Owner, child_key, render_children
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.unit
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import kopf
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_operator import handlers
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.unit
 

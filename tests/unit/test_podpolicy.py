@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
+import pdwarden_contract as contract
 from pdwarden_operator import podpolicy
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.podpolicy import Allowance, PodPolicy
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.hardening.config import HardeningConfig
 from pdwarden_runtime.hardening.quarantine import HandleQuarantine, is_disconnect
 from pdwarden_runtime.hardening.rooms import RoomLedger

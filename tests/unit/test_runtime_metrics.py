@@ -7,7 +7,7 @@ import pytest
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import STATE_LABELS, KVPoll
 from pdwarden_runtime.metrics import RuntimeMetrics

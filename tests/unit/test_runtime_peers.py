@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.peers import PeerFigures, peer_of_address
 from tests.support.runtime_metrics import FakeClock, runtime

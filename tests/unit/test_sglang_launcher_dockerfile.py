@@ -66,9 +66,9 @@ def args_defaults() -> dict[str, str]:
 
 
 def runtime_pins() -> dict[str, str]:
-    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    meta = tomllib.loads((ROOT / "runtime" / "pyproject.toml").read_text())
     pins = {}
-    for req in meta["project"]["optional-dependencies"]["runtime"]:
+    for req in meta["project"]["optional-dependencies"]["engines"]:
         name, sep, version = req.partition("==")
         if sep:
             pins[name.strip()] = version.strip()
@@ -127,6 +127,6 @@ def test_the_image_build_checks_the_hardening_and_copies_what_exists() -> None:
             for src in sources:
                 assert (ROOT / src).exists(), f"COPY source {src} is missing"
     exposed = {int(p) for k, a in instructions() if k == "EXPOSE" for p in a.split()}
-    from pdwarden_runtime import contract as c
+    import pdwarden_contract as c
 
     assert exposed == {c.DEFAULT_HTTP_PORT, c.DEFAULT_BOOTSTRAP_PORT, c.DEFAULT_METRICS_PORT}

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pdwarden_contract as c
 from pdwarden_operator.watchdog.blame import attribute
 from pdwarden_operator.watchdog.history import Observation
 from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import PeerFigures, PodSample, parse_metrics
 from pdwarden_operator.watchdog.rule import Verdict
-from pdwarden_runtime import contract as c
 
 pytestmark = pytest.mark.unit
 

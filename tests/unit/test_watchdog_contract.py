@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog.parse import parse_metrics
 from pdwarden_operator.watchdog.targets import metrics_url, pod_view
-from pdwarden_runtime import contract
 from pdwarden_runtime.kvpoll import KVPoll
 from tests.support.runtime_metrics import runtime
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_operator.kube.pods import quarantine_patch, runtime_selector
 from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.watchdog import ladder
@@ -30,7 +31,6 @@ from pdwarden_operator.watchdog.state import (
     to_rfc3339,
 )
 from pdwarden_operator.watchdog.targets import pod_view
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.unit
 

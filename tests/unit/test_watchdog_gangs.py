@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.watchdog import gangs
 from pdwarden_operator.watchdog.ladder import PodView, plan
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.state import WatchdogState
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.unit
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import pdwarden_contract as c
 from pdwarden_operator.watchdog import parse
 from pdwarden_operator.watchdog.blame import attribute
 from pdwarden_operator.watchdog.history import Observation
@@ -16,7 +17,6 @@ from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import ParseError, PeerFigures, PodSample, parse_metrics
 from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.targets import peer_addresses
-from pdwarden_runtime import contract as c
 from pdwarden_runtime.hardening.threads import THREAD_KINDS, ThreadWatch
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import KVPoll

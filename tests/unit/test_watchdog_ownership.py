@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_operator.watchdog.ownership import Owners
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.unit
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import pdwarden_contract as contract
 from pdwarden_operator.watchdog.state import (
     STATUS_HEARTBEAT_S,
     WatchdogState,
@@ -15,7 +16,6 @@ from pdwarden_operator.watchdog.state import (
     state_to_status,
     status_write_due,
 )
-from pdwarden_runtime import contract
 
 pytestmark = pytest.mark.unit
 

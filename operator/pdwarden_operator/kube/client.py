@@ -18,7 +18,7 @@ import kubernetes.client
 import kubernetes.config
 from kubernetes.client.exceptions import ApiException
 
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
 
 Obj = dict[str, Any]
 REQUEST_TIMEOUT_S = 30

@@ -8,8 +8,8 @@ import os
 import socket
 from typing import Any, Literal
 
+import pdwarden_contract as contract
 from pdwarden_operator.kube.client import KubeApiError, get_client, resource_path
-from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.events")
 

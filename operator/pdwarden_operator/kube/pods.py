@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import pdwarden_contract as contract
 from pdwarden_operator.kube.client import KubeApiError, get_client, resource_path
-from pdwarden_runtime import contract
 
 Obj = dict[str, Any]
 # What a delete or eviction came to.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pdwarden_contract as contract
 from pdwarden_operator.kube.client import get_client, resource_path
-from pdwarden_runtime import contract
 
 DM_API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
 

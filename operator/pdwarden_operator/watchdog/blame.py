@@ -31,11 +31,11 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Final
 
+from pdwarden_contract import OUTCOME_DEADLINE, OUTCOME_FAILED, OUTCOME_SUCCESS, PEER_OTHER
 from pdwarden_operator.watchdog.history import Observation
 from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import PeerFigures
 from pdwarden_operator.watchdog.rule import Verdict
-from pdwarden_runtime.contract import OUTCOME_DEADLINE, OUTCOME_FAILED, OUTCOME_SUCCESS, PEER_OTHER
 
 MIN_POINTERS: Final = 2
 # Intervals with evidence against a peer that one pod needs (one could be a blip).

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import pdwarden_contract as contract
 from pdwarden_operator.kube import events, pods
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.kube.status import DM_API_VERSION
@@ -22,7 +23,6 @@ from pdwarden_operator.watchdog.gangs import GROUP_UID_PREFIX
 from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.state import to_rfc3339
-from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.watchdog")
 

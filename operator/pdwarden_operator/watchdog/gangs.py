@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import pdwarden_contract as contract
 from pdwarden_operator.watchdog.ladder import GROUP_UID_PREFIX, PodView
 from pdwarden_operator.watchdog.rule import Verdict
-from pdwarden_runtime import contract
 
 # Ranks of one incarnation start together (podManagementPolicy Parallel); a rank created this
 # much later than the oldest one of its group replaced a lost rank alone.

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import kopf
 from pydantic import ValidationError
 
+import pdwarden_contract as contract
 from pdwarden_operator import render
 from pdwarden_operator.cache import slim
 from pdwarden_operator.kube import apply as kube_apply
@@ -46,7 +47,6 @@ from pdwarden_operator.watchdog.state import (
     status_write_due,
 )
 from pdwarden_operator.watchdog.targets import metrics_url, peer_addresses, pod_view
-from pdwarden_runtime import contract
 
 log = logging.getLogger("pdwarden.watchdog")
 

@@ -28,11 +28,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from pdwarden_contract import RUNTIME_ROLES
 from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.watchdog.outcome import RETRYING, Outcome, advance
 from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.state import MAX_REMEDIATIONS_KEPT, InFlight, Remediation, WatchdogState
-from pdwarden_runtime.contract import RUNTIME_ROLES
 
 # An action the API refused with an error (not a disruption budget, not throttling) is
 # retried this many times (once per round), then given up and reported.

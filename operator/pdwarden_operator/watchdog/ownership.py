@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pdwarden_contract as contract
 from pdwarden_operator.cache import controller_ref
-from pdwarden_runtime import contract
 
 Obj = dict[str, Any]
 # (apiVersion, kind, namespace, name) -> the object, or None when it does not exist

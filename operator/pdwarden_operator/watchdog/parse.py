@@ -20,7 +20,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdwarden_runtime.contract import (
+from pdwarden_contract import (
     KV_STATE_BOOTSTRAPPING,
     KV_STATE_TRANSFERRING,
     KV_STATES,

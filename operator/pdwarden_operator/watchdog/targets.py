@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pdwarden_contract as contract
 from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.state import from_rfc3339
-from pdwarden_runtime import contract
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:

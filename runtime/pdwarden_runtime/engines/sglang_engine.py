@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol
 
 import click
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.group import GroupOptions
 
 TRANSFER_BACKEND: Final = "nixl"

@@ -38,7 +38,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from pdwarden_runtime import contract as c
+import pdwarden_contract as c
 from pdwarden_runtime.engines.kv_admission import KVAdmission
 from pdwarden_runtime.engines.synthetic_pattern import (
     BadRequest,

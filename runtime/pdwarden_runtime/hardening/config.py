@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 # Fault names are the contract's (tests and the demo post them to /debug/fault); re-exported.
-from pdwarden_runtime.contract import FAULT_DROP_ABORT as FAULT_DROP_ABORT
-from pdwarden_runtime.contract import FAULT_EMULATED_PORT_RACE as FAULT_EMULATED_PORT_RACE
-from pdwarden_runtime.contract import FAULT_NONE as FAULT_NONE
-from pdwarden_runtime.contract import FAULT_STALL as FAULT_STALL
-from pdwarden_runtime.contract import FAULT_STALL_KV_RECEIVE as FAULT_STALL_KV_RECEIVE
-from pdwarden_runtime.contract import FAULTS
+from pdwarden_contract import FAULT_DROP_ABORT as FAULT_DROP_ABORT
+from pdwarden_contract import FAULT_EMULATED_PORT_RACE as FAULT_EMULATED_PORT_RACE
+from pdwarden_contract import FAULT_NONE as FAULT_NONE
+from pdwarden_contract import FAULT_STALL as FAULT_STALL
+from pdwarden_contract import FAULT_STALL_KV_RECEIVE as FAULT_STALL_KV_RECEIVE
+from pdwarden_contract import FAULTS
 
 if TYPE_CHECKING:
     from pdwarden_runtime.hardening.runtime import RoomRuntime

@@ -59,7 +59,7 @@ from sglang.srt.disaggregation.nixl.conn import (
 )
 from sglang.srt.disaggregation.utils import DisaggregationMode
 
-from pdwarden_runtime.contract import (
+from pdwarden_contract import (
     OUTCOME_ABORTED,
     OUTCOME_DEADLINE,
     OUTCOME_FAILED,

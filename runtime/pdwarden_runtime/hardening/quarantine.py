@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from pdwarden_runtime.contract import (
+from pdwarden_contract import (
     QUARANTINE_ENDED_DONE,
     QUARANTINE_ENDED_ERROR,
     QUARANTINE_ENDED_PEER_GONE,

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final
 
-from pdwarden_runtime.contract import ROLE_DECODE, ROLE_PREFILL
+from pdwarden_contract import ROLE_DECODE, ROLE_PREFILL
 from pdwarden_runtime.hardening.config import HardeningConfig
 from pdwarden_runtime.hardening.held_pages import HeldPages
 from pdwarden_runtime.hardening.rooms import RoomLedger, RoomStatusMap

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Final
 
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
 
 # Thread kinds, from the target's name that threading puts in a thread's default name
 # ("Thread-7 (transfer_worker)") or an explicit name.

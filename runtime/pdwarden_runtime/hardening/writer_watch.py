@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from pdwarden_runtime.contract import ENV_GONE_PODS_FILE, ENV_POD_UID
+from pdwarden_contract import ENV_GONE_PODS_FILE, ENV_POD_UID
 
 if TYPE_CHECKING:
     from pdwarden_runtime.hardening.held_pages import HeldPages

@@ -141,7 +141,7 @@ def _sticky_failed(pair: Any) -> dict[str, Any]:
 
 
 def _stalled_no_ack(pair: Any) -> dict[str, Any]:
-    from pdwarden_runtime.contract import FAULT_STALL
+    from pdwarden_contract import FAULT_STALL
     from pdwarden_runtime.kvpoll import KVPoll
     from pdwarden_runtime.transfer.scenarios import wait_for
 
@@ -184,7 +184,7 @@ def _held_pages_need_proof(pair: Any) -> dict[str, Any]:
 
     from sglang.srt.environ import envs
 
-    from pdwarden_runtime.contract import FAULT_STALL
+    from pdwarden_contract import FAULT_STALL
     from pdwarden_runtime.kvpoll import KVPoll
     from pdwarden_runtime.sglang_boot import NEVER_S
     from pdwarden_runtime.transfer.scenarios import wait_for

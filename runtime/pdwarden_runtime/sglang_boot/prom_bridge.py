@@ -35,7 +35,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from pdwarden_runtime.contract import METRIC_RUNTIME_THREADS
+from pdwarden_contract import METRIC_RUNTIME_THREADS
 from pdwarden_runtime.metrics import MetricsServer, serve_metrics
 
 log = logging.getLogger(__name__)

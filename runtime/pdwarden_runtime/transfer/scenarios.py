@@ -227,7 +227,7 @@ def _roundtrip_once(pair: Pair, room: int) -> dict[str, str]:
 
 
 def _errors(mgr: Any) -> dict[str, float]:
-    from pdwarden_runtime.contract import METRIC_RUNTIME_ERRORS_TOTAL
+    from pdwarden_contract import METRIC_RUNTIME_ERRORS_TOTAL
 
     found: dict[str, float] = {}
     for family in mgr.pdwarden.metrics.registry.collect():

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-# cli/pdwarden_cli/chart.py -> repository root
+# demo/pdwarden_demo/chart.py -> repository root
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO_ROOT / "charts" / "pdwarden"
 ALERTS_DOC = REPO_ROOT / "docs" / "alerts.md"

@@ -17,8 +17,8 @@ import kubernetes.client
 import kubernetes.config
 from kubernetes.client.exceptions import ApiException
 
-from pdwarden_cli import chart
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
+from pdwarden_demo import chart
 
 Obj = dict[str, Any]
 

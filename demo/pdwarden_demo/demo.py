@@ -1,5 +1,5 @@
 """`pdwarden demo`: a new user's first ten minutes, end to end on the local cluster (the run;
-the scenario it follows is `pdwarden_cli.demo_scenario`, what it shows `pdwarden_cli.demo_report`).
+the scenario it follows is `pdwarden_demo.demo_scenario`, what it shows `pdwarden_demo.demo_report`).
 
 Starts the embedded cluster, installs the Helm chart, deploys examples/synthetic.yaml
 (2 prefill, 2 decode, 1 router), sends steady traffic through the router with some
@@ -25,10 +25,11 @@ import click
 import yaml
 from rich.console import Console
 
-from pdwarden_cli import chart, demo_traffic
-from pdwarden_cli.demo_kube import DemoCluster, DemoError, Obj, pod_ip, selector
-from pdwarden_cli.demo_report import Steps, summary_table
-from pdwarden_cli.demo_scenario import (
+import pdwarden_contract as contract
+from pdwarden_demo import chart, demo_traffic
+from pdwarden_demo.demo_kube import DemoCluster, DemoError, Obj, pod_ip, selector
+from pdwarden_demo.demo_report import Steps, summary_table
+from pdwarden_demo.demo_scenario import (
     ALERT_POLL_S,
     EXAMPLE,
     INFLIGHT_ALERTS,
@@ -55,7 +56,6 @@ from pdwarden_localcluster import monitoring, testing
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.testing import serving
 from pdwarden_operator.render import child_name
-from pdwarden_runtime import contract
 
 T = TypeVar("T")
 FAULT = contract.FAULT_EMULATED_PORT_RACE

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from pdwarden_runtime import contract
+import pdwarden_contract as contract
 
 OK, FAILED, CANCELLED = "ok", "failed", "cancelled"
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from rich.console import Console
 from rich.table import Table
 
-from pdwarden_cli.demo_scenario import DemoResult, Observed
+from pdwarden_demo.demo_scenario import DemoResult, Observed
 
 
 class Steps:

@@ -1,6 +1,6 @@
 """The demo's scenario, pure: the model it deploys, the chart values and alert windows it uses,
 what it must observe (`DemoResult.failures`), and how it reads the model's status and Events.
-`pdwarden_cli.demo` runs it; `pdwarden_cli.demo_report` shows it; tests assert on it.
+`pdwarden_demo.demo` runs it; `pdwarden_demo.demo_report` shows it; tests assert on it.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from pdwarden_cli import chart, demo_traffic
-from pdwarden_cli.demo_kube import Obj
+import pdwarden_contract as contract
+from pdwarden_demo import chart, demo_traffic
+from pdwarden_demo.demo_kube import Obj
 from pdwarden_localcluster.monitoring import Alert
-from pdwarden_runtime import contract
 
 NAMESPACE = "pdwarden-demo"
 RELEASE = "pdwarden"

@@ -1,1 +1,0 @@
-"""pdwarden_cli."""

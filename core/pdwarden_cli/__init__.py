@@ -1,0 +1,1 @@
+"""pdwarden_cli: the `pdwarden` command, whose subcommands the installed distributions register."""
