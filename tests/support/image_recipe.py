@@ -1,9 +1,12 @@
 """An image's Python environment built without a container runtime, from its Dockerfile.
 
 The Dockerfile's COPY steps lay the build context out in a scratch directory and its
-`pip install` RUN steps run there, as written, with a fresh virtualenv's Python first on
-PATH (the image runs them with its base image's Python). Only those two kinds of step are
-carried out: what the recipe installs is what this environment gets, and nothing else.
+`pip install` RUN steps run there, as written (its ARG defaults in their environment, as
+Docker gives them), with a fresh virtualenv's Python first on PATH (the image runs them with
+its base image's Python). Only those kinds of step are carried out: what the recipe installs
+is what this environment gets, and nothing else. A recipe whose base image brings packages
+of its own (SGLang's image: torch, SGLang, NIXL) gets `base`: directories of installed
+packages that stand for them, on the environment's path behind its own.
 """
 
 from __future__ import annotations
@@ -69,19 +72,36 @@ class Environment:
         return total / (1 << 20)
 
 
-def build(dockerfile: Path, scratch: Path) -> Environment:
-    """The environment `dockerfile`'s pip steps make, in `scratch` (a new directory)."""
+def base_packages(site: Path, into: Path, leave_out: tuple[str, ...]) -> Path:
+    """A directory standing for a base image's packages: links to what `site` (a
+    site-packages) holds, but the entries whose names start with one of `leave_out`."""
+    into.mkdir(parents=True)
+    for entry in site.iterdir():
+        if not entry.name.startswith(leave_out) and entry.suffix != ".pth":
+            (into / entry.name).symlink_to(entry)
+    return into
+
+
+def build(dockerfile: Path, scratch: Path, base: tuple[Path, ...] = ()) -> Environment:
+    """The environment `dockerfile`'s pip steps make, in `scratch` (a new directory), over the
+    base image's packages `base`."""
     text = dockerfile.read_text()
     context, root = scratch / "context", scratch / "venv"
     context.mkdir(parents=True)
     venv.EnvBuilder(with_pip=True, clear=True).create(root)
+    if base:
+        (purelib,) = root.glob("lib/python*/site-packages")
+        (purelib / "_base_image.pth").write_text("".join(f"{b}\n" for b in base))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PATH"] = f"{root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(root)
     workdir = Path("/")
     ran = []
     for step in steps(text):
-        if step.instruction == "ENV":
+        if step.instruction == "ARG" and "=" in step.argument:
+            name, _, default = step.argument.partition("=")
+            env[name] = default
+        elif step.instruction == "ENV":
             # HOME and caches of the image stay the test's own
             env.update({k: v for k, v in _env(step).items() if k.startswith(("PIP_", "PYTHON"))})
         elif step.instruction == "WORKDIR":
