@@ -11,7 +11,7 @@ import pytest
 
 from pdwarden_localcluster import provisioner, topology
 from pdwarden_localcluster.cluster import ClusterInfo, ports
-from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
+from pdwarden_localcluster.testing import Kubectl, WaitTimeout, pod_ready, wait_for
 from tests.support.kube_objects import deployment
 
 from .test_cluster_network import fetched, fetcher, server, service
@@ -167,12 +167,25 @@ def test_replicas_spread_over_nodes_and_reach_each_other_and_a_service_across_th
             },
             namespace,
         )
-    assert wait_for(lambda: fetched(kubectl, namespace, "direct"), 90, "the cross-node answer") == (
+    assert answer_of(kubectl, namespace, "direct", "the cross-node answer") == (
         f"served-by {first['metadata']['name']}"
     )
-    answer = wait_for(lambda: fetched(kubectl, namespace, "viasvc"), 90, "the answer through the Service")
+    answer = answer_of(kubectl, namespace, "viasvc", "the answer through the Service")
     assert answer.removeprefix("served-by ") in {p["metadata"]["name"] for p in pods}
     assert (kubectl.get("pod", "direct", namespace) or {})["spec"]["nodeName"] == last
+
+
+def answer_of(kubectl: Kubectl, namespace: str, client: str, what: str) -> str:
+    """What the fetcher pod `client` got; a timeout says what it printed and where it stood
+    (its retries name the error: a refused or unrouted connection, or no start at all)."""
+    try:
+        return wait_for(lambda: fetched(kubectl, namespace, client), 180, what)
+    except WaitTimeout as exc:
+        log = kubectl("logs", client, "-n", namespace, "--tail=5", check=False)
+        status = (kubectl.get("pod", client, namespace) or {}).get("status")
+        raise AssertionError(
+            f"{exc}\nlog: {log.stdout[-800:]}{log.stderr[-300:]}\nstatus: {status}"
+        ) from None
 
 
 # --- local PersistentVolumes --------------------------------------------------------------
