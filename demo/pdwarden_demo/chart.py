@@ -1,7 +1,7 @@
 """The Helm chart seen from Python: render it with the real `helm`, pick out its alert rules.
 
-Used by `pdwarden demo` (install, and evaluate the alert rules with promtool) and by the
-chart and alert tests. Rendering and tool lookup run processes; the functions that pick
+Used by `pdwarden demo` (install) and by the chart and alert tests (the rules evaluated by
+promtool). Rendering and tool lookup run processes; the functions that pick
 objects out of rendered manifests and read PromQL are pure.
 """
 

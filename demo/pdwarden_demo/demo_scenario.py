@@ -17,7 +17,6 @@ from pdwarden_localcluster.monitoring import Alert
 
 NAMESPACE = "pdwarden-demo"
 RELEASE = "pdwarden"
-OPERATOR_JOB = f"{RELEASE}-metrics"  # the chart's metrics Service (release name contains the chart's)
 EXAMPLE = chart.REPO_ROOT / "examples" / "synthetic.yaml"
 ALERT_POLL_S = 1.0  # how often the demo asks Alertmanager what it holds
 WARMUP_S = 20.0

@@ -10,27 +10,34 @@ from __future__ import annotations
 
 import re
 
-_REQUIRE_LINE = re.compile(r"^\s*(?:require\s+)?(\S+)\s+(v\S+)")
+_REQUIREMENT = re.compile(r"^(\S+)\s+(v\S+)$")
 _VERSION = re.compile(r"^v1\.(\d+)\.(\d+)$")
 
 
 def pinned_version(go_mod_text: str, module: str = "k8s.io/kubernetes") -> str:
     """The version our go.mod requires for `module` (e.g. "v1.35.4")."""
-    for line in _strip_comments(go_mod_text):
-        m = _REQUIRE_LINE.match(line)
-        if m and m.group(1) == module:
-            return m.group(2)
-    raise ValueError(f"go.mod does not require {module}")
+    try:
+        return requirements(go_mod_text)[module]
+    except KeyError:
+        raise ValueError(f"go.mod does not require {module}") from None
 
 
 def requirements(go_mod_text: str) -> dict[str, str]:
-    """Every module a go.mod requires, with its version."""
+    """Every module a go.mod requires, with its version: `require M V` lines and the lines of
+    `require ( ... )` blocks (never those of replace, exclude or retract blocks)."""
     found = {}
+    block = ""
     for line in _strip_comments(go_mod_text):
-        m = _REQUIRE_LINE.match(line)
-        if m and not line.lstrip().startswith(
-            ("module", "go ", "toolchain", "replace", "exclude", "retract")
-        ):
+        stripped = line.strip()
+        if block:
+            if stripped == ")":
+                block = ""
+            elif block == "require" and (m := _REQUIREMENT.match(stripped)):
+                found[m.group(1)] = m.group(2)
+            continue
+        if stripped.endswith("("):
+            block = stripped.removesuffix("(").strip()
+        elif stripped.startswith("require ") and (m := _REQUIREMENT.match(stripped.removeprefix("require "))):
             found[m.group(1)] = m.group(2)
     return found
 
@@ -45,17 +52,17 @@ def staging_version(kubernetes_version: str) -> str:
 
 def staging_modules(kubernetes_go_mod: str) -> list[str]:
     """Modules the kubernetes go.mod requires at v0.0.0 or replaces with ./staging paths."""
-    found: set[str] = set()
+    found = {
+        module
+        for module, version in requirements(kubernetes_go_mod).items()
+        if version == "v0.0.0" and module.startswith("k8s.io/")
+    }
     for line in _strip_comments(kubernetes_go_mod):
         stripped = line.strip()
         if "=>" in stripped:
             left, right = (part.strip() for part in stripped.removeprefix("replace").split("=>", 1))
             if right.startswith("./staging/"):
                 found.add(left.split()[0])
-            continue
-        m = _REQUIRE_LINE.match(stripped)
-        if m and m.group(2) == "v0.0.0" and m.group(1).startswith("k8s.io/"):
-            found.add(m.group(1))
     return sorted(found)
 
 

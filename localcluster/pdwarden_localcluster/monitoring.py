@@ -6,8 +6,7 @@ pinned Go module (its own example manifests), the operator as a Deployment in `m
 and one Prometheus and one Alertmanager that it turns into StatefulSets. Prometheus selects
 every PodMonitor, ServiceMonitor and PrometheusRule in every namespace, so a chart's monitors
 and rules are picked up as they would be on a real cluster. The images run as the binaries
-the cluster carries (kubelet/images.py): prometheus-operator built from its module, Prometheus
-and Alertmanager from Debian's packages.
+the cluster carries (kubelet/images.py), all four built from Go modules (build.MONITORING_PARTS).
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pdwarden_localcluster import build, tools
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubelet import images
+from pdwarden_localcluster.testing import WaitTimeout, pod_ready, wait_for
 
 JSON = dict[str, Any]
 Progress = Callable[[str], None]
@@ -203,23 +203,25 @@ def _apply(kubeconfig: Path, docs: list[JSON]) -> None:
 def _wait_pods_ready(kubeconfig: Path, selector: str, deadline: float) -> None:
     """Until a pod matching `selector` exists and is Ready (the StatefulSets appear only once
     prometheus-operator has reconciled its resource)."""
-    while True:
+
+    def pods() -> list[JSON]:
         found = json.loads(_kubectl(kubeconfig, "-n", NAMESPACE, "get", "pods", "-l", selector, "-o", "json"))
-        pods = found.get("items") or []
-        if pods and all(_ready(p) for p in pods):
-            return
-        if time.monotonic() > deadline:
-            states = ", ".join(f"{p['metadata']['name']}: {_why_not_ready(p)}" for p in pods) or "no pod yet"
-            raise ClusterError(
-                f"the monitoring stack's {selector} is not Ready after {READY_TIMEOUT_S:.0f}s ({states}); "
-                f"see `kubectl -n {NAMESPACE} get events` and `pdwarden cluster logs -n {NAMESPACE} POD -c C`"
-            )
-        time.sleep(1.0)
+        return list(found.get("items") or [])
 
+    def all_ready() -> bool:
+        found = pods()
+        return bool(found) and all(pod_ready(p) for p in found)
 
-def _ready(pod: JSON) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    try:
+        wait_for(
+            all_ready, deadline - time.monotonic(), f"the monitoring stack's {selector} to be Ready", 1.0
+        )
+    except WaitTimeout:
+        states = ", ".join(f"{p['metadata']['name']}: {_why_not_ready(p)}" for p in pods()) or "no pod yet"
+        raise ClusterError(
+            f"the monitoring stack's {selector} is not Ready after {READY_TIMEOUT_S:.0f}s ({states}); "
+            f"see `kubectl -n {NAMESPACE} get events` and `pdwarden cluster logs -n {NAMESPACE} POD -c C`"
+        ) from None
 
 
 def _why_not_ready(pod: JSON) -> str:

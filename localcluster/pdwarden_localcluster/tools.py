@@ -112,7 +112,6 @@ class DebianPackage:
 # bookworm's version: promtool, for the rule tests (the monitoring stack's servers are built
 # from Go modules: build.MONITORING_COMMANDS; Debian's prometheus has no Kubernetes discovery).
 PROMETHEUS_PACKAGE = DebianPackage("prometheus", "2.42.0+ds-5+deb12u1", ("promtool",))
-DEBIAN_PACKAGES = (PROMETHEUS_PACKAGE,)
 
 
 def install_debian_package(package: DebianPackage) -> None:
@@ -169,8 +168,7 @@ def install(progress: bool = True) -> dict[str, Path]:
         # step replaces directories and links that another would be reading
         fcntl.flock(fh, fcntl.LOCK_EX)
         install_npm_tools()
-        for package in DEBIAN_PACKAGES:
-            install_debian_package(package)
+        install_debian_package(PROMETHEUS_PACKAGE)
         link_into_venv()
     paths = {name: venv_bin() / name for name in TOOLS}
     if progress:

@@ -67,6 +67,25 @@ class Environment:
         env.pop("PYTHONPATH", None)
         return subprocess.run(args, env=env, capture_output=True, text=True, timeout=timeout, cwd="/")
 
+    def importable(self, *modules: str) -> list[str]:
+        """Which of `modules` this environment's Python finds."""
+        probe = (
+            "import importlib.util, sys; "
+            "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m)))"
+        )
+        found = self.run("python", "-c", probe, *modules)
+        if found.returncode != 0:
+            raise RuntimeError(f"the import probe failed: {found.stderr[-2000:]}")
+        return found.stdout.split()
+
+    def commands(self) -> list[str]:
+        """The subcommands its `pdwarden --help` lists."""
+        listed = self.run("pdwarden", "--help")
+        if listed.returncode != 0:
+            raise RuntimeError(f"`pdwarden --help` failed: {listed.stderr[-2000:]}")
+        section = listed.stdout.split("Commands:", 1)[1].splitlines()
+        return [line.split()[0] for line in section if line.startswith("  ") and not line.startswith("   ")]
+
     def size_mib(self) -> float:
         total = sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file() and not p.is_symlink())
         return total / (1 << 20)

@@ -82,6 +82,8 @@ def test_requirements_are_every_pin_of_a_go_mod_and_the_monitoring_pins_are_read
         "module pdwarden.io/x\n\ngo 1.25.0\n\nrequire a.io/one v1.2.3\n\nrequire (\n"
         "\tb.io/two v0.305.0 // indirect\n\tc.io/three v0.1.0\n)\n\nreplace (\n"
         "\ta.io/one => a.io/one v1.2.4\n)\n\ntool (\n\tb.io/two/cmd/two\n)\n"
+        # an exclude block's lines look like requirements and are none
+        "exclude (\n\td.io/four v0.9.0\n)\nretract v0.0.1\n"
     )
     assert gomod.requirements(text) == {"a.io/one": "v1.2.3", "b.io/two": "v0.305.0", "c.io/three": "v0.1.0"}
     # each of the monitoring stack's commands comes from a module pinned in go-monitoring
