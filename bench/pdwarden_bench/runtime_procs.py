@@ -25,6 +25,7 @@ from typing import Any
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_operator.render import ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
+from pdwarden_runtime.worker_key import bearer, read_key_file
 
 # A small KV geometry for `pdwarden runtime serve`: two layers of 64 KiB pages, 16 tokens a
 # page, chunks of two pages; enough pool and aux slots for tens of concurrent rooms.
@@ -48,9 +49,11 @@ def serve_flags(**options: object) -> list[str]:
     return flags
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers or {}), timeout=timeout
+        ) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode(errors="replace")
@@ -58,9 +61,13 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
         return 0, str(err)
 
 
-def http_post_json(url: str, body: Any, timeout: float = 10.0) -> tuple[int, Any]:
+def http_post_json(
+    url: str, body: Any, timeout: float = 10.0, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     data = json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"null")
@@ -111,6 +118,8 @@ class Runtime:
     bootstrap_port: int
     metrics_port: int
     proc: Proc
+    # The model's worker key the runtime requires (None: it takes requests without one).
+    worker_key: str | None = None
     # Starts it again on fresh ports, in place (see ``wait_healthy``).
     respawn: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
@@ -122,8 +131,13 @@ class Runtime:
     def metrics_url(self) -> str:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """What the model's router sends it: the worker key, when it requires one."""
+        return {} if self.worker_key is None else {"Authorization": bearer(self.worker_key)}
+
     def state(self) -> dict[str, Any]:
-        status, text = http_get(f"{self.url}/debug/state")
+        status, text = http_get(f"{self.url}/debug/state", headers=self.headers)
         if status != 200:
             raise RuntimeError(f"{self.role} /debug/state answered {status}: {text[:200]}")
         result: dict[str, Any] = json.loads(text)
@@ -162,7 +176,10 @@ def start_runtime(
     extra: Sequence[str] = (),
     bootstrap_port: int | None = None,
     env: dict[str, str] | None = None,
+    worker_key_file: Path | None = None,
 ) -> Runtime:
+    key_flags = [] if worker_key_file is None else ["--worker-key-file", str(worker_key_file)]
+
     def launch() -> tuple[int, int, int, Proc]:
         port, metrics_port = free_port(host), free_port(host)
         boot = bootstrap_port or free_port(host)
@@ -184,12 +201,14 @@ def start_runtime(
             str(boot),
             "--metrics-port",
             str(metrics_port),
+            *key_flags,
             *extra,
         ]
         return port, boot, metrics_port, spawn(f"{role}-{port}", argv, log_dir, env)
 
     port, boot, metrics_port, proc = launch()
-    rt = Runtime(role, host, port, boot, metrics_port, proc)
+    key = None if worker_key_file is None else read_key_file(worker_key_file)
+    rt = Runtime(role, host, port, boot, metrics_port, proc, worker_key=key)
 
     def respawn() -> None:
         # the same Proc object, so a Fleet that holds it stops the new process
@@ -244,10 +263,13 @@ def start_router(
     host: str = "127.0.0.1",
     python: str | None = None,
     module: str = ROUTER_MODULE,
+    worker_key_file: Path | None = None,
 ) -> Router:
     """SGLang's router over static workers, with the operator's retry and breaker settings
-    (``python``/``module``: another router installation, to compare one with the project's)."""
+    (``python``/``module``: another router installation, to compare one with the project's);
+    with ``worker_key_file``, behind ``pdwarden runtime router``'s gate as the operator runs it."""
     port = free_port(host)
+    smg_port = free_port("127.0.0.1") if worker_key_file is not None else port
     workers: list[str] = []
     for prefill in prefills:
         workers += ["--prefill", prefill.url, str(prefill.bootstrap_port)]
@@ -260,9 +282,9 @@ def start_router(
         "--pd-disaggregation",
         *workers,
         "--host",
-        host,
+        host if worker_key_file is None else "127.0.0.1",
         "--port",
-        str(port),
+        str(smg_port),
         "--prometheus-port",
         str(free_port(host)),
         "--log-level",
@@ -271,6 +293,10 @@ def start_router(
         "1",
         *ROUTER_RESILIENCE_ARGS,
     ]
+    if worker_key_file is not None:
+        gate = [_python_bin(), "-c", "from pdwarden_cli.main import main; main()", "runtime", "router"]
+        gate += ["--host", host, "--port", str(port), "--router-port", str(smg_port)]
+        argv = [*gate, "--worker-key-file", str(worker_key_file), "--", *argv]
     return Router(host, port, spawn(f"router-{port}", argv, log_dir))
 
 
@@ -304,8 +330,11 @@ class Fleet:
         decodes: Sequence[Runtime],
         python: str | None = None,
         module: str = ROUTER_MODULE,
+        worker_key_file: Path | None = None,
     ) -> Router:
-        router = start_router(prefills, decodes, self.log_dir, python=python, module=module)
+        router = start_router(
+            prefills, decodes, self.log_dir, python=python, module=module, worker_key_file=worker_key_file
+        )
         self.procs.append(router.proc)
         return router
 

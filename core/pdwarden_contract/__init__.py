@@ -61,6 +61,8 @@ PORT_NAME_DIST: Final = "dist"
 DEFAULT_DIST_INIT_PORT: Final = 5757
 ROUTER_HTTP_PORT: Final = 8000
 ROUTER_METRICS_PORT: Final = 29000
+# With the model's worker key, smg listens on loopback here behind the router pod's gate.
+ROUTER_LOOPBACK_PORT: Final = 28000
 METRICS_PATH: Final = "/metrics"
 
 # --- HTTP surface of a runtime pod (SGLang-compatible subset) ------------------------
@@ -78,6 +80,16 @@ FAULT_DROP_ABORT: Final = "drop-abort"
 # NIC), so prefills sending to it see their handles stuck until their deadline.
 FAULT_STALL_KV_RECEIVE: Final = "stall-kv-receive"
 FAULTS: Final = (FAULT_NONE, FAULT_EMULATED_PORT_RACE, FAULT_STALL, FAULT_DROP_ABORT, FAULT_STALL_KV_RECEIVE)
+
+# --- The model's worker key (router -> prefill and decode) ----------------------------
+# A per-model key that every worker requires on its HTTP port, as SGLang's --api-key does
+# (`Authorization: Bearer <key>`); paths under these prefixes stay open (probes, scrapes).
+WORKER_KEY_OPEN_PREFIXES: Final = ("/health", "/metrics")
+# The Secret the operator creates for it (`<model>-worker-key-<random>`), the key in it, and
+# where the runtime and router pods mount it.
+WORKER_KEY_SECRET_INFIX: Final = "worker-key"
+WORKER_KEY_SECRET_KEY: Final = "key"
+WORKER_KEY_DIR: Final = "/var/run/pdwarden/worker-key"
 
 # --- Environment variables ------------------------------------------------------------
 ENV_POD_IP: Final = "POD_IP"

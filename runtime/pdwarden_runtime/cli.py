@@ -3,7 +3,7 @@
 ``serve`` implements the pod command the operator renders (``pdwarden_operator.render.runtime_command``):
 
     pdwarden runtime serve --role prefill|decode --engine synthetic|sglang --host $(POD_IP)
-        --port 30000 --bootstrap-port 8998 --metrics-port 9400 [--allow-fault-injection]
+        --port 30000 --bootstrap-port 8998 --metrics-port 9400 [--worker-key-file F] [--allow-fault-injection]
         [--fault NAME] [--inflight-deadline S] [--transfer-deadline S] [synthetic flags]
         [-- <sglang server args>]
 
@@ -31,6 +31,7 @@ from pdwarden_runtime.hardening.config import (
     HARDENING_MODES,
 )
 from pdwarden_runtime.transfer import nixl_progress
+from pdwarden_runtime.worker_key import WorkerKeyError, read_key_file
 
 
 @dataclass
@@ -59,6 +60,14 @@ class ServeOptions:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
+    worker_key_file: str | None = None
+
+    def worker_key(self) -> str | None:
+        """The model's worker key (None: the HTTP port takes requests without one); raises
+        WorkerKeyError when the file cannot be used."""
+        if self.worker_key_file is None:
+            return None
+        return read_key_file(self.worker_key_file)
 
     def group(self) -> GroupOptions | None:
         """The replica's group (None: a single-pod replica); raises ValueError when malformed."""
@@ -239,6 +248,14 @@ def _deadline(value: str) -> float | None:
     default=None,
     help="HOST:PORT where the group's ranks rendezvous at rank 0 (SGLang's --dist-init-addr).",
 )
+@click.option(
+    "--worker-key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="A file holding the model's worker key: the HTTP port then answers 401 without "
+    "`Authorization: Bearer <key>` (except /health* and /metrics); with --engine sglang, SGLang's "
+    "--api-key.",
+)
 @click.option("--log-level", default="WARNING", show_default=True)
 @click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)
 def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, **kwargs: Any) -> None:
@@ -255,6 +272,10 @@ def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, 
         options.group()
     except ValueError as err:
         raise click.UsageError(str(err)) from None
+    try:
+        options.worker_key()
+    except WorkerKeyError as err:
+        raise click.BadParameter(str(err), param_hint="--worker-key-file") from None
     if options.engine == "sglang":
         from pdwarden_runtime.engines.sglang_engine import serve as serve_sglang
 
@@ -263,6 +284,38 @@ def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, 
         given = " ".join(sglang_args)
         raise click.UsageError(f"the synthetic engine takes no SGLang arguments (got {given})")
     sys.exit(_serve_synthetic(options))
+
+
+@runtime.command(
+    "router", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False}
+)
+@click.option("--host", required=True, help="The address clients reach (the pod's IP).")
+@click.option("--port", type=click.IntRange(1, 65535), default=c.ROUTER_HTTP_PORT, show_default=True)
+@click.option(
+    "--router-port",
+    type=click.IntRange(1, 65535),
+    default=c.ROUTER_LOOPBACK_PORT,
+    show_default=True,
+    help="The loopback port smg listens on (its own --port).",
+)
+@click.option("--worker-key-file", type=click.Path(dir_okay=False), required=True)
+@click.option("--log-level", default="WARNING", show_default=True)
+@click.argument("router_args", nargs=-1, required=True, type=click.UNPROCESSED)
+def router(
+    host: str, port: int, router_port: int, worker_key_file: str, log_level: str, router_args: tuple[str, ...]
+) -> None:
+    """Run SGLang's router (ROUTER_ARGS: smg's command, listening on 127.0.0.1:--router-port)
+    behind a gate on HOST:PORT that presents the model's worker key for every client."""
+    import asyncio
+
+    from pdwarden_runtime import router_gate
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        key = read_key_file(worker_key_file)
+    except WorkerKeyError as err:
+        raise click.BadParameter(str(err), param_hint="--worker-key-file") from None
+    sys.exit(asyncio.run(router_gate.run(host, port, router_port, key, router_args)))
 
 
 def _exit_failed(err: Exception) -> None:
@@ -317,7 +370,14 @@ def _serve_synthetic(options: ServeOptions) -> int:
         hardening,
     )
     try:
-        asyncio.run(run_synthetic(engine, allow_fault_injection=options.allow_fault_injection, group=group))
+        asyncio.run(
+            run_synthetic(
+                engine,
+                allow_fault_injection=options.allow_fault_injection,
+                group=group,
+                worker_key=options.worker_key(),
+            )
+        )
     except Exception as err:
         _exit_failed(err)
     sys.stdout.flush()

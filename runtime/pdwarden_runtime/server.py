@@ -5,7 +5,9 @@ Routes: ``POST /generate``, ``GET /health``, ``GET /health_generate``,
 ``/model_info``, ``GET /v1/models``, ``GET /metrics``; ``GET /debug/state`` (read-only
 room/pool counters for tests and operators), ``GET /debug/room/{room}`` (one room's
 status, so a benchmark client can act on a room's phase); ``POST /debug/fault`` only with
-``--allow-fault-injection``. The metrics port serves ``/metrics`` alone.
+``--allow-fault-injection``. The metrics port serves ``/metrics`` alone. With the model's worker
+key (``--worker-key-file``) the HTTP port answers 401 without it, except ``/health*`` and
+``/metrics`` (``pdwarden_runtime.worker_key``).
 
 Handlers are cancelled when the client disconnects (``handler_cancellation``), which is
 how a disconnect aborts the request in the engine, as in SGLang.
@@ -30,6 +32,7 @@ from pdwarden_runtime.hardening import installed_versions
 from pdwarden_runtime.hardening.config import ConfigError
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.transfer.kvpool import PagesExhausted
+from pdwarden_runtime.worker_key import require_key
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +53,15 @@ class RuntimeServer:
     """The aiohttp apps (HTTP port and metrics port) of one synthetic runtime."""
 
     def __init__(
-        self, engine: SyntheticEngine, *, allow_fault_injection: bool = False, group: Leader | None = None
+        self,
+        engine: SyntheticEngine,
+        *,
+        allow_fault_injection: bool = False,
+        group: Leader | None = None,
+        worker_key: str | None = None,
     ) -> None:
         self.engine = engine
+        self.worker_key = worker_key  # None: the HTTP port takes requests without a key
         self.allow_fault_injection = allow_fault_injection
         self.group = group  # a multi-node replica's leader: ready only once every rank joined
         self._runners: list[web.AppRunner] = []
@@ -189,7 +198,8 @@ class RuntimeServer:
 
     # --- apps ----------------------------------------------------------------------------
     def http_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        middlewares = [require_key(self.worker_key)] if self.worker_key is not None else []
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
         add = app.router.add_route
         add("POST", c.GENERATE_PATH, self.generate)
         add("GET", c.HEALTH_PATH, self.health)
@@ -226,7 +236,11 @@ class RuntimeServer:
 
 
 async def run_synthetic(
-    engine: SyntheticEngine, *, allow_fault_injection: bool, group: GroupOptions | None = None
+    engine: SyntheticEngine,
+    *,
+    allow_fault_injection: bool,
+    group: GroupOptions | None = None,
+    worker_key: str | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT. The HTTP port answers /health 503 until the engine is up
     (and, for a group's leader, until every rank has joined). A group's leader raises
@@ -235,7 +249,9 @@ async def run_synthetic(
     leader = Leader(group, o.host) if group is not None else None
     if leader is not None:
         await leader.start()
-    server = RuntimeServer(engine, allow_fault_injection=allow_fault_injection, group=leader)
+    server = RuntimeServer(
+        engine, allow_fault_injection=allow_fault_injection, group=leader, worker_key=worker_key
+    )
     await server.start(o.host, o.port, o.metrics_port)
     log.info(
         "%s synthetic runtime: http %s:%s metrics :%s bootstrap :%s",

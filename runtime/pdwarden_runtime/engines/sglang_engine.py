@@ -78,6 +78,27 @@ class ServeOptions(Protocol):
     bootstrap_port: int
     metrics_port: int
 
+    def worker_key(self) -> str | None: ...
+
+
+# SGLang's own --api-key carries the model's worker key (the launch adds it, never shown).
+API_KEY_FLAG: Final = "--api-key"
+
+
+def worker_key_args(key: str | None, user_args: Sequence[str]) -> list[str]:
+    """SGLang's arguments for the model's worker key: none without one; a user's own --api-key
+    beside it is refused (the router presents the model's key, so another would lock it out)."""
+    if key is None:
+        return []
+    for token in user_args:
+        name = token.partition("=")[0]
+        if name == API_KEY_FLAG or (len(name) > len("--api") and API_KEY_FLAG.startswith(name)):
+            raise SglangArgumentError(
+                f"SGLang argument {name}: the model's worker key is SGLang's {API_KEY_FLAG} (the "
+                "operator mounts it and the router presents it); leave it out"
+            )
+    return [API_KEY_FLAG, key]
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -360,15 +381,17 @@ def serve(options: ServeOptions, sglang_args: Sequence[str]) -> int:
 
     try:
         check_options(options)
+        config_args = config_file_args(sglang_args)
         plan = plan_launch(
             options.role,
             options.host,
             options.port,
             options.bootstrap_port,
             sglang_args,
-            config_file_args(sglang_args),
+            config_args,
             _group(options),
         )
+        key_args = worker_key_args(options.worker_key(), [*sglang_args, *config_args])
     except SglangArgumentError as err:
         raise click.UsageError(str(err)) from None  # exit status 2, no traceback
     stopping = threading.Event()
@@ -387,9 +410,12 @@ def serve(options: ServeOptions, sglang_args: Sequence[str]) -> int:
         env = seam_env(os.environ, hardening_config(options), prom_dir=prom_dir, on_error="exit")
         env.setdefault(c.ENV_ROLE, options.role)
         print(plan.describe(), flush=True)
+        if key_args:
+            print(f"pdwarden: {API_KEY_FLAG} from the model's worker key file (not shown)", flush=True)
         metrics = serve_contract_metrics(prom_dir, options.host, options.metrics_port)
         print(f"pdwarden: contract metrics on {metrics.url} (from {prom_dir})", flush=True)
-        started.append(subprocess.Popen(plan.command(), env=env, start_new_session=True))
+        command = [*plan.command(), *key_args]
+        started.append(subprocess.Popen(command, env=env, start_new_session=True))
         if stopping.is_set():
             _signal_group(started[0], signal.SIGTERM)
         code = _wait(started[0], stopping)
