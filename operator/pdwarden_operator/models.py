@@ -681,6 +681,19 @@ class NetworkPolicySpec(_Base):
     )
 
 
+class WorkerKeySpec(_Base):
+    """A key of the model's own between its router and its workers. The operator creates a
+    Secret `<name>-worker-key-<random>` (owned by the model; the operator may create Secrets but
+    never read one) and mounts it into the router and every prefill and decode pod. A worker then
+    answers 401 to any HTTP request without it, except /health* and /metrics: only the model's
+    router can hand it a PD request, read its state or reach SGLang's other endpoints, even on a
+    cluster that does not enforce NetworkPolicies. The router presents the key itself; its
+    clients need none. Deleting the Secret makes the operator create a new one at the model's
+    next change or the operator's next start, and roll every pod onto it."""
+
+    enabled: bool = Field(True, description="Require the model's worker key on the workers' HTTP port.")
+
+
 def _nested(model: type[_Base], description: str) -> Any:
     """A nested object field that defaults to the object with every field at its default.
 
@@ -738,6 +751,7 @@ class DisaggregatedModelSpec(_Base):
     router: RouterSpec = _nested(RouterSpec, "The router in front.")
     watchdog: WatchdogSpec = _nested(WatchdogSpec, "Wedge detection and remediation.")
     network_policy: NetworkPolicySpec = _nested(NetworkPolicySpec, "An optional NetworkPolicy.")
+    worker_key: WorkerKeySpec = _nested(WorkerKeySpec, "The key between the router and the workers.")
 
     @model_validator(mode="after")
     def _router_needed(self) -> DisaggregatedModelSpec:

@@ -46,6 +46,8 @@ GONE_PODS_VOLUME: Final = "gone-pods"
 TMP_VOLUME: Final = "tmp"
 # The Hugging Face token, as a file.
 HF_TOKEN_VOLUME: Final = "hf-token"
+# The model's worker key (router and workers), as a file.
+WORKER_KEY_VOLUME: Final = "worker-key"
 
 KEYED_LISTS: Final[dict[str, str]] = {
     "containers": "name",
@@ -93,7 +95,15 @@ OWNED_POD_FIELDS: Final[dict[str, dict[str, str]]] = {
 OWNED_LABELS: Final = (contract.LABEL_MODEL, contract.LABEL_ROLE, contract.LABEL_GROUP, contract.LABEL_RANK)
 # The router (smg) reads the prefill bootstrap port from this annotation.
 OWNED_ANNOTATIONS: Final = (contract.ANNOTATION_BOOTSTRAP_PORT,)
-OWNED_VOLUMES: Final = (SHM_VOLUME, MODEL_VOLUME, CACHE_VOLUME, GONE_PODS_VOLUME, TMP_VOLUME, HF_TOKEN_VOLUME)
+OWNED_VOLUMES: Final = (
+    SHM_VOLUME,
+    MODEL_VOLUME,
+    CACHE_VOLUME,
+    GONE_PODS_VOLUME,
+    TMP_VOLUME,
+    HF_TOKEN_VOLUME,
+    WORKER_KEY_VOLUME,
+)
 
 # Bounds on the fragment's lists: they keep the CEL rules' cost estimate within the budget.
 MAX_CONTAINERS: Final = 16

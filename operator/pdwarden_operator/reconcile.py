@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from pdwarden_contract import LABEL_MODEL, LABEL_ROLE, RUNTIME_ROLES
-from pdwarden_operator import plan, podpolicy, scheduling
+from pdwarden_operator import plan, podpolicy, scheduling, worker_key_secret
 from pdwarden_operator.cache import controller_ref
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
@@ -32,6 +32,7 @@ from pdwarden_operator.render import (
     child_name,
     render_children,
     spec_field,
+    worker_key_secret_object,
 )
 from pdwarden_operator.status import ROLES, Observed, observe_deployment, observe_groups
 from pdwarden_operator.status_writer import WRITER
@@ -202,14 +203,78 @@ def _controller(obj: Mapping[str, Any]) -> str:
     return f"controlled by {ctl.get('kind')} {ctl.get('name')}" if ctl else "no controller"
 
 
+async def _owner(
+    body: Mapping[str, Any],
+    spec: DisaggregatedModelSpec,
+    children: Mapping[tuple[str, str], Obj],
+    *,
+    verify: bool,
+) -> Owner:
+    """The model as its children see it, with the worker key's Secret that its workloads mount
+    (`verify`: make sure it still exists, one dry-run create), or a stand-in name until `_apply`
+    has created one after the checks (so that a refused spec creates no Secret)."""
+    owner = Owner.from_body(body)
+    if not spec.worker_key.enabled:
+        return owner
+    name = worker_key_secret.in_use(children.values(), owner.name)
+    if name is not None and verify and not await _secret_exists(body, spec, owner.namespace, name):
+        log.warning("%s/%s: the worker key's Secret %s is gone: a new one", owner.namespace, owner.name, name)
+        name = None
+    return replace(owner, worker_key_secret=name or worker_key_secret.pending(owner.name))
+
+
+async def _secret_exists(
+    body: Mapping[str, Any], spec: DisaggregatedModelSpec, namespace: str, name: str
+) -> bool:
+    probe = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}}
+    try:
+        await kube_apply.create(probe, dry_run=True)
+    except KubeApiError as exc:
+        if exc.status == 409:
+            return True
+        raise await _worker_key_failed(body, spec, exc) from exc
+    return False
+
+
+async def _worker_key_failed(
+    body: Mapping[str, Any], spec: DisaggregatedModelSpec, exc: KubeApiError
+) -> Exception:
+    if exc.retriable:
+        return RetryLater(f"creating the worker key's Secret failed: {exc}")
+    message = (
+        f"cannot create the worker key's Secret ({exc.status} {exc.reason}: {exc.message}); the operator "
+        "needs create on secrets in this namespace, or set spec.workerKey.enabled: false"
+    )
+    return await _reject(body, spec, "WorkerKeyFailed", message)
+
+
+async def _with_worker_key(
+    body: Mapping[str, Any], spec: DisaggregatedModelSpec, owner: Owner, objs: list[Obj]
+) -> list[Obj]:
+    """`objs`, or, when the model has no worker key's Secret yet, one created now and every
+    child rendered over it."""
+    if not spec.worker_key.enabled or owner.worker_key_secret != worker_key_secret.pending(owner.name):
+        return objs
+    secret = worker_key_secret_object(owner, worker_key_secret.new_key())
+    try:
+        created = await kube_apply.create(secret)
+    except KubeApiError as exc:
+        raise await _worker_key_failed(body, spec, exc) from exc
+    name = created["metadata"]["name"]
+    log.info("%s/%s: created the worker key's Secret %s", owner.namespace, owner.name, name)
+    return render_children(replace(owner, worker_key_secret=name), spec)
+
+
 async def _apply(
     body: Mapping[str, Any],
     spec: DisaggregatedModelSpec,
+    owner: Owner,
     objs: list[Obj],
     known: Mapping[tuple[str, str], Obj],
 ) -> list[Obj]:
     await _refuse_foreign(body, spec, objs, known)
     await _dry_run(body, spec, objs)
+    objs = await _with_worker_key(body, spec, owner, objs)
     try:
         applied: list[Obj] = []
         for wave in plan.apply_waves(objs):
@@ -284,21 +349,22 @@ async def reconcile(body: Mapping[str, Any], known_children: Mapping[tuple[str, 
     """Apply every child, then write status (when it changed). `known_children`: the children
     the watches hold (ours for sure)."""
     spec = await _spec(body)
-    applied = await _apply(body, spec, render_children(Owner.from_body(body), spec), known_children)
+    owner = await _owner(body, spec, known_children, verify=True)
+    applied = await _apply(body, spec, owner, render_children(owner, spec), known_children)
     return await _finish(body, spec, {child_key(o): o for o in applied}, applied)
 
 
 async def resync(body: Mapping[str, Any], observed_children: Mapping[tuple[str, str], Obj]) -> Outcome:
     """Restore missing or edited children, refresh status (written only when it changed)."""
     spec = await _spec(body)
-    owner = Owner.from_body(body)
+    owner = await _owner(body, spec, observed_children, verify=False)
     desired = render_children(owner, spec)
     stale = plan.to_apply(desired, observed_children)
     children = dict(observed_children)
     applied: list[Obj] = []
     if stale:
         log.info("%s/%s: restoring %s", owner.namespace, owner.name, ", ".join(_names(stale)))
-        applied = await _apply(body, spec, stale, observed_children)
+        applied = await _apply(body, spec, owner, stale, observed_children)
         children.update((child_key(o), o) for o in applied)
     for obj in plan.to_delete(desired, observed_children):
         log.info(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pdwarden_contract as contract
-from pdwarden_operator import groups, podpolicy, podtemplate
+from pdwarden_operator import groups, podpolicy, podtemplate, worker_key_secret
 from pdwarden_operator.models import (
     GPU_RESOURCE,
     ROUTER_DEFAULT_RESOURCES,
@@ -59,6 +59,8 @@ class Owner:
     namespace: str
     uid: str
     annotations: dict[str, str] = field(default_factory=dict)
+    # The Secret holding the model's worker key (observed: reconcile finds or creates it).
+    worker_key_secret: str | None = None
 
     @classmethod
     def from_body(cls, body: Any) -> Owner:
@@ -113,6 +115,22 @@ def _metadata(owner: Owner, name: str, role: str) -> Obj:
     }
 
 
+def worker_key(owner: Owner, spec: DisaggregatedModelSpec) -> str | None:
+    """The Secret the model's pods mount the worker key from (None: the key is off). Before
+    reconcile knows it, the stand-in name that it replaces before anything is applied."""
+    if not spec.worker_key.enabled:
+        return None
+    return owner.worker_key_secret or worker_key_secret.pending(owner.name)
+
+
+def worker_key_secret_object(owner: Owner, key: str) -> Obj:
+    """A new Secret for the model's worker key, named by the API server."""
+    meta = _metadata(owner, "", WORKER_KEY_ROLE)
+    del meta["name"]
+    meta["generateName"] = worker_key_secret.generate_name(owner.name)
+    return worker_key_secret.secret(meta, key)
+
+
 def served_name(owner: Owner, spec: DisaggregatedModelSpec) -> str:
     return spec.model.served_name or owner.name
 
@@ -147,6 +165,8 @@ def runtime_command(
         "--transfer-deadline",
         str(spec.transfer.transfer_deadline_seconds),
     ]
+    if worker_key(owner, spec) is not None:
+        cmd += ["--worker-key-file", worker_key_secret.KEY_FILE]
     if owner.allow_fault_injection:
         cmd.append("--allow-fault-injection")
     if group is not None:
@@ -330,6 +350,11 @@ def runtime_volumes(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> tu
         {"name": podtemplate.GONE_PODS_VOLUME, "mountPath": GONE_PODS_DIR, "readOnly": True},
         tmp_mount,
     ]
+    key_secret = worker_key(owner, spec)
+    if key_secret is not None:
+        key_volume, key_mount = worker_key_secret.volume(key_secret)
+        volumes.append(key_volume)
+        mounts.append(key_mount)
     shm = spec.role(role).shm_size
     if shm:
         volumes.append({"name": podtemplate.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
@@ -528,16 +553,19 @@ ROUTER_RESILIENCE_ARGS: Final = (
 
 
 def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
-    """smg in PD mode, discovering workers by pod labels in its namespace."""
+    """smg in PD mode, discovering workers by pod labels in its namespace; with the worker key,
+    on loopback behind `pdwarden runtime router`'s gate, which presents the key to smg (and smg
+    to the workers) for every client."""
     pod_ip = f"$({contract.ENV_POD_IP})"
-    return [
+    keyed = worker_key(owner, spec) is not None
+    smg = [
         "python",
         "-m",
         ROUTER_MODULE,
         "--host",
-        pod_ip,
+        "127.0.0.1" if keyed else pod_ip,
         "--port",
-        str(contract.ROUTER_HTTP_PORT),
+        str(contract.ROUTER_LOOPBACK_PORT if keyed else contract.ROUTER_HTTP_PORT),
         "--pd-disaggregation",
         "--policy",
         spec.router.policy,
@@ -557,11 +585,22 @@ def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
         *ROUTER_RESILIENCE_ARGS,
         *spec.router.args,
     ]
+    if not keyed:
+        return smg
+    gate = ["pdwarden", "runtime", "router", "--host", pod_ip, "--port", str(contract.ROUTER_HTTP_PORT)]
+    gate += ["--router-port", str(contract.ROUTER_LOOPBACK_PORT)]
+    return [*gate, "--worker-key-file", worker_key_secret.KEY_FILE, "--", *smg]
 
 
 def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
     role = contract.ROLE_ROUTER
     tmp, tmp_mount = tmp_volume()
+    volumes, mounts = [tmp], [tmp_mount]
+    key_secret = worker_key(owner, spec)
+    if key_secret is not None:
+        key_volume, key_mount = worker_key_secret.volume(key_secret)
+        volumes.append(key_volume)
+        mounts.append(key_mount)
     container: Obj = {
         "name": ROUTER_CONTAINER,
         "image": spec.router.image or spec.image,
@@ -584,7 +623,7 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
         "readinessProbe": _http_probe("/readiness", contract.PORT_NAME_HTTP, 5, 3),
         "livenessProbe": _http_probe("/liveness", contract.PORT_NAME_HTTP, 10, 3),
         "securityContext": container_security_context(),
-        "volumeMounts": [tmp_mount],
+        "volumeMounts": mounts,
     }
     template = {
         "metadata": {"labels": labels(owner.name, role)},
@@ -594,7 +633,7 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
             "automountServiceAccountToken": True,
             "securityContext": pod_security_context(),
             "topologySpreadConstraints": _spread(owner.name, role),
-            "volumes": [tmp],
+            "volumes": volumes,
             "containers": [container],
             "terminationGracePeriodSeconds": 30,
         },
@@ -609,6 +648,10 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
             "template": podtemplate.merge(template, spec.router.pod_template),
         },
     }
+
+
+# The worker key's Secret: labelled as a part of the model of its own.
+WORKER_KEY_ROLE: Final = contract.WORKER_KEY_SECRET_INFIX
 
 
 # The prefill and decode pods' ServiceAccount: one per model, with no token, so that a runtime

@@ -161,14 +161,16 @@ def test_a_client_that_leaves_through_the_gate_ends_both_legs(
         assert state["free_pages"] == state["total_pages"], state
 
 
+SERVE = [sys.executable, "-c", "from pdwarden_cli.main import main; main()", "runtime", "serve"]
+
+
 def test_a_worker_will_not_start_on_an_unusable_key_file(tmp_path: Path) -> None:
     short = tmp_path / "short"
     short.write_text("tooshort")
     cases = {tmp_path / "missing": "cannot read", short: "at least 16"}
     for path, why in cases.items():
         proc = subprocess.run(
-            [sys.executable, "-c", "from pdwarden_cli.main import main; main()", "runtime", "serve"]
-            + ["--role", c.ROLE_DECODE, "--host", "127.0.0.1", "--worker-key-file", str(path)],
+            [*SERVE, "--role", c.ROLE_DECODE, "--host", "127.0.0.1", "--worker-key-file", str(path)],
             capture_output=True,
             text=True,
             timeout=120,

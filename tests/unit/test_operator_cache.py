@@ -73,7 +73,9 @@ def test_resource_paths() -> None:
     with pytest.raises(ValueError, match="namespaced"):
         resource_path("apps/v1", "Deployment", None, "d")
     with pytest.raises(ValueError, match="does not know"):
-        resource_path("v1", "Secret", "ns", "s")
+        resource_path("v1", "PersistentVolumeClaim", "ns", "s")
+    # the worker key's Secret is created by collection path (its name is generated)
+    assert resource_path("v1", "Secret", "ns") == "/api/v1/namespaces/ns/secrets"
 
 
 def test_error_classification() -> None:

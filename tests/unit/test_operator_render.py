@@ -177,8 +177,17 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 
 def _render(name: str) -> list[dict[str, Any]]:
     spec, annotations = CASES[name]
-    owner = Owner(name="m1", namespace="ns1", uid=UID, annotations=annotations)
+    owner = Owner(name="m1", namespace="ns1", uid=UID, annotations=annotations, worker_key_secret=KEY_SECRET)
     return render_children(owner, parse_spec(spec))
+
+
+def _smg(router: dict[str, Any]) -> list[str]:
+    """smg's own command in the router's: after the gate's `--` when the worker key is on."""
+    cmd = list(_container(router)["command"])
+    return cmd[cmd.index("--") + 1 :] if cmd[0] == "pdwarden" else cmd
+
+
+KEY_SECRET = "m1-worker-key-x7k2p"
 
 
 def _pod(objs: dict[tuple[str, str], dict[str, Any]], role: str) -> dict[str, Any]:
@@ -300,7 +309,11 @@ def test_fault_injection_flag_follows_the_annotation() -> None:
 def test_router_discovers_this_models_pods() -> None:
     objs = _by_key(_render("sglang-gpu"))
     router = objs[("Deployment", "m1-router")]
-    cmd = _container(router)["command"]
+    gate = _container(router)["command"]
+    assert gate[:3] == ["pdwarden", "runtime", "router"]
+    assert gate[gate.index("--host") + 1] == "$(POD_IP)" and gate[gate.index("--port") + 1] == "8000"
+    assert gate[gate.index("--worker-key-file") + 1] == "/var/run/pdwarden/worker-key/key"
+    cmd = _smg(router)
     assert cmd[:3] == ["python", "-m", "smg.launch_router"]
     for flag in ("--pd-disaggregation", "--service-discovery"):
         assert flag in cmd
@@ -309,7 +322,10 @@ def test_router_discovers_this_models_pods() -> None:
     i = cmd.index("--decode-selector")
     assert cmd[i + 1 : i + 3] == ["pdwarden.io/model=m1", "pdwarden.io/role=decode"]
     assert cmd[cmd.index("--service-discovery-port") + 1] == "30000"
-    assert cmd[cmd.index("--host") + 1] == "$(POD_IP)"
+    # smg on loopback, behind the gate; the key is the gate's to add (never in the pod spec)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--port") + 1] == gate[gate.index("--router-port") + 1] == "28000"
+    assert "--api-key" not in cmd
     assert _container(router)["image"] == "registry.example/router:0.3.2"
 
     assert router["spec"]["template"]["spec"]["serviceAccountName"] == "m1-router"
@@ -330,8 +346,7 @@ def test_router_command_is_one_smg_parses_with_explicit_retries_and_no_breaker()
     for case in ("sglang-gpu", "groups-2-synthetic", "synthetic-basic"):
         router = _by_key(_render(case))[("Deployment", "m1-router")]
         cmd = [
-            {"$(POD_IP)": "198.18.0.9", "$(POD_NAMESPACE)": "default"}.get(arg, arg)
-            for arg in _container(router)["command"]
+            {"$(POD_IP)": "198.18.0.9", "$(POD_NAMESPACE)": "default"}.get(arg, arg) for arg in _smg(router)
         ]
         assert cmd[:3] == ["python", "-m", "smg.launch_router"]
         args = parse_router_args(cmd[3:])
@@ -353,7 +368,7 @@ def test_scaling_one_role_changes_only_that_roles_deployment() -> None:
     spec = dict(CASES["sglang-gpu"][0])
     before = _by_key(_render("sglang-gpu"))
     scaled_spec = {**spec, "prefill": {**spec["prefill"], "replicas": 5}}
-    owner = Owner(name="m1", namespace="ns1", uid=UID)
+    owner = Owner(name="m1", namespace="ns1", uid=UID, worker_key_secret=KEY_SECRET)
     after = _by_key(render_children(owner, parse_spec(scaled_spec)))
     changed = sorted(k for k in before if before[k] != after[k])
     assert changed == [("Deployment", "m1-prefill")]
@@ -403,8 +418,14 @@ def test_pod_template_merges_with_strategic_merge_semantics() -> None:
     assert runtime["command"][:3] == ["pdwarden", "runtime", "serve"], "owned fields stay"
     assert runtime["env"][-1] == {"name": "NCCL_DEBUG", "value": "INFO"}
     mounts = [m["mountPath"] for m in runtime["volumeMounts"]]
-    assert mounts == ["/etc/pdwarden/gone-pods", "/tmp", "/dev/shm", "/scratch"], "appended"
-    assert [v["name"] for v in pod["volumes"]] == ["gone-pods", "tmp", "dshm", "scratch"]
+    assert mounts == [
+        "/etc/pdwarden/gone-pods",
+        "/tmp",
+        "/var/run/pdwarden/worker-key",
+        "/dev/shm",
+        "/scratch",
+    ], "appended"
+    assert [v["name"] for v in pod["volumes"]] == ["gone-pods", "tmp", "worker-key", "dshm", "scratch"]
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert pod["securityContext"]["runAsUser"] == 2000 and "fsGroup" not in pod["securityContext"]
     assert pod["securityContext"]["runAsNonRoot"] is True, "maps merge key by key"
@@ -576,3 +597,58 @@ def test_gpu_toleration_reaches_every_group_of_a_multi_node_role(wanted: bool) -
     assert len(groups) == 2
     for group in groups:
         assert group["spec"]["template"]["spec"].get("tolerations") == ([GPU_TOLERATION] if wanted else None)
+
+
+def test_the_worker_key_is_mounted_into_the_router_and_every_worker_and_required_by_them() -> None:
+    import click
+
+    from pdwarden_runtime.cli import runtime
+
+    for case in ("sglang-gpu", "groups-2-synthetic", "synthetic-basic"):
+        objs = _by_key(_render(case))
+        workloads = [o for o in objs.values() if o["kind"] in ("Deployment", "StatefulSet")]
+        for obj in workloads:
+            pod = obj["spec"]["template"]["spec"]
+            [volume] = [v for v in pod["volumes"] if v["name"] == "worker-key"]
+            assert volume["secret"]["secretName"] == KEY_SECRET
+            assert volume["secret"]["defaultMode"] == 0o440
+            mount = {m["name"]: m for m in _container(obj)["volumeMounts"]}["worker-key"]
+            assert mount == {
+                "name": "worker-key",
+                "mountPath": "/var/run/pdwarden/worker-key",
+                "readOnly": True,
+            }
+            cmd = _container(obj)["command"]
+            assert cmd[cmd.index("--worker-key-file") + 1] == "/var/run/pdwarden/worker-key/key"
+            assert not any("Bearer" in str(e) for e in _container(obj).get("env", [])), (
+                "never in the environment"
+            )
+        # the runtime's CLI parses the router's command up to smg's own arguments
+        gate = _container(objs[("Deployment", "m1-router")])["command"]
+        sub = runtime.get_command(click.Context(runtime), gate[2])
+        assert sub is not None
+        parsed = sub.make_context("router", [a.replace("$(POD_IP)", "198.18.0.9") for a in gate[3:]])
+        assert parsed.params["router_port"] == 28000 and parsed.params["port"] == 8000
+        assert parsed.params["router_args"][:3] == ("python", "-m", "smg.launch_router")
+
+
+def test_without_the_worker_key_nothing_mounts_it_and_smg_listens_on_the_pod() -> None:
+    spec = {**CASES["synthetic-basic"][0], "workerKey": {"enabled": False}}
+    objs = _by_key(render_children(Owner(name="m1", namespace="ns1", uid=UID), parse_spec(spec)))
+    router = objs[("Deployment", "m1-router")]
+    cmd = _container(router)["command"]
+    assert cmd[:3] == ["python", "-m", "smg.launch_router"]
+    assert cmd[cmd.index("--host") + 1] == "$(POD_IP)" and cmd[cmd.index("--port") + 1] == "8000"
+    for obj in objs.values():
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            assert all(v["name"] != "worker-key" for v in obj["spec"]["template"]["spec"]["volumes"])
+            assert "--worker-key-file" not in _container(obj)["command"]
+
+
+def test_a_model_whose_secret_is_not_known_yet_renders_with_the_stand_in() -> None:
+    objs = _by_key(
+        render_children(Owner(name="m1", namespace="ns1", uid=UID), parse_spec(CASES["synthetic-basic"][0]))
+    )
+    pod = objs[("Deployment", "m1-decode")]["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "worker-key"]
+    assert volume["secret"]["secretName"] == "m1-worker-key-pending"

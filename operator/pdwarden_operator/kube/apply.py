@@ -73,11 +73,13 @@ async def delete(api_version: str, kind: str, namespace: str | None, name: str) 
     return True
 
 
-async def create(obj: Obj) -> Obj:
-    """Create `obj` (409 when it exists); strict field validation."""
+async def create(obj: Obj, *, dry_run: bool = False) -> Obj:
+    """Create `obj` (409 when it exists); strict field validation. A dry run tells whether a
+    name is taken to a caller that may create but not read such objects."""
     meta = obj["metadata"]
     path = resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"))
-    return await get_client().request("POST", path, body=obj, query=[("fieldValidation", "Strict")])
+    query = [("fieldValidation", "Strict"), *([("dryRun", "All")] if dry_run else [])]
+    return await get_client().request("POST", path, body=obj, query=query)
 
 
 async def replace(obj: Obj) -> Obj:

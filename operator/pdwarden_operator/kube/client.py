@@ -76,6 +76,7 @@ RESOURCE_TYPES: dict[tuple[str, str], ResourceType] = {
     ("v1", "ServiceAccount"): ResourceType("serviceaccounts"),
     ("v1", "Pod"): ResourceType("pods"),
     ("v1", "ConfigMap"): ResourceType("configmaps"),
+    ("v1", "Secret"): ResourceType("secrets"),  # created, never read (the worker key)
     ("v1", "Event"): ResourceType("events"),
     ("v1", "Namespace"): ResourceType("namespaces", namespaced=False),
     ("events.k8s.io/v1", "Event"): ResourceType("events"),

@@ -1,0 +1,91 @@
+"""The runtime's side of the model's worker key (pure parts): which paths stay open, how a
+header is checked, how the key file is read, and SGLang's --api-key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdwarden_runtime.engines.sglang_engine import SglangArgumentError, worker_key_args
+from pdwarden_runtime.router_gate import downstream_headers, upstream_headers
+from pdwarden_runtime.worker_key import WorkerKeyError, authorized, is_open, read_key_file
+
+pytestmark = pytest.mark.unit
+
+KEY = "k" * 43
+
+
+@pytest.mark.parametrize(
+    ("path", "open_"),
+    [
+        ("/health", True),
+        ("/health_generate", True),
+        ("/metrics", True),
+        ("/generate", False),
+        ("/debug/state", False),
+        ("/debug/fault", False),
+        ("/get_server_info", False),
+        ("/v1/models", False),
+        ("/", False),
+        ("/x/health", False),
+    ],
+)
+def test_only_probes_and_scrapes_go_without_the_key(path: str, open_: bool) -> None:
+    assert is_open(path) is open_
+
+
+def test_the_header_must_be_a_bearer_of_exactly_the_key() -> None:
+    assert authorized(f"Bearer {KEY}", KEY)
+    assert authorized(f"bearer {KEY}", KEY)  # the scheme is case-insensitive (RFC 9110)
+    for header in (None, "", KEY, f"Basic {KEY}", f"Bearer {KEY}x", f"Bearer {KEY[:-1]}", "Bearer "):
+        assert not authorized(header, KEY), header
+
+
+def test_the_key_file_is_one_word_of_enough_characters(tmp_path: Path) -> None:
+    good = tmp_path / "good"
+    good.write_text(f"  {KEY}\n")
+    assert read_key_file(good) == KEY
+    cases = {
+        "missing": (None, "cannot read"),
+        "empty": ("", "at least 16"),
+        "short": ("abc", "at least 16"),
+        "two-words": (f"{KEY} {KEY}", "one word"),
+        "binary": (b"\xff" * 40, "not ASCII"),
+        "huge": ("a" * 5000, "over 4096"),
+    }
+    for name, (content, why) in cases.items():
+        path = tmp_path / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        elif content is not None:
+            path.write_text(content)
+        with pytest.raises(WorkerKeyError, match=why):
+            read_key_file(path)
+
+
+def test_sglang_gets_the_key_as_its_api_key_and_a_users_own_is_refused() -> None:
+    assert worker_key_args(None, ["--api-key", "mine"]) == []  # without the model's key: the user's
+    assert worker_key_args(KEY, ["--tp", "2"]) == ["--api-key", KEY]
+    for given in (["--api-key", "mine"], ["--api-key=mine"], ["--api-k", "mine"]):
+        with pytest.raises(SglangArgumentError, match="worker key"):
+            worker_key_args(KEY, given)
+    assert worker_key_args(KEY, ["--admin-api-key", "admin"]) == ["--api-key", KEY]
+
+
+def test_the_gate_presents_the_key_in_place_of_the_clients_and_keeps_end_to_end_headers() -> None:
+    client = {
+        "Authorization": "Bearer a-client-token",
+        "Host": "router:8000",
+        "Connection": "keep-alive",
+        "Content-Length": "12",
+        "Content-Type": "application/json",
+        "X-Request-Id": "r-1",
+    }
+    assert upstream_headers(client, KEY) == {
+        "Content-Type": "application/json",
+        "X-Request-Id": "r-1",
+        "Authorization": f"Bearer {KEY}",
+    }
+    answer = [("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked"), ("X-A", "1")]
+    assert downstream_headers(dict(answer)) == [("Content-Type", "text/event-stream"), ("X-A", "1")]
