@@ -174,7 +174,7 @@ class Env:
                     "transferDeadlineSeconds": min(10, watchdog["stuckAfterSeconds"] - 5),
                 },
                 "watchdog": watchdog,
-                "networkPolicy": REACHABLE_FROM_HOST,
+                **HOST_PLAYS_ROUTER,
             },
         }
         self.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}", body)
@@ -231,11 +231,11 @@ class Env:
         )
 
 
-# The scenarios' clients, fault injector and operator run on the host, outside the cluster,
-# which the models' NetworkPolicies (on by default, enforced by the local cluster) refuse: only
-# the router may reach a worker's HTTP port. The scenarios' models go without them;
-# tests/e2e/test_tenants.py runs models with them.
-REACHABLE_FROM_HOST: dict[str, Any] = {"enabled": False}
+# The scenarios' clients, fault injector and operator run on the host, outside the cluster, and
+# send PD requests as the router would. The models' defaults keep that for the router alone:
+# NetworkPolicies (enforced by the local cluster) and the worker key. The scenarios' models go
+# without both; tests/e2e/test_tenants.py, the demo and the monitoring e2e run with them.
+HOST_PLAYS_ROUTER: dict[str, Any] = {"networkPolicy": {"enabled": False}, "workerKey": {"enabled": False}}
 
 
 def synthetic_model(
@@ -260,7 +260,7 @@ def synthetic_model(
             "router": {"replicas": 1},
             "transfer": transfer,
             "watchdog": watchdog,
-            "networkPolicy": REACHABLE_FROM_HOST,
+            **HOST_PLAYS_ROUTER,
         },
     }
 

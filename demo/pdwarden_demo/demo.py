@@ -111,11 +111,13 @@ def ready_pods(kube: DemoCluster, role: str, model: str) -> list[Obj]:
     )
 
 
-async def inject_fault(ip: str) -> Obj:
+async def inject_fault(ip: str, worker_key: str | None) -> Obj:
     url = f"http://{ip}:{contract.DEFAULT_HTTP_PORT}{contract.FAULT_PATH}"
+    headers = {} if worker_key is None else {"Authorization": f"Bearer {worker_key}"}
+    timeout = aiohttp.ClientTimeout(total=10)
     async with (
         aiohttp.ClientSession() as session,
-        session.post(url, json={"fault": FAULT}, timeout=aiohttp.ClientTimeout(total=10)) as resp,
+        session.post(url, json={"fault": FAULT}, headers=headers, timeout=timeout) as resp,
     ):
         body = await resp.text()
         if resp.status != 200:
@@ -261,7 +263,7 @@ async def traffic_and_fault(
         f"Transferring write; stock SGLang 0.5.23 is not subject to it) into prefill pod {victim_name}: "
         "an ABORT that lands between a chunk's transfer and its status write now resurrects the room"
     )
-    answer = await inject_fault(victim_ip)
+    answer = await inject_fault(victim_ip, kube.worker_key(victim))
     t_inject = seen.inject_time = time.time()
     seen.fault = FAULT
     result.wedges_injected = 1

@@ -6,6 +6,7 @@ rest of the demo is about what happened, not how to ask.
 
 from __future__ import annotations
 
+import base64
 import os
 import subprocess
 import time
@@ -19,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 import pdwarden_contract as contract
 from pdwarden_demo import chart
+from pdwarden_operator import worker_key_secret
 
 Obj = dict[str, Any]
 
@@ -164,6 +166,19 @@ class DemoCluster:
         )
         items: list[Obj] = listing.get("items", [])
         return items
+
+    def worker_key(self, pod: Obj) -> str | None:
+        """The model's worker key that `pod` requires (None: it requires none), read from the
+        Secret it mounts: the demo stands where only the model's router stands."""
+        model = pod["metadata"].get("labels", {}).get(contract.LABEL_MODEL, "")
+        name = worker_key_secret.mounted_by(pod.get("spec") or {}, model)
+        if name is None:
+            return None
+        secret = self.core.read_namespaced_secret(name, pod["metadata"]["namespace"])
+        data = (secret.data or {}).get(contract.WORKER_KEY_SECRET_KEY)
+        if data is None:
+            raise DemoError(f"the worker key's Secret {name} has no {contract.WORKER_KEY_SECRET_KEY!r}")
+        return base64.b64decode(data).decode().strip()
 
 
 def pod_ip(pod: Obj) -> str | None:

@@ -105,7 +105,8 @@ def demo_manifest(example: Obj, namespace: str = NAMESPACE) -> Obj:
         "transferDeadlineSeconds": 10,
     }
     # The demo injects its fault into a prefill pod from the host, outside the cluster, which
-    # the model's NetworkPolicy refuses (only the router may reach a worker's HTTP port).
+    # the model's NetworkPolicy refuses (only the router may reach a worker's HTTP port). The
+    # worker key stays on: the demo presents it, read from the model's Secret as an admin.
     spec["networkPolicy"] = {"enabled": False}
     spec["watchdog"] = {
         **spec.get("watchdog", {}),

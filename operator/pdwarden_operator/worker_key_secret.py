@@ -62,6 +62,17 @@ def volume(secret_name: str) -> tuple[Obj, Obj]:
     return vol, mount
 
 
+def mounted_by(pod_spec: Mapping[str, Any], model: str) -> str | None:
+    """The Secret with the model's generated name that a pod spec mounts the key from, if any."""
+    for vol in pod_spec.get("volumes") or []:
+        if vol.get("name") != podtemplate.WORKER_KEY_VOLUME:
+            continue
+        name = (vol.get("secret") or {}).get("secretName")
+        if isinstance(name, str) and name.startswith(generate_name(model)):
+            return name
+    return None
+
+
 def in_use(children: Iterable[Mapping[str, Any]], model: str) -> str | None:
     """The Secret the model's workloads mount (the router's first, then the workers'), if one
     with the model's generated name does."""
@@ -69,10 +80,7 @@ def in_use(children: Iterable[Mapping[str, Any]], model: str) -> str | None:
     workloads.sort(key=lambda c: c.get("metadata", {}).get("labels", {}).get(contract.LABEL_ROLE) != "router")
     for child in workloads:
         template = (child.get("spec") or {}).get("template") or {}
-        for vol in (template.get("spec") or {}).get("volumes") or []:
-            if vol.get("name") != podtemplate.WORKER_KEY_VOLUME:
-                continue
-            name = (vol.get("secret") or {}).get("secretName")
-            if isinstance(name, str) and name.startswith(generate_name(model)):
-                return name
+        name = mounted_by(template.get("spec") or {}, model)
+        if name is not None:
+            return name
     return None

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import EMULATED_PORT_PREFILL, REACHABLE_FROM_HOST, wedge_pod
+from pdwarden_bench.cluster_env import EMULATED_PORT_PREFILL, HOST_PLAYS_ROUTER, wedge_pod
 from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.testing import Kubectl, wait_for
 
@@ -65,7 +65,7 @@ def _model() -> dict[str, Any]:
                 "transferDeadlineSeconds": 20,
                 "ucxTransports": "tcp,self",
             },
-            "networkPolicy": REACHABLE_FROM_HOST,
+            **HOST_PLAYS_ROUTER,
             "watchdog": {
                 "stuckAfterSeconds": 30,
                 "scrapeIntervalSeconds": 5,

@@ -186,6 +186,9 @@ def test_rbac_is_least_privilege_on_the_real_authorizer(kubeconfig: Path, namesp
         assert can("update", models, "--subresource=finalizers", "-n", namespace)
         assert can("update", "leases.coordination.k8s.io", "-n", namespace)  # leader election
         assert not can("get", "secrets", "-n", namespace)
+        assert can("create", "secrets", "-n", namespace)  # the models' worker keys
+        for verb in ("list", "watch", "update", "patch", "delete"):
+            assert not can(verb, "secrets", "-n", namespace), verb
         assert not can("create", "pods", "-n", namespace)  # it never runs pods itself
         assert not can("delete", "nodes")
         if scope == "cluster":

@@ -82,13 +82,17 @@ class Traffic:
 
 def inject_from_inside(kubectl: Kubectl, namespace: str, pod: dict[str, Any]) -> None:
     """The fault, posted from inside the pod to its own address (the model's NetworkPolicy
-    lets in the router and the model's own runtime pods, never the host)."""
+    lets in the router and the model's own runtime pods, never the host), with the model's
+    worker key the pod has mounted (on by default: without it the pod answers 401)."""
     url = f"http://{pod['status']['podIP']}:{contract.DEFAULT_HTTP_PORT}{contract.FAULT_PATH}"
     body = json.dumps({"fault": contract.FAULT_EMULATED_PORT_RACE})
+    key_file = f"{contract.WORKER_KEY_DIR}/{contract.WORKER_KEY_SECRET_KEY}"
     script = (
-        "import urllib.request as u; "
+        "import pathlib, urllib.request as u; "
+        f"key = pathlib.Path({key_file!r}).read_text().strip(); "
         f"r = u.urlopen(u.Request({url!r}, data={body!r}.encode(), "
-        "headers={'Content-Type': 'application/json'}), timeout=10); print(r.status)"
+        "headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + key}), timeout=10); "
+        "print(r.status)"
     )
     name = pod["metadata"]["name"]
     out = kubectl("exec", "-n", namespace, name, "--", "python", "-c", script, timeout=60).stdout

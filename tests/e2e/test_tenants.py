@@ -330,25 +330,37 @@ STRANGER = (
     "            urllib.request.urlopen(req, timeout=2).read()\n"
     "            print('ANSWERED', flush=True)\n"
     "        except OSError as exc:\n"
-    "            print('REFUSED', type(exc).__name__, flush=True)\n"
+    "            print('REFUSED', type(exc).__name__, getattr(exc, 'code', ''), flush=True)\n"
     "    time.sleep(2)\n"
     "print('DONE', flush=True)\n"
     "time.sleep(3600)\n"
 )
 
 
+# Each default alone keeps the stranger out: the NetworkPolicy (packets dropped), and on a
+# cluster that enforces none, the model's worker key (401).
+DEFENCES = {
+    "network-policy": {"workerKey": {"enabled": False}},
+    "worker-key": {"networkPolicy": {"enabled": False}},
+}
+
+
+@pytest.mark.parametrize("defence", sorted(DEFENCES))
 def test_a_stranger_cannot_reach_the_workers_nor_get_a_healthy_pod_blamed(
-    kubectl: Kubectl, operator: OperatorProcess, tenant: str
+    kubectl: Kubectl, operator: OperatorProcess, tenant: str, defence: str
 ) -> None:
-    _as_author(kubectl, _model("pair", replicas=1, decode={"replicas": 2}), tenant)
-    wait_for(lambda: _serving_count(kubectl, "pair", tenant, 4), 240, "the model's four pods Ready")
-    pods = kubectl.items("pods", tenant, "pdwarden.io/model=pair")
+    name = f"pair-{defence}"
+    model = _model(name, replicas=1, decode={"replicas": 2})
+    model["spec"].update(DEFENCES[defence])
+    _as_author(kubectl, model, tenant)
+    wait_for(lambda: _serving_count(kubectl, name, tenant, 4), 240, "the model's four pods Ready")
+    pods = kubectl.items("pods", tenant, f"pdwarden.io/model={name}")
     prefill = next(p for p in pods if p["metadata"]["labels"]["pdwarden.io/role"] == "prefill")
     decodes = [p["status"]["podIP"] for p in pods if p["metadata"]["labels"]["pdwarden.io/role"] == "decode"]
     stranger = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "stranger", "labels": {"app": "stranger"}},
+        "metadata": {"name": f"stranger-{defence}", "labels": {"app": "stranger"}},
         "spec": {
             "terminationGracePeriodSeconds": 2,
             "restartPolicy": "Never",
@@ -366,16 +378,42 @@ def test_a_stranger_cannot_reach_the_workers_nor_get_a_healthy_pod_blamed(
     kubectl.apply(stranger, tenant)
 
     def finished() -> str | None:
-        out = kubectl("logs", "stranger", "-n", tenant, check=False).stdout
+        out = kubectl("logs", f"stranger-{defence}", "-n", tenant, check=False).stdout
         return out if "DONE" in out else None
 
     log = wait_for(finished, 180, "the stranger's requests to end")
     assert "ANSWERED" not in log and log.count("REFUSED") >= 10, log
-    wait_rounds(operator, "pair", 3)
-    status = (kubectl.get("disaggregatedmodel", "pair", tenant) or {}).get("status") or {}
+    if defence == "worker-key":  # reached, and told no by the worker itself
+        assert log.count("REFUSED HTTPError 401") == log.count("REFUSED"), log
+        _assert_one_worker_key_secret(kubectl, name, tenant, pods)
+    wait_rounds(operator, name, 3)
+    status = (kubectl.get("disaggregatedmodel", name, tenant) or {}).get("status") or {}
     assert not status.get("remediations"), status.get("remediations")
     now = kubectl.get("pod", prefill["metadata"]["name"], tenant)
     assert now is not None and now["metadata"]["uid"] == prefill["metadata"]["uid"], "the prefill kept"
+
+
+def _assert_one_worker_key_secret(
+    kubectl: Kubectl, name: str, namespace: str, pods: list[dict[str, Any]]
+) -> None:
+    """One Secret holds the model's worker key: named by the API server, controlled by the
+    model, immutable, and mounted by each of its pods."""
+    model = kubectl.get("disaggregatedmodel", name, namespace)
+    assert model is not None
+    secrets = [
+        s
+        for s in kubectl.items("secrets", namespace, f"pdwarden.io/model={name}")
+        if s["metadata"]["name"].startswith(f"{name}-worker-key-")
+    ]
+    assert len(secrets) == 1, [s["metadata"]["name"] for s in secrets]
+    [secret] = secrets
+    [ref] = secret["metadata"]["ownerReferences"]
+    assert ref["uid"] == model["metadata"]["uid"] and ref["controller"] is True
+    assert secret["immutable"] is True and set(secret["data"]) == {"key"}
+    router = kubectl.items("pods", namespace, f"pdwarden.io/model={name},pdwarden.io/role=router")
+    for pod in [*pods, *router]:
+        mounted = [v["secret"]["secretName"] for v in pod["spec"]["volumes"] if v["name"] == "worker-key"]
+        assert mounted == [secret["metadata"]["name"]], pod["metadata"]["name"]
 
 
 def _serving_count(kubectl: Kubectl, name: str, namespace: str, count: int) -> bool:

@@ -1,6 +1,7 @@
 {{/*
 The operator's permissions, least privilege: what it reconciles and remediates, and
-nothing else. No access to Secrets (the operator never reads or writes one).
+nothing else. Secrets: create only (each model's worker key); the operator can never read,
+list, change or delete a Secret.
 
 What this grants, said plainly: whoever controls the operator (its ServiceAccount token,
 its image, or a DisaggregatedModel it reconciles) can create Deployments, and a Deployment
@@ -68,6 +69,12 @@ they use hostPath, hostNetwork or RDMA).
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
+# Each model's worker key, a Secret with a generated name that the model owns (the garbage
+# collector deletes it with the model). Create only: the operator never reads a Secret, and
+# learns which one a model uses from the model's own workloads.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 # Every decision is an Event.
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
