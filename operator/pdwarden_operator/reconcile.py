@@ -210,17 +210,18 @@ async def _owner(
     *,
     verify: bool,
 ) -> Owner:
-    """The model as its children see it, with the worker key's Secret that its workloads mount
-    (`verify`: make sure it still exists, one dry-run create), or a stand-in name until `_apply`
-    has created one after the checks (so that a refused spec creates no Secret)."""
+    """The model as its children see it, with who uses its worker key now (`worker_key_secret.
+    plan_use`) and the Secret its workloads mount (`verify`: make sure it still exists, one
+    dry-run create), or a stand-in name until `_apply` has created one after the checks (so
+    that a refused spec creates no Secret)."""
     owner = Owner.from_body(body)
-    if not spec.worker_key.enabled:
-        return owner
-    name = worker_key_secret.in_use(children.values(), owner.name)
-    if name is not None and verify and not await _secret_exists(body, spec, owner.namespace, name):
-        log.warning("%s/%s: the worker key's Secret %s is gone: a new one", owner.namespace, owner.name, name)
-        name = None
-    return replace(owner, worker_key_secret=name or worker_key_secret.pending(owner.name))
+    use = worker_key_secret.plan_use(children.values(), owner.name, spec.worker_key.enabled)
+    pending = worker_key_secret.pending(owner.name)
+    checked = use is not None and use.secret != pending and verify and spec.worker_key.enabled
+    if use is not None and checked and not await _secret_exists(body, spec, owner.namespace, use.secret):
+        log.warning("%s/%s: the worker key's Secret %s is gone", owner.namespace, owner.name, use.secret)
+        use = replace(use, secret=pending)
+    return replace(owner, worker_key=use)
 
 
 async def _secret_exists(
@@ -253,7 +254,8 @@ async def _with_worker_key(
 ) -> list[Obj]:
     """`objs`, or, when the model has no worker key's Secret yet, one created now and every
     child rendered over it."""
-    if not spec.worker_key.enabled or owner.worker_key_secret != worker_key_secret.pending(owner.name):
+    use = owner.worker_key
+    if use is None or use.secret != worker_key_secret.pending(owner.name):
         return objs
     secret = worker_key_secret_object(owner, worker_key_secret.new_key())
     try:
@@ -262,7 +264,7 @@ async def _with_worker_key(
         raise await _worker_key_failed(body, spec, exc) from exc
     name = created["metadata"]["name"]
     log.info("%s/%s: created the worker key's Secret %s", owner.namespace, owner.name, name)
-    return render_children(replace(owner, worker_key_secret=name), spec)
+    return render_children(replace(owner, worker_key=replace(use, secret=name)), spec)
 
 
 async def _apply(

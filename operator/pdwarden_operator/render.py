@@ -59,8 +59,8 @@ class Owner:
     namespace: str
     uid: str
     annotations: dict[str, str] = field(default_factory=dict)
-    # The Secret holding the model's worker key (observed: reconcile finds or creates it).
-    worker_key_secret: str | None = None
+    # Who uses the model's worker key now (observed: reconcile plans it; None: from the spec).
+    worker_key: worker_key_secret.KeyUse | None = None
 
     @classmethod
     def from_body(cls, body: Any) -> Owner:
@@ -115,12 +115,24 @@ def _metadata(owner: Owner, name: str, role: str) -> Obj:
     }
 
 
-def worker_key(owner: Owner, spec: DisaggregatedModelSpec) -> str | None:
-    """The Secret the model's pods mount the worker key from (None: the key is off). Before
-    reconcile knows it, the stand-in name that it replaces before anything is applied."""
-    if not spec.worker_key.enabled:
-        return None
-    return owner.worker_key_secret or worker_key_secret.pending(owner.name)
+def _key_use(owner: Owner, spec: DisaggregatedModelSpec) -> worker_key_secret.KeyUse | None:
+    """Reconcile's plan, or from the spec alone: everyone, under the stand-in name that reconcile
+    replaces before anything is applied."""
+    if owner.worker_key is not None or not spec.worker_key.enabled:
+        return owner.worker_key
+    return worker_key_secret.KeyUse(worker_key_secret.pending(owner.name))
+
+
+def router_key(owner: Owner, spec: DisaggregatedModelSpec) -> str | None:
+    """The Secret whose key the router presents (None: it presents none)."""
+    use = _key_use(owner, spec)
+    return use.secret if use is not None and use.router else None
+
+
+def workers_key(owner: Owner, spec: DisaggregatedModelSpec) -> str | None:
+    """The Secret whose key the prefill and decode pods require (None: they require none)."""
+    use = _key_use(owner, spec)
+    return use.secret if use is not None and use.workers else None
 
 
 def worker_key_secret_object(owner: Owner, key: str) -> Obj:
@@ -165,7 +177,7 @@ def runtime_command(
         "--transfer-deadline",
         str(spec.transfer.transfer_deadline_seconds),
     ]
-    if worker_key(owner, spec) is not None:
+    if workers_key(owner, spec) is not None:
         cmd += ["--worker-key-file", worker_key_secret.KEY_FILE]
     if owner.allow_fault_injection:
         cmd.append("--allow-fault-injection")
@@ -350,7 +362,7 @@ def runtime_volumes(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> tu
         {"name": podtemplate.GONE_PODS_VOLUME, "mountPath": GONE_PODS_DIR, "readOnly": True},
         tmp_mount,
     ]
-    key_secret = worker_key(owner, spec)
+    key_secret = workers_key(owner, spec)
     if key_secret is not None:
         key_volume, key_mount = worker_key_secret.volume(key_secret)
         volumes.append(key_volume)
@@ -557,7 +569,7 @@ def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
     on loopback behind `pdwarden runtime router`'s gate, which presents the key to smg (and smg
     to the workers) for every client."""
     pod_ip = f"$({contract.ENV_POD_IP})"
-    keyed = worker_key(owner, spec) is not None
+    keyed = router_key(owner, spec) is not None
     smg = [
         "python",
         "-m",
@@ -596,7 +608,7 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
     role = contract.ROLE_ROUTER
     tmp, tmp_mount = tmp_volume()
     volumes, mounts = [tmp], [tmp_mount]
-    key_secret = worker_key(owner, spec)
+    key_secret = router_key(owner, spec)
     if key_secret is not None:
         key_volume, key_mount = worker_key_secret.volume(key_secret)
         volumes.append(key_volume)

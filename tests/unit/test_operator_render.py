@@ -15,6 +15,7 @@ import yaml
 import pdwarden_contract as contract
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.render import Owner, child_key, render_children
+from pdwarden_operator.worker_key_secret import KeyUse
 
 pytestmark = pytest.mark.unit
 
@@ -177,7 +178,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 
 def _render(name: str) -> list[dict[str, Any]]:
     spec, annotations = CASES[name]
-    owner = Owner(name="m1", namespace="ns1", uid=UID, annotations=annotations, worker_key_secret=KEY_SECRET)
+    owner = Owner(name="m1", namespace="ns1", uid=UID, annotations=annotations, worker_key=KeyUse(KEY_SECRET))
     return render_children(owner, parse_spec(spec))
 
 
@@ -368,7 +369,7 @@ def test_scaling_one_role_changes_only_that_roles_deployment() -> None:
     spec = dict(CASES["sglang-gpu"][0])
     before = _by_key(_render("sglang-gpu"))
     scaled_spec = {**spec, "prefill": {**spec["prefill"], "replicas": 5}}
-    owner = Owner(name="m1", namespace="ns1", uid=UID, worker_key_secret=KEY_SECRET)
+    owner = Owner(name="m1", namespace="ns1", uid=UID, worker_key=KeyUse(KEY_SECRET))
     after = _by_key(render_children(owner, parse_spec(scaled_spec)))
     changed = sorted(k for k in before if before[k] != after[k])
     assert changed == [("Deployment", "m1-prefill")]
