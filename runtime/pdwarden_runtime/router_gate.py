@@ -10,7 +10,8 @@ need no key; the workers take PD requests only from the router.
 
 A client that disconnects ends its upstream request at once (the handler is cancelled and the
 upstream connection closed), so a cancellation still reaches smg and both legs. smg is this
-process's child: the gate exits with it, and a stop (SIGTERM) is passed on to it.
+process's child: the gate exits with it, and a stop (SIGTERM) reaches it after DRAIN_DELAY_S
+of serving on, while the pod leaves its Service's endpoints.
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ _RESPONSE_DROP: Final = frozenset(
 )
 # Requests are prompts: the runtime's own HTTP port takes the same size.
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
-# smg has this long to finish after a stop before it is killed (inside a pod's 30 s grace).
+# After a stop the gate goes on serving this long before it stops smg: Services and routers
+# take a moment to stop sending new requests to a terminating pod.
+DRAIN_DELAY_S: Final = 5.0
+# Then smg has this long to finish before it is killed (both inside a pod's 30 s grace).
 STOP_GRACE_S: Final = 20.0
 
 
@@ -130,7 +134,8 @@ def router_command(router_args: Sequence[str], key: str) -> list[str]:
 
 async def run(host: str, port: int, router_port: int, key: str, router_args: Sequence[str]) -> int:
     """Serve the gate and run smg until smg exits or a stop arrives; smg's exit status."""
-    proc = await asyncio.create_subprocess_exec(*router_command(router_args, key), start_new_session=True)
+    # In the gate's process group: whatever stops the group (a kubelet, a test) stops smg too.
+    proc = await asyncio.create_subprocess_exec(*router_command(router_args, key))
     gate = Gate(f"http://127.0.0.1:{router_port}", key)
     runner = web.AppRunner(gate.app(), handler_cancellation=True, access_log=None, shutdown_timeout=5)
     await runner.setup()
@@ -145,16 +150,20 @@ async def run(host: str, port: int, router_port: int, key: str, router_args: Seq
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({exited, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
+        if not stop.is_set():
+            code = exited.result()
+            log.error("smg exited with status %s", code)
+            return code if code >= 0 else 128 - code
+        if not exited.done():
+            log.warning("stopping: serving %.0f s more, then stopping smg", DRAIN_DELAY_S)
+            await asyncio.wait({exited}, timeout=DRAIN_DELAY_S)
         if not exited.done():
             proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(asyncio.shield(exited), STOP_GRACE_S)
             except TimeoutError:
                 proc.kill()
-            return 0
-        code = exited.result()
-        log.error("smg exited with status %s", code)
-        return code if code >= 0 else 128 - code
+        return 0
     finally:
         with contextlib.suppress(ProcessLookupError):
             if proc.returncode is None:
