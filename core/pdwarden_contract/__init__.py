@@ -1,7 +1,8 @@
 """The contract between the runtime (inside every prefill/decode pod) and the operator.
 
-The operator and the Helm chart's alert rules import names from here and nothing else
-from the runtime, so renaming a metric, a port or a label is one edit in one file.
+The operator imports names from here and nothing else from the runtime (and the runtime
+nothing from the operator); the chart's alert rules and dashboard name these metrics and are
+tested against them. Renaming a metric, a port or a label is one edit in one file.
 """
 
 from __future__ import annotations
