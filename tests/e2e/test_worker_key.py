@@ -9,9 +9,12 @@ the workers stop requiring it first. Every request answers 200 throughout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -27,37 +30,38 @@ NAME = "keyed"
 CLIENTS = 3
 
 
-class Clients:
-    """Requests through the router's Service on background threads; every answer kept."""
+@dataclass
+class Answers:
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.ok = 0
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(CLIENTS)]
 
-    def _run(self) -> None:
-        body = {"text": "worker key", "model": NAME, "sampling_params": {"max_new_tokens": 2}}
-        while not self._stop.is_set():
+@contextlib.contextmanager
+def clients(url: str) -> Iterator[Answers]:
+    """Requests through the router's Service on background threads while the block runs."""
+    answers, stop = Answers(), threading.Event()
+    body = {"text": "worker key", "model": NAME, "sampling_params": {"max_new_tokens": 2}}
+
+    def run() -> None:
+        while not stop.is_set():
             try:
-                status, answer = http_json(self.url, body, timeout=30)
+                status, answer = http_json(url, body, timeout=30)
             except OSError as exc:
                 status, answer = 0, repr(exc)
             if status == 200:
-                self.ok += 1
+                answers.ok += 1
             else:
-                self.failed.append(f"{time.strftime('%H:%M:%S')} {status} {str(answer)[:200]}")
-            self._stop.wait(0.05)
+                answers.failed.append(f"{time.strftime('%H:%M:%S')} {status} {str(answer)[:200]}")
+            stop.wait(0.05)
 
-    def __enter__(self) -> Clients:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        for t in self._threads:
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(CLIENTS)]
+    for t in threads:
+        t.start()
+    try:
+        yield answers
+    finally:
+        stop.set()
+        for t in threads:
             t.join(timeout=40)
 
 
@@ -108,18 +112,18 @@ def test_switching_the_worker_key_on_and_off_under_load_refuses_no_request(env: 
         1.0,
     )
 
-    with Clients(url) as clients:
+    with clients(url) as answers:
         _patch(env, True)
         wait_for(
             lambda: _keyed(env, True), 300, "every Deployment on the key, rolled out", 2.0, API_TRANSIENT
         )
-        on = clients.ok
+        on = answers.ok
         time.sleep(5)
         _patch(env, False)
         wait_for(lambda: _keyed(env, False), 300, "no Deployment on the key, rolled out", 2.0, API_TRANSIENT)
         time.sleep(5)
-    assert clients.failed == [], json.dumps(clients.failed[:20], indent=1)
-    assert on > 20 and clients.ok > on, (on, clients.ok)
+    assert answers.failed == [], json.dumps(answers.failed[:20], indent=1)
+    assert on > 20 and answers.ok > on, (on, answers.ok)
     # the key the pods had was one Secret, owned by the model
     secrets = env.call(
         "GET", f"/api/v1/namespaces/{env.namespace}/secrets?labelSelector={contract.LABEL_MODEL}={NAME}"
