@@ -66,6 +66,12 @@ ROUTER_METRICS_PORT: Final = 29000
 ROUTER_LOOPBACK_PORT: Final = 28000
 METRICS_PATH: Final = "/metrics"
 
+# After SIGTERM a runtime or router pod goes on serving this long before it stops listening:
+# SGLang's router (smg) drops a terminating pod from its workers about a second after the pod's
+# deletion (it coalesces watch events for 1 s), and a Service's endpoints follow as quickly, so
+# no request is sent to a closed port.
+TERMINATION_DRAIN_S: Final = 5.0
+
 # --- HTTP surface of a runtime pod (SGLang-compatible subset) ------------------------
 HEALTH_PATH: Final = "/health"
 HEALTH_GENERATE_PATH: Final = "/health_generate"

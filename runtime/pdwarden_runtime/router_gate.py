@@ -10,8 +10,8 @@ need no key; the workers take PD requests only from the router.
 
 A client that disconnects ends its upstream request at once (the handler is cancelled and the
 upstream connection closed), so a cancellation still reaches smg and both legs. smg is this
-process's child: the gate exits with it, and a stop (SIGTERM) reaches it after DRAIN_DELAY_S
-of serving on, while the pod leaves its Service's endpoints.
+process's child: the gate exits with it, and a stop (SIGTERM) reaches it after the contract's
+TERMINATION_DRAIN_S of serving on, while the pod leaves its Service's endpoints.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Final
 import aiohttp
 from aiohttp import web
 
+import pdwarden_contract as c
 from pdwarden_runtime.worker_key import bearer
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,8 @@ _RESPONSE_DROP: Final = frozenset(
 )
 # Requests are prompts: the runtime's own HTTP port takes the same size.
 MAX_BODY_BYTES: Final = 64 * 1024 * 1024
-# After a stop the gate goes on serving this long before it stops smg: Services and routers
-# take a moment to stop sending new requests to a terminating pod.
-DRAIN_DELAY_S: Final = 5.0
-# Then smg has this long to finish before it is killed (both inside a pod's 30 s grace).
+# After a stop the gate serves on for contract.TERMINATION_DRAIN_S before it stops smg; then
+# smg has this long to finish before it is killed (both inside a pod's 30 s grace).
 STOP_GRACE_S: Final = 20.0
 
 
@@ -155,8 +154,8 @@ async def run(host: str, port: int, router_port: int, key: str, router_args: Seq
             log.error("smg exited with status %s", code)
             return code if code >= 0 else 128 - code
         if not exited.done():
-            log.warning("stopping: serving %.0f s more, then stopping smg", DRAIN_DELAY_S)
-            await asyncio.wait({exited}, timeout=DRAIN_DELAY_S)
+            log.warning("stopping: serving %.0f s more, then stopping smg", c.TERMINATION_DRAIN_S)
+            await asyncio.wait({exited}, timeout=c.TERMINATION_DRAIN_S)
         if not exited.done():
             proc.send_signal(signal.SIGTERM)
             try:

@@ -36,10 +36,11 @@ from pdwarden_runtime.worker_key import require_key
 
 log = logging.getLogger(__name__)
 
-# After SIGTERM, requests in flight get this long to finish before they are cancelled (aiohttp
-# then waits as long again for the cancelled handlers) and the process exits: well inside a
-# pod's termination grace period (30 s), so that a request wedged on a stalled peer does not
-# hold the pod until the kubelet's SIGKILL.
+# After SIGTERM the pod serves on for contract.TERMINATION_DRAIN_S (its /health answers 503
+# meanwhile), then stops listening; requests in flight get this long to finish before they are
+# cancelled (aiohttp then waits as long again for the cancelled handlers) and the process
+# exits: well inside a pod's termination grace period (30 s), so that a request wedged on a
+# stalled peer does not hold the pod until the kubelet's SIGKILL.
 SHUTDOWN_GRACE_S: Final = 5.0
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -62,6 +63,7 @@ class RuntimeServer:
     ) -> None:
         self.engine = engine
         self.worker_key = worker_key  # None: the HTTP port takes requests without a key
+        self.draining = False  # stopping: serving on, but no longer healthy
         self.allow_fault_injection = allow_fault_injection
         self.group = group  # a multi-node replica's leader: ready only once every rank joined
         self._runners: list[web.AppRunner] = []
@@ -93,6 +95,8 @@ class RuntimeServer:
         return web.json_response(result)
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.draining:
+            return web.Response(text="stopping", status=503)
         if (missing := self._group_missing()) is not None:
             return web.Response(text=missing, status=503)
         ok, why = self.engine.healthy()
@@ -271,6 +275,10 @@ async def run_synthetic(
     if leader is not None:
         waits.add(leader.lost)
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        server.draining = True
+        log.warning("%s: stopping; serving %.0f s more", o.role, c.TERMINATION_DRAIN_S)
+        await asyncio.sleep(c.TERMINATION_DRAIN_S)
     try:
         if leader is not None and leader.lost.done() and not stop.is_set():
             raise GroupError(leader.lost.result())

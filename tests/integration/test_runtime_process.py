@@ -1,5 +1,6 @@
-"""A synthetic runtime process as a node sees it: idle, it leaves the CPU to others; told to
-stop while a request is wedged, it exits inside a pod's termination grace period."""
+"""A synthetic runtime process as a node sees it: idle, it leaves the CPU to others; told to stop,
+it serves on (unhealthy) for the drain, and with a request wedged it still exits inside a pod's
+termination grace period."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 import pdwarden_contract as c
-from pdwarden_bench.runtime_procs import Fleet, Runtime, http_post_json, wait_healthy
+from pdwarden_bench.runtime_procs import Fleet, Runtime, http_get, http_post_json, wait_healthy
 from pdwarden_localcluster import procs
 from pdwarden_localcluster.testing import wait_for
 
@@ -65,3 +66,22 @@ def test_sigterm_with_a_wedged_request_exits_inside_the_grace_period(prefill: Ru
     # the request was ended (the connection closed, or an error answer), not left hanging
     assert answers, "the wedged request was still open after the process exited"
     assert isinstance(answers[0], OSError) or answers[0] != 200, answers
+
+
+def test_sigterm_leaves_the_runtime_serving_but_unhealthy_for_the_drain(prefill: Runtime) -> None:
+    """The router drops a terminating pod about a second after its deletion: until then the pod
+    must still answer, and its /health says it is stopping."""
+    prefill.proc.signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    wait_for(
+        lambda: http_get(f"{prefill.url}{c.HEALTH_PATH}", timeout=2) == (503, "stopping"),
+        3,
+        "/health 503",
+        0.1,
+    )
+    status, _ = http_get(f"{prefill.url}/get_server_info", timeout=2)
+    assert status == 200 and prefill.proc.alive()
+    assert time.monotonic() - t0 < c.TERMINATION_DRAIN_S
+    wait_for(lambda: not prefill.proc.alive(), POD_GRACE_S - 5, "the runtime's exit after the drain", 0.2)
+    assert time.monotonic() - t0 >= c.TERMINATION_DRAIN_S
+    assert prefill.proc.popen.returncode == 0, prefill.proc.log_tail()
