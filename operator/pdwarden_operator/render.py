@@ -496,6 +496,13 @@ def runtime_pod_template(
     return podtemplate.merge(template, role_spec.pod_template)
 
 
+# smg registers a new worker some seconds after its pod is Ready (its discovery coalesces
+# events for 1 s, then checks the worker's health and reads its metadata), but drops a
+# terminating one at once: a rolling update removes an old pod only once its replacement has
+# been Ready this long, so the router never runs out of workers of a role.
+ROUTER_DISCOVERY_S: Final = 10
+
+
 def runtime_deployment(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> Obj:
     return {
         "apiVersion": "apps/v1",
@@ -503,6 +510,7 @@ def runtime_deployment(owner: Owner, spec: DisaggregatedModelSpec, role: str) ->
         "metadata": _metadata(owner, child_name(owner.name, role), role),
         "spec": {
             "replicas": spec.role(role).replicas,
+            "minReadySeconds": ROUTER_DISCOVERY_S,
             "selector": {"matchLabels": selector_labels(owner.name, role)},
             "template": runtime_pod_template(owner, spec, role),
         },
