@@ -45,6 +45,24 @@ def prefill_properties(crd: dict[str, Any]) -> dict[str, Any]:
     return dict(schema["properties"]["spec"]["properties"]["prefill"]["properties"])
 
 
+def worker_key_grant(namespace: str, account: str) -> str:
+    """A Role and RoleBinding: `account` may create Secrets in `namespace` (the worker keys)."""
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "worker-keys", "namespace": namespace},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "worker-keys", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "worker-keys"},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
+    }
+    return yaml.safe_dump_all([role, binding])
+
+
 def runtime_state(kubeconfig: Path, namespace: str, model: str) -> dict[str, Any]:
     """The model's pods (by UID) and Deployments (by generation): what an upgrade must keep."""
     selector = f"{contract.LABEL_MODEL}={model}"
@@ -73,6 +91,11 @@ def test_upgrade_from_the_previous_chart_applies_the_new_crd_and_replaces_no_pod
         assert NEW_FIELD not in prefill_properties(get_json(kubeconfig, "crd", CRD_NAME))
         proc = helm_install(kubeconfig, "install", release, PREVIOUS_CHART, namespace, *values)
         assert proc.returncode == 0, proc.stderr
+        # The rig runs this checkout's operator under either chart, and it creates each model's
+        # worker key, which the previous chart's RBAC does not grant (the previous release had no
+        # key; upgrading from it rolls every model's pods once, router first, onto one)
+        grant = worker_key_grant(namespace, f"{release}-pdwarden")
+        assert kubectl(kubeconfig, "apply", "-f", "-", stdin=grant).returncode == 0
         assert kubectl(kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(model)).returncode == 0
 
         def running() -> dict[str, Any] | None:
