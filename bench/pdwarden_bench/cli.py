@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "remediation": "pdwarden_bench.remediation:remediation",
     "watchdog": "pdwarden_bench.watchdog:watchdog",
     "metrics-bomb": "pdwarden_bench.metrics_bomb:metrics_bomb",
+    "router-gate": "pdwarden_bench.gate_cost:router_gate",
 }
 
 

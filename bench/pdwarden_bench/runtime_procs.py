@@ -264,10 +264,12 @@ def start_router(
     python: str | None = None,
     module: str = ROUTER_MODULE,
     worker_key_file: Path | None = None,
+    api_key: str | None = None,
 ) -> Router:
     """SGLang's router over static workers, with the operator's retry and breaker settings
     (``python``/``module``: another router installation, to compare one with the project's);
-    with ``worker_key_file``, behind ``pdwarden runtime router``'s gate as the operator runs it."""
+    with ``worker_key_file``, behind ``pdwarden runtime router``'s gate as the operator runs it;
+    with ``api_key``, smg's own ``--api-key`` alone (its clients must then present it)."""
     port = free_port(host)
     smg_port = free_port("127.0.0.1") if worker_key_file is not None else port
     workers: list[str] = []
@@ -292,6 +294,7 @@ def start_router(
         "--worker-startup-check-interval",
         "1",
         *ROUTER_RESILIENCE_ARGS,
+        *(["--api-key", api_key] if api_key is not None else []),
     ]
     if worker_key_file is not None:
         gate = [_python_bin(), "-c", "from pdwarden_cli.main import main; main()", "runtime", "router"]
@@ -300,14 +303,14 @@ def start_router(
     return Router(host, port, spawn(f"router-{port}", argv, log_dir))
 
 
-def wait_router(router: Router, timeout: float = 180.0) -> None:
+def wait_router(router: Router, timeout: float = 180.0, headers: dict[str, str] | None = None) -> None:
     """Until a real PD request through the router succeeds."""
     body = {"text": "router warm-up", "sampling_params": {"max_new_tokens": 1}}
 
     def routes() -> bool:
         if not router.proc.alive():
             raise RuntimeError(f"router exited early:\n{router.proc.log_tail()}")
-        return http_post_json(f"{router.url}/generate", body, timeout=10)[0] == 200
+        return http_post_json(f"{router.url}/generate", body, timeout=10, headers=headers)[0] == 200
 
     wait_for(routes, timeout, f"the router at {router.url} to route a request", 1.0)
 
@@ -331,9 +334,16 @@ class Fleet:
         python: str | None = None,
         module: str = ROUTER_MODULE,
         worker_key_file: Path | None = None,
+        api_key: str | None = None,
     ) -> Router:
         router = start_router(
-            prefills, decodes, self.log_dir, python=python, module=module, worker_key_file=worker_key_file
+            prefills,
+            decodes,
+            self.log_dir,
+            python=python,
+            module=module,
+            worker_key_file=worker_key_file,
+            api_key=api_key,
         )
         self.procs.append(router.proc)
         return router

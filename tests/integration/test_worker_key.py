@@ -177,3 +177,20 @@ def test_a_worker_will_not_start_on_an_unusable_key_file(tmp_path: Path) -> None
         )
         assert proc.returncode == 2, proc.stderr
         assert "--worker-key-file" in proc.stderr and why in proc.stderr, proc.stderr
+
+
+def test_the_router_gate_benchmark_answers_every_request_in_both_arms() -> None:
+    from pdwarden_bench.gate_cost import run
+
+    result = run(rounds=1, requests=20, concurrency=2, seed=1)
+    for arm in ("direct", "gated"):
+        assert result[arm]["requests_failed"] == 0, result
+        assert (
+            result[arm]["requests_per_second"] > 0
+            and result[arm]["latency_p99_ms"] >= result[arm]["latency_p50_ms"]
+        )
+    assert (
+        result["gated_over_direct_rps_min"]
+        <= result["gated_over_direct_rps"]
+        <= result["gated_over_direct_rps_max"]
+    )
