@@ -211,17 +211,39 @@ async def _owner(
     verify: bool,
 ) -> Owner:
     """The model as its children see it, with who uses its worker key now (`worker_key_secret.
-    plan_use`) and the Secret its workloads mount (`verify`: make sure it still exists, one
-    dry-run create), or a stand-in name until `_apply` has created one after the checks (so
-    that a refused spec creates no Secret)."""
+    plan_use` over the workloads it controls) and the Secret they mount (`verify`: make sure it
+    still exists, one dry-run create), or a stand-in name until `_apply` has created one after
+    the checks (so that a refused spec creates no Secret)."""
     owner = Owner.from_body(body)
-    use = worker_key_secret.plan_use(children.values(), owner.name, spec.worker_key.enabled)
+    workloads = [o for o in children.values() if o["kind"] in WORKLOAD_KINDS and controlled_by(o, owner.uid)]
+    if spec.worker_key.enabled and worker_key_secret.in_use(workloads, owner.name) is None:
+        # None in the cache: a new model, or a cache not filled yet (the operator just started),
+        # which must not make a second Secret and roll every pod onto it
+        workloads = await _listed_workloads(owner)
+    use = worker_key_secret.plan_use(workloads, owner.name, spec.worker_key.enabled)
     pending = worker_key_secret.pending(owner.name)
     checked = use is not None and use.secret != pending and verify and spec.worker_key.enabled
     if use is not None and checked and not await _secret_exists(body, spec, owner.namespace, use.secret):
         log.warning("%s/%s: the worker key's Secret %s is gone", owner.namespace, owner.name, use.secret)
         use = replace(use, secret=pending)
     return replace(owner, worker_key=use)
+
+
+WORKLOAD_KINDS = ("Deployment", "StatefulSet")
+
+
+async def _listed_workloads(owner: Owner) -> list[Obj]:
+    """The model's Deployments and StatefulSets as the API server has them (controlled by it)."""
+    selector = f"{LABEL_MODEL}={owner.name}"
+    found: list[Obj] = []
+    for kind in WORKLOAD_KINDS:
+        try:
+            items = await kube_apply.list_objects("apps/v1", kind, owner.namespace, selector)
+        except KubeApiError as exc:
+            raise RetryLater(f"listing the model's {kind}s failed: {exc}") from exc
+        # a list's items carry no kind of their own
+        found += [{**o, "kind": kind} for o in items if controlled_by(o, owner.uid)]
+    return found
 
 
 async def _secret_exists(

@@ -6,6 +6,7 @@ Alertmanager with the wedged pod's labels."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import threading
 import time
@@ -22,6 +23,7 @@ from pdwarden_demo import chart, demo_scenario, demo_traffic
 from pdwarden_localcluster import monitoring
 from pdwarden_localcluster.cluster import ClusterInfo
 from pdwarden_localcluster.testing import Kubectl, serving, wait_for
+from pdwarden_operator import worker_key_secret
 from pdwarden_operator.render import child_name
 
 from .test_helm_install import helm, helm_install
@@ -83,19 +85,22 @@ class Traffic:
 def inject_from_inside(kubectl: Kubectl, namespace: str, pod: dict[str, Any]) -> None:
     """The fault, posted from inside the pod to its own address (the model's NetworkPolicy
     lets in the router and the model's own runtime pods, never the host), with the model's
-    worker key the pod has mounted (on by default: without it the pod answers 401)."""
+    worker key (on by default: without it the pod answers 401), read from the Secret the pod
+    mounts (the local kubelet's exec does not enter the pod's mounts)."""
+    secret = worker_key_secret.mounted_by(pod["spec"], MODEL)
+    assert secret is not None, "the pod mounts no worker key"
+    data = kubectl.json("get", "secret", secret, "-n", namespace)["data"][contract.WORKER_KEY_SECRET_KEY]
+    key = base64.b64decode(data).decode()
     url = f"http://{pod['status']['podIP']}:{contract.DEFAULT_HTTP_PORT}{contract.FAULT_PATH}"
     body = json.dumps({"fault": contract.FAULT_EMULATED_PORT_RACE})
-    key_file = f"{contract.WORKER_KEY_DIR}/{contract.WORKER_KEY_SECRET_KEY}"
     script = (
-        "import pathlib, urllib.request as u; "
-        f"key = pathlib.Path({key_file!r}).read_text().strip(); "
+        "import sys, urllib.request as u; "
         f"r = u.urlopen(u.Request({url!r}, data={body!r}.encode(), "
-        "headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + key}), timeout=10); "
-        "print(r.status)"
+        "headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + sys.argv[1]}), "
+        "timeout=10); print(r.status)"
     )
     name = pod["metadata"]["name"]
-    out = kubectl("exec", "-n", namespace, name, "--", "python", "-c", script, timeout=60).stdout
+    out = kubectl("exec", "-n", namespace, name, "--", "python", "-c", script, key, timeout=60).stdout
     assert out.strip() == "200", out
 
 
