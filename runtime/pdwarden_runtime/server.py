@@ -275,7 +275,9 @@ async def run_synthetic(
     if leader is not None:
         waits.add(leader.lost)
     await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-    if stop.is_set():
+    # A group's leader stops at once: its group stops with it, and a rank of the next incarnation
+    # must never join a leader that is on its way out.
+    if stop.is_set() and leader is None:
         server.draining = True
         log.warning("%s: stopping; serving %.0f s more", o.role, c.TERMINATION_DRAIN_S)
         await asyncio.sleep(c.TERMINATION_DRAIN_S)
