@@ -215,7 +215,11 @@ async def _owner(
     still exists, one dry-run create), or a stand-in name until `_apply` has created one after
     the checks (so that a refused spec creates no Secret)."""
     owner = Owner.from_body(body)
-    workloads = [o for o in children.values() if o["kind"] in WORKLOAD_KINDS and controlled_by(o, owner.uid)]
+    workloads = [
+        o
+        for o in children.values()
+        if o["kind"] in worker_key_secret.WORKLOAD_KINDS and controlled_by(o, owner.uid)
+    ]
     if spec.worker_key.enabled and worker_key_secret.in_use(workloads, owner.name) is None:
         # None in the cache: a new model, or a cache not filled yet (the operator just started),
         # which must not make a second Secret and roll every pod onto it
@@ -229,14 +233,11 @@ async def _owner(
     return replace(owner, worker_key=use)
 
 
-WORKLOAD_KINDS = ("Deployment", "StatefulSet")
-
-
 async def _listed_workloads(owner: Owner) -> list[Obj]:
     """The model's Deployments and StatefulSets as the API server has them (controlled by it)."""
     selector = f"{LABEL_MODEL}={owner.name}"
     found: list[Obj] = []
-    for kind in WORKLOAD_KINDS:
+    for kind in worker_key_secret.WORKLOAD_KINDS:
         try:
             items = await kube_apply.list_objects("apps/v1", kind, owner.namespace, selector)
         except KubeApiError as exc:

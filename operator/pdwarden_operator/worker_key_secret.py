@@ -29,7 +29,8 @@ Obj = dict[str, Any]
 KEY_FILE: Final = f"{contract.WORKER_KEY_DIR}/{contract.WORKER_KEY_SECRET_KEY}"
 # 32 random bytes, URL-safe: 43 characters.
 KEY_BYTES: Final = 32
-_WORKLOAD_KINDS: Final = ("Deployment", "StatefulSet")
+# The children that run the model's pods (and so mount the key).
+WORKLOAD_KINDS: Final = ("Deployment", "StatefulSet")
 
 
 def generate_name(model: str) -> str:
@@ -84,11 +85,10 @@ def mounted_by(pod_spec: Mapping[str, Any], model: str) -> str | None:
 def in_use(children: Iterable[Mapping[str, Any]], model: str) -> str | None:
     """The Secret the model's workloads mount (the router's first, then the workers'), if one
     with the model's generated name does."""
-    workloads = [c for c in children if c.get("kind") in _WORKLOAD_KINDS]
-    workloads.sort(key=lambda c: c.get("metadata", {}).get("labels", {}).get(contract.LABEL_ROLE) != "router")
+    workloads = [c for c in children if c.get("kind") in WORKLOAD_KINDS]
+    workloads.sort(key=lambda c: _role(c) != contract.ROLE_ROUTER)
     for child in workloads:
-        template = (child.get("spec") or {}).get("template") or {}
-        name = mounted_by(template.get("spec") or {}, model)
+        name = mounted_by(_template_spec(child), model)
         if name is not None:
             return name
     return None
@@ -133,7 +133,7 @@ def rolled_out(workload: Mapping[str, Any]) -> bool:
 def plan_use(children: Iterable[Mapping[str, Any]], model: str, enabled: bool) -> KeyUse | None:
     """Who uses the key this round (None: no one), from the model's children as the watches
     hold them (templates and rollout status)."""
-    workloads = [c for c in children if c.get("kind") in _WORKLOAD_KINDS]
+    workloads = [c for c in children if c.get("kind") in WORKLOAD_KINDS]
     routers = [w for w in workloads if _role(w) == contract.ROLE_ROUTER]
     runtime = [w for w in workloads if _role(w) in contract.RUNTIME_ROLES]
     secret = in_use(workloads, model)
