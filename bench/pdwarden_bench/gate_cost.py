@@ -32,6 +32,7 @@ from pdwarden_bench.runtime_procs import (
     wait_healthy,
     wait_router,
 )
+from pdwarden_runtime.worker_key import auth_headers
 
 
 def _bodies(n: int, seed: int) -> list[dict[str, Any]]:
@@ -86,7 +87,7 @@ def run(rounds: int, requests: int, concurrency: int, seed: int) -> dict[str, An
         decode = fleet.runtime(c.ROLE_DECODE, extra=flags, worker_key_file=key_file)
         wait_healthy([prefill, decode], timeout=300)
         arms: dict[str, tuple[Router, dict[str, str]]] = {
-            "direct": (fleet.router([prefill], [decode], api_key=key), {"Authorization": f"Bearer {key}"}),
+            "direct": (fleet.router([prefill], [decode], api_key=key), auth_headers(key)),
             "gated": (fleet.router([prefill], [decode], worker_key_file=key_file), {}),
         }
         for router, headers in arms.values():

@@ -25,7 +25,7 @@ from typing import Any
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_operator.render import ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
-from pdwarden_runtime.worker_key import bearer, read_key_file
+from pdwarden_runtime.worker_key import auth_headers, read_key_file
 
 # A small KV geometry for `pdwarden runtime serve`: two layers of 64 KiB pages, 16 tokens a
 # page, chunks of two pages; enough pool and aux slots for tens of concurrent rooms.
@@ -134,7 +134,7 @@ class Runtime:
     @property
     def headers(self) -> dict[str, str]:
         """What the model's router sends it: the worker key, when it requires one."""
-        return {} if self.worker_key is None else {"Authorization": bearer(self.worker_key)}
+        return auth_headers(self.worker_key)
 
     def state(self) -> dict[str, Any]:
         status, text = http_get(f"{self.url}/debug/state", headers=self.headers)
@@ -152,6 +152,11 @@ class Runtime:
 
 def _python_bin() -> str:
     return sys.executable
+
+
+def pdwarden_argv(*args: str) -> list[str]:
+    """`pdwarden ARGS` as this checkout's Python runs it."""
+    return [_python_bin(), "-c", "from pdwarden_cli.main import main; main()", *args]
 
 
 def spawn(name: str, argv: Sequence[str], log_dir: Path, env: dict[str, str] | None = None) -> Proc:
@@ -184,11 +189,7 @@ def start_runtime(
         port, metrics_port = free_port(host), free_port(host)
         boot = bootstrap_port or free_port(host)
         argv = [
-            _python_bin(),
-            "-c",
-            "from pdwarden_cli.main import main; main()",
-            "runtime",
-            "serve",
+            *pdwarden_argv("runtime", "serve"),
             "--role",
             role,
             "--engine",
@@ -297,8 +298,8 @@ def start_router(
         *(["--api-key", api_key] if api_key is not None else []),
     ]
     if worker_key_file is not None:
-        gate = [_python_bin(), "-c", "from pdwarden_cli.main import main; main()", "runtime", "router"]
-        gate += ["--host", host, "--port", str(port), "--router-port", str(smg_port)]
+        gate = pdwarden_argv("runtime", "router", "--host", host, "--port", str(port))
+        gate += ["--router-port", str(smg_port)]
         argv = [*gate, "--worker-key-file", str(worker_key_file), "--", *argv]
     return Router(host, port, spawn(f"router-{port}", argv, log_dir))
 

@@ -56,6 +56,7 @@ from pdwarden_localcluster import monitoring, testing
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.testing import serving
 from pdwarden_operator.render import child_name
+from pdwarden_runtime.worker_key import auth_headers
 
 T = TypeVar("T")
 FAULT = contract.FAULT_EMULATED_PORT_RACE
@@ -113,11 +114,10 @@ def ready_pods(kube: DemoCluster, role: str, model: str) -> list[Obj]:
 
 async def inject_fault(ip: str, worker_key: str | None) -> Obj:
     url = f"http://{ip}:{contract.DEFAULT_HTTP_PORT}{contract.FAULT_PATH}"
-    headers = {} if worker_key is None else {"Authorization": f"Bearer {worker_key}"}
     timeout = aiohttp.ClientTimeout(total=10)
     async with (
         aiohttp.ClientSession() as session,
-        session.post(url, json={"fault": FAULT}, headers=headers, timeout=timeout) as resp,
+        session.post(url, json={"fault": FAULT}, headers=auth_headers(worker_key), timeout=timeout) as resp,
     ):
         body = await resp.text()
         if resp.status != 200:

@@ -135,6 +135,14 @@ def workers_key(owner: Owner, spec: DisaggregatedModelSpec) -> str | None:
     return use.secret if use is not None and use.workers else None
 
 
+def _mount_worker_key(secret: str | None, volumes: list[Obj], mounts: list[Obj]) -> None:
+    """Add the key's volume and mount from `secret` (nothing for None)."""
+    if secret is not None:
+        volume, mount = worker_key_secret.volume(secret)
+        volumes.append(volume)
+        mounts.append(mount)
+
+
 def worker_key_secret_object(owner: Owner, key: str) -> Obj:
     """A new Secret for the model's worker key, named by the API server."""
     meta = _metadata(owner, "", WORKER_KEY_ROLE)
@@ -362,11 +370,7 @@ def runtime_volumes(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> tu
         {"name": podtemplate.GONE_PODS_VOLUME, "mountPath": GONE_PODS_DIR, "readOnly": True},
         tmp_mount,
     ]
-    key_secret = workers_key(owner, spec)
-    if key_secret is not None:
-        key_volume, key_mount = worker_key_secret.volume(key_secret)
-        volumes.append(key_volume)
-        mounts.append(key_mount)
+    _mount_worker_key(workers_key(owner, spec), volumes, mounts)
     shm = spec.role(role).shm_size
     if shm:
         volumes.append({"name": podtemplate.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
@@ -616,11 +620,7 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
     role = contract.ROLE_ROUTER
     tmp, tmp_mount = tmp_volume()
     volumes, mounts = [tmp], [tmp_mount]
-    key_secret = router_key(owner, spec)
-    if key_secret is not None:
-        key_volume, key_mount = worker_key_secret.volume(key_secret)
-        volumes.append(key_volume)
-        mounts.append(key_mount)
+    _mount_worker_key(router_key(owner, spec), volumes, mounts)
     container: Obj = {
         "name": ROUTER_CONTAINER,
         "image": spec.router.image or spec.image,

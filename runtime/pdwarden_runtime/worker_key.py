@@ -56,6 +56,11 @@ def bearer(key: str) -> str:
     return f"Bearer {key}"
 
 
+def auth_headers(key: str | None) -> dict[str, str]:
+    """The headers that present `key` (none for None: a worker that requires no key)."""
+    return {} if key is None else {"Authorization": bearer(key)}
+
+
 def authorized(header: str | None, key: str) -> bool:
     """Whether an Authorization header carries `key` (compared in constant time)."""
     if not header:

@@ -6,7 +6,6 @@ Alertmanager with the wedged pod's labels."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import threading
 import time
@@ -20,10 +19,10 @@ import yaml
 
 import pdwarden_contract as contract
 from pdwarden_demo import chart, demo_scenario, demo_traffic
+from pdwarden_demo.demo_kube import DemoCluster
 from pdwarden_localcluster import monitoring
 from pdwarden_localcluster.cluster import ClusterInfo
 from pdwarden_localcluster.testing import Kubectl, serving, wait_for
-from pdwarden_operator import worker_key_secret
 from pdwarden_operator.render import child_name
 
 from .test_helm_install import helm, helm_install
@@ -82,15 +81,11 @@ class Traffic:
         self._thread.join(timeout=60)
 
 
-def inject_from_inside(kubectl: Kubectl, namespace: str, pod: dict[str, Any]) -> None:
+def inject_from_inside(kubectl: Kubectl, namespace: str, pod: dict[str, Any], key: str) -> None:
     """The fault, posted from inside the pod to its own address (the model's NetworkPolicy
     lets in the router and the model's own runtime pods, never the host), with the model's
-    worker key (on by default: without it the pod answers 401), read from the Secret the pod
-    mounts (the local kubelet's exec does not enter the pod's mounts)."""
-    secret = worker_key_secret.mounted_by(pod["spec"], MODEL)
-    assert secret is not None, "the pod mounts no worker key"
-    data = kubectl.json("get", "secret", secret, "-n", namespace)["data"][contract.WORKER_KEY_SECRET_KEY]
-    key = base64.b64decode(data).decode()
+    worker key (on by default: without it the pod answers 401), given by the caller (the local
+    kubelet's exec does not enter the pod's mounts)."""
     url = f"http://{pod['status']['podIP']}:{contract.DEFAULT_HTTP_PORT}{contract.FAULT_PATH}"
     body = json.dumps({"fault": contract.FAULT_EMULATED_PORT_RACE})
     script = (
@@ -123,7 +118,7 @@ def installed(cluster: ClusterInfo, kubectl: Kubectl, namespace: str) -> Iterato
 
 
 def test_a_healthy_model_fires_nothing_and_a_wedge_reaches_alertmanager_with_the_pods_labels(
-    stack: monitoring.MonitoringInfo, kubectl: Kubectl, installed: str
+    stack: monitoring.MonitoringInfo, cluster: ClusterInfo, kubectl: Kubectl, installed: str
 ) -> None:
     namespace = installed
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump(model_manifest(namespace)))
@@ -178,7 +173,13 @@ def test_a_healthy_model_fires_nothing_and_a_wedge_reaches_alertmanager_with_the
         prefills = [p for p in pods if p["metadata"]["labels"][contract.LABEL_ROLE] == contract.ROLE_PREFILL]
         pod = min(prefills, key=lambda p: p["metadata"]["name"])
         victim = pod["metadata"]["name"]
-        inject_from_inside(kubectl, namespace, pod)
+        kube = DemoCluster(Path(cluster.kubeconfig))
+        try:
+            key = kube.worker_key(pod)
+        finally:
+            kube.close()
+        assert key is not None, "the pod requires no worker key"
+        inject_from_inside(kubectl, namespace, pod, key)
         with Traffic(router_ip, IMPATIENT):
 
             def wedge_alert() -> monitoring.Alert | None:

@@ -12,7 +12,6 @@ import asyncio
 import random
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from pdwarden_bench.runtime_procs import (
     Runtime,
     http_get,
     http_post_json,
+    pdwarden_argv,
     serve_flags,
     wait_healthy,
     wait_router,
@@ -161,7 +161,7 @@ def test_a_client_that_leaves_through_the_gate_ends_both_legs(
         assert state["free_pages"] == state["total_pages"], state
 
 
-SERVE = [sys.executable, "-c", "from pdwarden_cli.main import main; main()", "runtime", "serve"]
+SERVE = pdwarden_argv("runtime", "serve")
 
 
 def test_a_worker_will_not_start_on_an_unusable_key_file(tmp_path: Path) -> None:
