@@ -469,16 +469,22 @@ def wait_rounds(op: OperatorProcess, model: str, rounds: int, timeout: float = 1
     )
 
 
-def open_env(kubeconfig: Path, namespace: str, tmp: Path) -> Iterator[Env]:
-    """The body of the scenarios' `env` fixture: an Env on `namespace` with the CRD installed;
-    afterwards its operators stop (their logs go to stderr), the namespace is deleted and its
-    pods waited for."""
+def open_env(kubeconfig: Path, namespace: str, tmp: Path, *, create_namespace: bool = False) -> Iterator[Env]:
+    """The body of the scenarios' `env` fixture: an Env on `namespace` (created first when
+    asked: a benchmark's) with the CRD installed; afterwards its operators stop (their logs go
+    to stderr), the namespace is deleted and its pods waited for."""
     import kubernetes
 
     cfg = kubernetes.client.Configuration()
     kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
     api = kubernetes.client.ApiClient(cfg)
     e = Env(kubeconfig=kubeconfig, namespace=namespace, tmp=tmp, api=api)
+    if create_namespace:
+        e.call(
+            "POST",
+            "/api/v1/namespaces",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        )
     e.install_crd(
         yaml.safe_load(subprocess.run([PDWARDEN, "crd"], check=True, capture_output=True, text=True).stdout)
     )

@@ -197,6 +197,8 @@ METRIC_KV_PAGES_HELD: Final = "pdwarden_kv_pages_held"
 METRIC_KV_PAGES_HELD_SECONDS: Final = "pdwarden_kv_pages_held_seconds"
 # Pages of the pod's KV pool (what held pages are a share of).
 METRIC_KV_POOL_PAGES: Final = "pdwarden_kv_pool_pages"
+# Pages of the pod's KV pool allocated now (decode: what autoscaling's kvPagesInUse reads).
+METRIC_KV_PAGES_IN_USE: Final = "pdwarden_kv_pages_in_use"
 # Decode-side page verification failures (synthetic engine): corrupted KV pages seen.
 METRIC_KV_VERIFY_FAILURES_TOTAL: Final = "pdwarden_kv_verify_failures_total"
 METRIC_KV_VERIFY_FAILURES_BASE: Final = "pdwarden_kv_verify_failures"
@@ -236,5 +238,13 @@ METRIC_OPERATOR_NAMESPACE_BRAKE_ENGAGED: Final = "pdwarden_operator_namespace_br
 # Abandoned rooms the model's pods report (METRIC_KV_ROOMS_ABANDONED), per role: named in the
 # verdicts, never remediated.
 METRIC_OPERATOR_ABANDONED_ROOMS: Final = "pdwarden_operator_abandoned_rooms"
+# Autoscaling, per {namespace, model, role}: the Deployment's count, what the load alone asks
+# for, 1 while at maxReplicas with more asked, and every scaling decision ({direction, reason});
+# per {namespace, model}: 1 while spec.prefillDecodeRatio cannot be kept.
+METRIC_OPERATOR_AUTOSCALE_REPLICAS: Final = "pdwarden_operator_autoscale_replicas"
+METRIC_OPERATOR_AUTOSCALE_RECOMMENDED: Final = "pdwarden_operator_autoscale_recommended_replicas"
+METRIC_OPERATOR_AUTOSCALE_SATURATED: Final = "pdwarden_operator_autoscale_saturated"
+METRIC_OPERATOR_AUTOSCALE_DECISIONS_TOTAL: Final = "pdwarden_operator_autoscale_decisions_total"
+METRIC_OPERATOR_RATIO_UNKEEPABLE: Final = "pdwarden_operator_autoscale_ratio_unkeepable"
 OPERATOR_METRICS_PORT: Final = 8080
 OPERATOR_HEALTH_PORT: Final = 8081

@@ -121,3 +121,8 @@ class Cache:
 
     def children_of(self, key: ModelKey) -> dict[ChildKey, Obj]:
         return dict(self.children.get(key, {}))
+
+
+# The one cache of the process: the reconciler keeps it, the watchdog's autoscaler reads the
+# Deployments' counts from it.
+CHILDREN = Cache()

@@ -19,7 +19,7 @@ import kopf
 
 import pdwarden_contract as contract
 from pdwarden_operator import reconcile
-from pdwarden_operator.cache import Cache
+from pdwarden_operator.cache import CHILDREN
 from pdwarden_operator.kube.client import get_client
 
 log = logging.getLogger("pdwarden.handlers")
@@ -51,7 +51,7 @@ CHILD_KINDS = (
     ("networking.k8s.io", "v1", "networkpolicies", "networking.k8s.io/v1", "NetworkPolicy"),
 )
 
-cache = Cache()
+cache = CHILDREN
 _failures: dict[tuple[str, str], int] = {}  # consecutive transient failures per model: backoff
 _loop_task: asyncio.Task[None] | None = None
 _reconcile_slots = asyncio.Semaphore(RECONCILE_CONCURRENCY)

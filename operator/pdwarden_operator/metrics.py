@@ -14,10 +14,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from pdwarden_contract import (
     ENV_POD_IP,
     METRIC_OPERATOR_ABANDONED_ROOMS,
+    METRIC_OPERATOR_AUTOSCALE_DECISIONS_TOTAL,
+    METRIC_OPERATOR_AUTOSCALE_RECOMMENDED,
+    METRIC_OPERATOR_AUTOSCALE_REPLICAS,
+    METRIC_OPERATOR_AUTOSCALE_SATURATED,
     METRIC_OPERATOR_BRAKE_ENGAGED,
     METRIC_OPERATOR_BUDGET_EXHAUSTED,
     METRIC_OPERATOR_LEADER,
     METRIC_OPERATOR_NAMESPACE_BRAKE_ENGAGED,
+    METRIC_OPERATOR_RATIO_UNKEEPABLE,
     METRIC_OPERATOR_REMEDIATIONS_TOTAL,
     METRIC_OPERATOR_SCRAPE_DURATION,
     METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL,
@@ -98,15 +103,56 @@ class OperatorMetrics:
             ["namespace"],
             registry=r,
         )
+        self.autoscale_replicas = Gauge(
+            METRIC_OPERATOR_AUTOSCALE_REPLICAS,
+            "An autoscaled role's replicas as its Deployment holds them",
+            [*_MODEL, "role"],
+            registry=r,
+        )
+        self.autoscale_recommended = Gauge(
+            METRIC_OPERATOR_AUTOSCALE_RECOMMENDED,
+            "Replicas the role's load alone asks for, within its bounds",
+            [*_MODEL, "role"],
+            registry=r,
+        )
+        self.autoscale_saturated = Gauge(
+            METRIC_OPERATOR_AUTOSCALE_SATURATED,
+            "1 while the role is at maxReplicas and its load asks for more",
+            [*_MODEL, "role"],
+            registry=r,
+        )
+        self.autoscale_decisions = Counter(
+            _base(METRIC_OPERATOR_AUTOSCALE_DECISIONS_TOTAL),
+            "Replica changes the autoscaler made, by direction and reason",
+            [*_MODEL, "role", "direction", "reason"],
+            registry=r,
+        )
+        self.ratio_unkeepable = Gauge(
+            METRIC_OPERATOR_RATIO_UNKEEPABLE,
+            "1 while spec.prefillDecodeRatio cannot be kept within the roles' bounds",
+            list(_MODEL),
+            registry=r,
+        )
 
     def forget_model(self, namespace: str, model: str) -> None:
         """Drop a deleted model's gauges so they do not report stale values."""
+        self.forget_autoscaling(namespace, model)
         for gauge in (self.wedged_pods, self.unobserved_pods, self.abandoned_rooms):
             for role in RUNTIME_ROLES:
                 with contextlib.suppress(KeyError):
                     gauge.remove(namespace, model, role)
         with contextlib.suppress(KeyError):
             self.budget_exhausted.remove(namespace, model)
+
+    def forget_autoscaling(self, namespace: str, model: str, roles: tuple[str, ...] = RUNTIME_ROLES) -> None:
+        """Drop the autoscaling gauges of `roles` (no longer autoscaled, or the model gone)."""
+        for gauge in (self.autoscale_replicas, self.autoscale_recommended, self.autoscale_saturated):
+            for role in roles:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(namespace, model, role)
+        if set(roles) == set(RUNTIME_ROLES):
+            with contextlib.suppress(KeyError):
+                self.ratio_unkeepable.remove(namespace, model)
 
 
 METRICS = OperatorMetrics()

@@ -409,6 +409,127 @@ class TransferSpec(_Base):
         return base + self.host_port_offset
 
 
+class ScalePolicy(_Base):
+    """How fast one direction of scaling may go."""
+
+    stabilization_seconds: int = Field(
+        description="Look-back window: scaling up takes the lowest recommendation of the window, "
+        "scaling down the highest, so a brief spike or lull moves nothing.",
+        ge=0,
+        le=3600,
+    )
+    max_step: int = Field(description="Pods added (or removed) at most per periodSeconds.", ge=1, le=64)
+    period_seconds: int = Field(description="The period maxStep counts over.", ge=1, le=3600)
+
+
+class AutoscalingTarget(_Base):
+    """The load one pod should carry; the role scales so that the mean over its ready, unwedged
+    pods meets every target set (the highest ratio decides). A wedged pod's queue is not demand:
+    the watchdog remediates it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "has(self.inflightPerPod) || has(self.queueAgeSeconds) || has(self.kvPagesInUse)",
+                "set at least one of inflightPerPod, queueAgeSeconds and kvPagesInUse",
+            )
+        )
+    )
+
+    inflight_per_pod: float | None = Field(
+        None,
+        description="Requests in flight per pod (rooms between arrival and the end of their KV "
+        "transfer): the load of either role.",
+        gt=0,
+        le=100000,
+    )
+    queue_age_seconds: float | None = Field(
+        None,
+        description="Prefill only: age of each pod's oldest request in flight, in seconds (how long "
+        "a new request waits for prefill).",
+        gt=0,
+        le=3600,
+    )
+    kv_pages_in_use: float | None = Field(
+        None,
+        description="Decode only: KV-cache pages in use per pod (the runtime's pdwarden_kv_pages_in_use).",
+        gt=0,
+        le=1e9,
+    )
+
+    @model_validator(mode="after")
+    def _some(self) -> AutoscalingTarget:
+        if self.inflight_per_pod is None and self.queue_age_seconds is None and self.kv_pages_in_use is None:
+            raise ValueError("set at least one of inflightPerPod, queueAgeSeconds and kvPagesInUse")
+        return self
+
+
+def _policy(stabilization: int, step: int, period: int, description: str) -> Any:
+    values: dict[str, Any] = {"stabilizationSeconds": stabilization, "maxStep": step, "periodSeconds": period}
+    return Field(
+        default_factory=lambda: ScalePolicy.model_validate(values),
+        description=f"{description} Default: " + ", ".join(f"{k} {v}" for k, v in values.items()) + ".",
+        json_schema_extra={"default": values},
+    )
+
+
+class AutoscalingSpec(_Base):
+    """pdwarden scales the role between minReplicas and maxReplicas on its pods' load (or lets an
+    autoscaler of yours drive the role's Deployment through its scale subresource)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            cel(
+                "self.minReplicas <= self.maxReplicas",
+                "minReplicas must not exceed maxReplicas",
+                ".minReplicas",
+            )
+        )
+    )
+
+    min_replicas: int = Field(1, description="Fewest pods.", ge=1, le=512)
+    max_replicas: int = Field(description="Most pods.", ge=1, le=512)
+    driver: Literal["pdwarden", "external"] = Field(
+        "pdwarden",
+        description="pdwarden: the operator scales on `target`. external: an autoscaler of yours "
+        "(HorizontalPodAutoscaler, KEDA) sets the Deployment's scale; pdwarden keeps it within "
+        "[minReplicas, maxReplicas] and never reverts it.",
+    )
+    target: AutoscalingTarget = Field(
+        default_factory=lambda: AutoscalingTarget.model_validate({"inflightPerPod": 8}),
+        description="The load per pod to scale for. Default: {inflightPerPod: 8}.",
+        json_schema_extra={"default": {"inflightPerPod": 8}},
+    )
+    scale_up: ScalePolicy = _policy(30, 2, 60, "How fast pods are added.")
+    scale_down: ScalePolicy = _policy(300, 1, 120, "How fast pods are removed (each drains first).")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingSpec:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas must not exceed maxReplicas")
+        return self
+
+
+class RatioBand(_Base):
+    """Prefill pods per decode pod, kept inside [min, max] whenever replicas change."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(cel("self.min <= self.max", "min must not exceed max", ".min"))
+    )
+
+    min: float = Field(description="Fewest prefill pods per decode pod, e.g. 0.5.", gt=0, le=64)
+    max: float = Field(description="Most prefill pods per decode pod, e.g. 2.", gt=0, le=64)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RatioBand:
+        if self.min > self.max:
+            raise ValueError("min must not exceed max")
+        return self
+
+
+AUTOSCALING_GROUPS_MESSAGE = "autoscaling scales single-pod replicas only (nodesPerReplica 1)"
+
+
 class RoleSpec(_Base):
     """One side of the disaggregated pair (prefill or decode): a Deployment of runtime pods."""
 
@@ -425,6 +546,11 @@ class RoleSpec(_Base):
                 "with nodesPerReplica > 1, tensorParallel must be a multiple of nodesPerReplica "
                 "(SGLang gives every node tensorParallel / nodesPerReplica ranks)",
                 ".tensorParallel",
+            ),
+            cel(
+                "!has(self.autoscaling) || self.nodesPerReplica == 1",
+                AUTOSCALING_GROUPS_MESSAGE,
+                ".autoscaling",
             ),
         )
     )
@@ -490,6 +616,11 @@ class RoleSpec(_Base):
         json_schema_extra=_QUANTITY_RULE,
     )
     pod_template: RuntimePodTemplate | None = Field(None)
+    autoscaling: AutoscalingSpec | None = Field(
+        None,
+        description="Scale the role on its load. `replicas` is then only the first count (kept "
+        "within the bounds); the Deployment holds the count from there on.",
+    )
 
     @property
     def shm_size(self) -> str | None:
@@ -512,6 +643,8 @@ class RoleSpec(_Base):
             )
         if self.nodes_per_replica > 1 and self.tensor_parallel % self.nodes_per_replica:
             raise ValueError("with nodesPerReplica > 1, tensorParallel must be a multiple of nodesPerReplica")
+        if self.autoscaling is not None and self.nodes_per_replica != 1:
+            raise ValueError(AUTOSCALING_GROUPS_MESSAGE)
         return self
 
     @property
@@ -715,6 +848,17 @@ LADDER_MESSAGE = (
 )
 
 
+KV_PAGES_PREFILL_MESSAGE = (
+    "prefill.autoscaling.target.kvPagesInUse: KV pages in use are decode's signal; prefill "
+    "scales on inflightPerPod or queueAgeSeconds"
+)
+QUEUE_AGE_DECODE_MESSAGE = (
+    "decode.autoscaling.target.queueAgeSeconds: queue age is prefill's signal; decode scales on "
+    "inflightPerPod or kvPagesInUse"
+)
+RATIO_WITHOUT_AUTOSCALING_MESSAGE = "prefillDecodeRatio needs autoscaling on prefill or decode"
+
+
 class DisaggregatedModelSpec(_Base):
     """Desired state: one model served by prefill and decode pods behind SGLang's router (smg)."""
 
@@ -729,6 +873,24 @@ class DisaggregatedModelSpec(_Base):
                 "self.watchdog.stuckAfterSeconds > self.transfer.inflightDeadlineSeconds",
                 LADDER_MESSAGE,
                 ".watchdog.stuckAfterSeconds",
+            ),
+            cel(
+                "!has(self.prefill.autoscaling) || !has(self.prefill.autoscaling.target) "
+                "|| !has(self.prefill.autoscaling.target.kvPagesInUse)",
+                KV_PAGES_PREFILL_MESSAGE,
+                ".prefill.autoscaling.target.kvPagesInUse",
+            ),
+            cel(
+                "!has(self.decode.autoscaling) || !has(self.decode.autoscaling.target) "
+                "|| !has(self.decode.autoscaling.target.queueAgeSeconds)",
+                QUEUE_AGE_DECODE_MESSAGE,
+                ".decode.autoscaling.target.queueAgeSeconds",
+            ),
+            cel(
+                "!has(self.prefillDecodeRatio) || has(self.prefill.autoscaling) "
+                "|| has(self.decode.autoscaling)",
+                RATIO_WITHOUT_AUTOSCALING_MESSAGE,
+                ".prefillDecodeRatio",
             ),
         )
     )
@@ -752,6 +914,11 @@ class DisaggregatedModelSpec(_Base):
     watchdog: WatchdogSpec = _nested(WatchdogSpec, "Wedge detection and remediation.")
     network_policy: NetworkPolicySpec = _nested(NetworkPolicySpec, "An optional NetworkPolicy.")
     worker_key: WorkerKeySpec = _nested(WorkerKeySpec, "The key between the router and the workers.")
+    prefill_decode_ratio: RatioBand | None = Field(
+        None,
+        description="Prefill pods per decode pod to keep while autoscaling: when one role scales, "
+        "the other follows as far as its bounds allow (status and an Event say when it cannot).",
+    )
 
     @model_validator(mode="after")
     def _router_needed(self) -> DisaggregatedModelSpec:
@@ -759,7 +926,24 @@ class DisaggregatedModelSpec(_Base):
             raise ValueError("router.replicas must be at least 1 when prefill and decode have replicas")
         if self.watchdog.stuck_after_seconds <= self.transfer.inflight_deadline_seconds:
             raise ValueError(LADDER_MESSAGE)
+        if (
+            self.prefill.autoscaling is not None
+            and self.prefill.autoscaling.target.kv_pages_in_use is not None
+        ):
+            raise ValueError(KV_PAGES_PREFILL_MESSAGE)
+        if (
+            self.decode.autoscaling is not None
+            and self.decode.autoscaling.target.queue_age_seconds is not None
+        ):
+            raise ValueError(QUEUE_AGE_DECODE_MESSAGE)
+        if self.prefill_decode_ratio is not None and not self.autoscaled_roles:
+            raise ValueError(RATIO_WITHOUT_AUTOSCALING_MESSAGE)
         return self
+
+    @property
+    def autoscaled_roles(self) -> tuple[str, ...]:
+        """The runtime roles with `autoscaling` set."""
+        return tuple(r for r in contract.RUNTIME_ROLES if self.role(r).autoscaling is not None)
 
     def role(self, role: str) -> RoleSpec:
         if role == contract.ROLE_PREFILL:
@@ -801,6 +985,33 @@ class ReplicaStatus(_Base):
     ready_pods: int | None = Field(None, description="Ready pods of the role's groups.")
 
 
+class RoleAutoscalingStatus(_Base):
+    """One autoscaled role as the last scaling round saw it."""
+
+    replicas: int = Field(description="The Deployment's replicas when the round ran.")
+    desired_replicas: int = Field(description="What the round set (or, driver external, found).")
+    recommended_replicas: int | None = Field(
+        None, description="What the load alone asks for, within the bounds (before windows, steps, band)."
+    )
+    min_replicas: int = Field(description="spec's minReplicas.")
+    max_replicas: int = Field(description="spec's maxReplicas.")
+    reason: str = Field(description="Why desiredReplicas is what it is: one CamelCase word.", max_length=64)
+    message: str = Field(description="The figures behind the reason.", max_length=1024)
+    saturated: bool = Field(False, description="At maxReplicas and the load asks for more.")
+    last_scale_time: str | None = Field(None, description="When pdwarden last changed the count (RFC 3339).")
+
+
+class AutoscalingStatus(_Base):
+    """The autoscaler's view: desired against current per role, and why."""
+
+    prefill: RoleAutoscalingStatus | None = Field(None, description="Prefill, when it autoscales.")
+    decode: RoleAutoscalingStatus | None = Field(None, description="Decode, when it autoscales.")
+    ratio_kept: bool | None = Field(
+        None, description="Whether prefill:decode is inside spec.prefillDecodeRatio (absent without a band)."
+    )
+    ratio_message: str | None = Field(None, description="Why the band cannot be kept.", max_length=1024)
+
+
 class DisaggregatedModelStatus(_Base):
     """Observed state, written by the operator."""
 
@@ -823,6 +1034,9 @@ class DisaggregatedModelStatus(_Base):
         "fleetBrake. "
         "Written when a finding changes; lastScrape alone is refreshed at most "
         "once a minute. Absent until a runtime pod is Ready.",
+    )
+    autoscaling: AutoscalingStatus | None = Field(
+        None, description="Autoscaled roles: desired against current replicas, and why."
     )
     remediations: list[dict[str, Any]] | None = Field(
         None,

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from pdwarden_contract import LABEL_MODEL, LABEL_ROLE, RUNTIME_ROLES
-from pdwarden_operator import plan, podpolicy, scheduling, worker_key_secret
+from pdwarden_operator import plan, podpolicy, replicas, scheduling, worker_key_secret
 from pdwarden_operator.cache import controller_ref
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
@@ -230,7 +230,13 @@ async def _owner(
     if use is not None and checked and not await _secret_exists(body, spec, owner.namespace, use.secret):
         log.warning("%s/%s: the worker key's Secret %s is gone", owner.namespace, owner.name, use.secret)
         use = replace(use, secret=pending)
-    return replace(owner, worker_key=use)
+    deployed = {
+        role: count
+        for role in spec.autoscaled_roles
+        if (count := replicas.deployed(children.get(("Deployment", child_name(owner.name, role)))))
+        is not None
+    }
+    return replace(owner, worker_key=use, deployed=deployed)
 
 
 async def _listed_workloads(owner: Owner) -> list[Obj]:
@@ -300,6 +306,7 @@ async def _apply(
     await _refuse_foreign(body, spec, objs, known)
     await _dry_run(body, spec, objs)
     objs = await _with_worker_key(body, spec, owner, objs)
+    objs = await _fresh_replicas(spec, objs)
     try:
         applied: list[Obj] = []
         for wave in plan.apply_waves(objs):
@@ -311,6 +318,25 @@ async def _apply(
         # The API server rejected what we rendered from this spec (e.g. a bad quantity):
         # retrying will not help until the spec changes. Say so in status.
         raise await _reject(body, spec, "ApplyFailed", f"The API server rejected a child: {exc}") from exc
+
+
+async def _fresh_replicas(spec: DisaggregatedModelSpec, objs: list[Obj]) -> list[Obj]:
+    """`objs`, an autoscaled role's Deployment carrying the count the API server holds now: the
+    watch may not have brought the autoscaler's last step yet, and applying an older count would
+    undo it."""
+    out = []
+    for obj in objs:
+        role = _role_of(obj)
+        if obj["kind"] == "Deployment" and role in spec.autoscaled_roles:
+            meta = obj["metadata"]
+            try:
+                current = await kube_apply.get("apps/v1", "Deployment", meta["namespace"], meta["name"])
+            except KubeApiError as exc:
+                raise RetryLater(f"reading Deployment {meta['name']}'s replicas failed: {exc}") from exc
+            count = replicas.in_effect(spec.role(role), replicas.deployed(current))
+            obj = {**obj, "spec": {**obj["spec"], "replicas": count}}
+        out.append(obj)
+    return out
 
 
 async def _spec(body: Mapping[str, Any]) -> DisaggregatedModelSpec:

@@ -8,11 +8,12 @@ restart updates the same objects instead of creating duplicates.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pdwarden_contract as contract
-from pdwarden_operator import groups, podpolicy, podtemplate, worker_key_secret
+from pdwarden_operator import groups, podpolicy, podtemplate, replicas, worker_key_secret
 from pdwarden_operator.models import (
     GPU_RESOURCE,
     ROUTER_DEFAULT_RESOURCES,
@@ -61,6 +62,8 @@ class Owner:
     annotations: dict[str, str] = field(default_factory=dict)
     # Who uses the model's worker key now (observed: reconcile plans it; None: from the spec).
     worker_key: worker_key_secret.KeyUse | None = None
+    # Autoscaled roles' counts as their Deployments hold them (observed; absent: none yet).
+    deployed: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: Any) -> Owner:
@@ -513,7 +516,7 @@ def runtime_deployment(owner: Owner, spec: DisaggregatedModelSpec, role: str) ->
         "kind": "Deployment",
         "metadata": _metadata(owner, child_name(owner.name, role), role),
         "spec": {
-            "replicas": spec.role(role).replicas,
+            "replicas": replicas.in_effect(spec.role(role), owner.deployed.get(role)),
             "minReadySeconds": ROUTER_DISCOVERY_S,
             "selector": {"matchLabels": selector_labels(owner.name, role)},
             "template": runtime_pod_template(owner, spec, role),

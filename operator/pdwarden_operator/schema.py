@@ -89,6 +89,10 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[str,
     for key in _KEEP:
         if key in node:
             out[key] = node[key]
+    for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
+        # JSON Schema's numeric exclusive bound (pydantic's gt/lt) is OpenAPI v3.0's boolean flag
+        if not isinstance(out.get(exclusive, True), bool):
+            out[bound], out[exclusive] = out[exclusive], True
     if "const" in node:
         out["enum"] = [node["const"]]
     if "enum" in out and "type" not in out:

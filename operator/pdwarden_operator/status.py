@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import pdwarden_contract as contract
+from pdwarden_operator import replicas
 from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.render import ROLES
 
@@ -110,8 +110,10 @@ def observe_groups(objs: Iterable[Mapping[str, Any]], nodes: int, want: int) -> 
     )
 
 
-def desired_replicas(spec: DisaggregatedModelSpec, role: str) -> int:
-    return spec.router.replicas if role == contract.ROLE_ROUTER else spec.role(role).replicas
+def desired_replicas(spec: DisaggregatedModelSpec, role: str, observed: Observed) -> int:
+    """The role's count: the spec's, or an autoscaled role's as its Deployment holds it."""
+    w = observed.workload(role)
+    return replicas.desired(spec, role, w.spec_replicas if w.present else None)
 
 
 def _settled(w: Workload, want: int) -> bool:
@@ -133,7 +135,7 @@ def _roles_summary(spec: DisaggregatedModelSpec, observed: Observed) -> str:
     parts = []
     for role in ROLES:
         w = observed.workload(role)
-        want = desired_replicas(spec, role)
+        want = desired_replicas(spec, role, observed)
         parts.append(f"{role} {w.ready}/{want} ready" if w.present else f"{role} not created")
     return ", ".join(parts)
 
@@ -159,7 +161,7 @@ def compute_conditions(
     now: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """Ready, Progressing, Degraded and Wedged, keeping lastTransitionTime when unchanged."""
-    unsettled = [r for r in ROLES if not _settled(observed.workload(r), desired_replicas(spec, r))]
+    unsettled = [r for r in ROLES if not _settled(observed.workload(r), desired_replicas(spec, r, observed))]
     missing = [r for r in ROLES if not observed.workload(r).present]
     stalled = [r for r in ROLES if observed.workload(r).stalled and r in unsettled]
     summary = _roles_summary(spec, observed)
@@ -293,7 +295,7 @@ def compute_status(
         "conditions": conditions,
     }
     for role in ROLES:
-        want = desired_replicas(spec, role)
+        want = desired_replicas(spec, role, observed)
         w = observed.workload(role)
         status[role] = {"replicas": want, "readyReplicas": w.ready, "summary": f"{w.ready}/{want}"}
         if w.grouped:

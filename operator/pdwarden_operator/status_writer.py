@@ -29,7 +29,7 @@ from pdwarden_operator.status import Observed, compose, invalid_spec_status
 Key = tuple[str, str]
 Patcher = Callable[[str, str, dict[str, Any], str | None], Awaitable[None]]
 # The watchdog's keys; the reconciler's are everything compose() adds besides these.
-WATCHDOG_KEYS = ("watchdog", "remediations")
+WATCHDOG_KEYS = ("watchdog", "remediations", "autoscaling")
 
 
 async def _patch(namespace: str, name: str, patch: dict[str, Any], resource_version: str | None) -> None:
@@ -121,8 +121,9 @@ class StatusWriter:
         *,
         resource_version: str | None = None,
     ) -> dict[str, Any]:
-        """The watchdog's findings (`watchdog`, `remediations`); written with `resource_version`
-        as a precondition when given (an intent: a 409 means another writer, do not act)."""
+        """The watchdog's findings (`watchdog`, `remediations`, `autoscaling`); written with
+        `resource_version` as a precondition when given (an intent: a 409 means another writer,
+        do not act)."""
         key, model = self._model(body)
         async with model.lock:
             previous = model.findings

@@ -95,6 +95,7 @@ class RuntimeMetrics:
         abandoned: Callable[[], int] | None = None,
         held_pages: HeldPages | None = None,
         pool_pages: Callable[[], int | None] | None = None,
+        pages_in_use: Callable[[], int | None] | None = None,
     ) -> None:
         if role not in c.RUNTIME_ROLES:
             raise ValueError(f"unknown runtime role {role!r}; expected one of {c.RUNTIME_ROLES}")
@@ -115,6 +116,7 @@ class RuntimeMetrics:
             abandoned,
             held_pages,
             pool_pages,
+            pages_in_use,
         )
         self.registry.register(self._state)
         role_label = [c.LABEL_METRIC_ROLE]
@@ -190,6 +192,7 @@ class _StateCollector(Collector):
         abandoned: Callable[[], int] | None = None,
         held_pages: HeldPages | None = None,
         pool_pages: Callable[[], int | None] | None = None,
+        pages_in_use: Callable[[], int | None] | None = None,
     ) -> None:
         self._role = role
         self._table = table
@@ -202,6 +205,7 @@ class _StateCollector(Collector):
         self._abandoned = abandoned
         self._held_pages = held_pages
         self._pool_pages = pool_pages
+        self._pages_in_use = pages_in_use
 
     def describe(self) -> list[Metric]:
         return list(self._families())
@@ -283,10 +287,16 @@ class _StateCollector(Collector):
             labels=[R, c.LABEL_METRIC_PEER],
         )
         pool = GaugeMetricFamily(c.METRIC_KV_POOL_PAGES, "Pages of this pod's KV pool.", labels=[R])
+        in_use = GaugeMetricFamily(
+            c.METRIC_KV_PAGES_IN_USE, "Pages of this pod's KV pool allocated now.", labels=[R]
+        )
         if with_samples:
             pages = self._pool_pages() if self._pool_pages is not None else None
             if pages is not None:
                 pool.add_metric([role], pages)
+            used = self._pages_in_use() if self._pages_in_use is not None else None
+            if used is not None:
+                in_use.add_metric([role], used)
             abandoned.add_metric([role], self._abandoned() if self._abandoned is not None else 0)
             if self._held_pages is not None:
                 for peer, (pages, seconds) in sorted(_held_by_peer(self._held_pages).items()):
@@ -323,7 +333,7 @@ class _StateCollector(Collector):
                 refused.add_metric([role, *labels], counted.get(labels, 0))
         yield from (inflight, oldest, rooms, transfers, refused, in_state)
         yield from (threads, threads_expected, quarantined, endings, peer_inflight, peer_transfers)
-        yield from (abandoned, pages_held, pages_held_seconds, pool)
+        yield from (abandoned, pages_held, pages_held_seconds, pool, in_use)
 
 
 # Held-page series per writer: the peers' bound (peers.py), the rest under PEER_OTHER.

@@ -181,6 +181,7 @@ def test_rbac_is_least_privilege_on_the_real_authorizer(kubeconfig: Path, namesp
         assert can("delete", "pods", "-n", namespace)
         assert can("create", "pods", "--subresource=eviction", "-n", namespace)
         assert can("patch", "deployments.apps", "-n", namespace)
+        assert can("patch", "deployments.apps", "--subresource=scale", "-n", namespace)  # autoscaling
         assert can("create", "events", "-n", namespace)
         # blockOwnerDeletion on children, under OwnerReferencesPermissionEnforcement
         assert can("update", models, "--subresource=finalizers", "-n", namespace)

@@ -34,6 +34,11 @@ they use hostPath, hostNetwork or RDMA).
 - apiGroups: ["apps"]
   resources: ["deployments", "statefulsets"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+# Autoscaling: an autoscaled role's count, set through its Deployment's scale subresource
+# (a pod's deletion cost, which says which pod a scale-in removes, is a pods patch below).
+- apiGroups: ["apps"]
+  resources: ["deployments/scale"]
+  verbs: ["get", "patch"]
 - apiGroups: [""]
   resources: ["services", "serviceaccounts"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]

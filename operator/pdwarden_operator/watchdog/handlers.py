@@ -20,8 +20,8 @@ import kopf
 from pydantic import ValidationError
 
 import pdwarden_contract as contract
-from pdwarden_operator import render
-from pdwarden_operator.cache import slim
+from pdwarden_operator import render, replicas
+from pdwarden_operator.cache import CHILDREN, slim
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube import configmaps as kube_configmaps
 from pdwarden_operator.kube import pods as kube_pods
@@ -38,6 +38,7 @@ from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.ownership import Owners
 from pdwarden_operator.watchdog.rule import Verdict, judge
+from pdwarden_operator.watchdog.scaler import ModelScaler, RolePod
 from pdwarden_operator.watchdog.scrape import Scraper, Target
 from pdwarden_operator.watchdog.state import (
     WatchdogState,
@@ -74,6 +75,8 @@ class ModelWatchdog:
         self.model = ModelRef(namespace, name, uid)
         self.metrics = metrics
         self.executor = Executor(self.model, metrics)
+        self.scaler = ModelScaler(self.model, metrics, self.executor.post_model_event, self.executor.may_act)
+        self._autoscaling: dict[str, Any] | None = None  # the status part of the last round
         self._brake = BrakeState(False, "")  # as this model last saw it (Events on changes)
         self.histories = Histories(keep_seconds=150.0)
         self.scraper: Scraper | None = None
@@ -117,6 +120,7 @@ class ModelWatchdog:
             # the hour of remediations this model's status remembers counts toward the brakes
             # (a new leader starts from there, not from zero)
             BRAKE.seed((ns, name), state_from_status(body.get("status")).remediations)
+            self.scaler.seed(body.get("status"))
             self._seeded = True
         spec = _parsed_spec(body)  # the one read of the spec this round
         if spec is None:
@@ -179,7 +183,8 @@ class ModelWatchdog:
         self.verdicts = verdicts
 
         now = time.time()
-        desired = {role: spec.role(role).replicas for role in contract.RUNTIME_ROLES}
+        desired = {role: self._replicas(spec, role) for role in contract.RUNTIME_ROLES}
+        role_pods = self._role_pods(spec, paired, verdicts)
         # Multi-node replicas are judged and remediated as groups (gangs.py): from here on a
         # group is one entry, and its pods are acted on together.
         nodes = {role: spec.role(role).nodes_per_replica for role in contract.RUNTIME_ROLES}
@@ -233,11 +238,37 @@ class ModelWatchdog:
             ):
                 BRAKE.record_action((ns, name))
         self.state = ladder.apply_results(plan.state, results_done, now)
+        self._autoscaling = await self.scaler.round(spec, role_pods, now)
         findings = self._findings(spec, self.state, now, wedged, unobserved)
         if status_write_due(self._written, self._written_at, findings, now):
             await self._write_status(body, spec, findings, now)
         self._update_gauges(views, verdicts, self.state)
         return settings.scrape_interval_seconds
+
+    def _replicas(self, spec: DisaggregatedModelSpec, role: str) -> int:
+        """The role's count: the spec's, or an autoscaled role's as the watch holds its Deployment."""
+        children = CHILDREN.children_of((self.model.namespace, self.model.name))
+        deployment = children.get(("Deployment", render.child_name(self.model.name, role)))
+        return replicas.in_effect(spec.role(role), replicas.deployed(deployment))
+
+    def _role_pods(
+        self,
+        spec: DisaggregatedModelSpec,
+        paired: list[tuple[ladder.PodView, dict[str, Any]]],
+        verdicts: Mapping[str, Verdict],
+    ) -> dict[str, list[RolePod]]:
+        """The autoscaled roles' pods (quarantined ones are out of their Deployment), each with
+        its verdict and last sample."""
+        out: dict[str, list[RolePod]] = {role: [] for role in spec.autoscaled_roles}
+        for view, obj in paired:
+            if view.role not in out or view.quarantined:
+                continue
+            history = self.histories.get(view.uid)
+            observations = history.observations() if history is not None else []
+            sample = observations[-1].sample if observations else None
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            out[view.role].append(RolePod(view, verdicts.get(view.uid), sample, annotations))
+        return out
 
     async def _own_pods(self, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The listed pods the model controls (ownership.py); look-alikes are logged once and
@@ -338,6 +369,7 @@ class ModelWatchdog:
             max_remediations=spec.watchdog.max_remediations,
         )
         findings["watchdog"]["budgetExhausted"] = state.exhausted and spec.watchdog.action != "alert"
+        findings["autoscaling"] = self._autoscaling
         # the reason only while engaged: the counts behind it change with every model's round
         findings["watchdog"]["fleetBrake"] = (
             {"engaged": True, "scope": self._brake.scope, "reason": self._brake.reason}

@@ -33,6 +33,7 @@ from pdwarden_contract import (
     METRIC_KV_OLDEST_IN_STATE,
     METRIC_KV_PAGES_HELD,
     METRIC_KV_PAGES_HELD_SECONDS,
+    METRIC_KV_PAGES_IN_USE,
     METRIC_KV_PEER_INFLIGHT,
     METRIC_KV_PEER_TRANSFERS_BASE,
     METRIC_KV_PEER_TRANSFERS_TOTAL,
@@ -71,7 +72,7 @@ _COUNTER_FAMILIES: dict[str, tuple[str, ...]] = {
     METRIC_KV_TRANSFERS_TOTAL: ("unknown",),
 }
 # Optional gauges: absent (an older runtime) means unknown, never an error.
-_OPTIONAL_GAUGES = (METRIC_KV_ROOMS_ABANDONED, METRIC_KV_POOL_PAGES)
+_OPTIONAL_GAUGES = (METRIC_KV_ROOMS_ABANDONED, METRIC_KV_POOL_PAGES, METRIC_KV_PAGES_IN_USE)
 # Only lines about these names reach the (pure-Python, comparatively slow) parser.
 _PREFIXES = (
     METRIC_KV_ROOMS,  # also covers METRIC_KV_ROOMS_ABANDONED
@@ -83,6 +84,7 @@ _PREFIXES = (
     METRIC_KV_PEER_INFLIGHT,
     METRIC_KV_PEER_TRANSFERS_TOTAL,
     METRIC_KV_PAGES_HELD,  # also covers METRIC_KV_PAGES_HELD_SECONDS
+    METRIC_KV_PAGES_IN_USE,
     METRIC_KV_POOL_PAGES,
 )
 _HELD_FAMILIES = (METRIC_KV_PAGES_HELD, METRIC_KV_PAGES_HELD_SECONDS)
@@ -144,6 +146,8 @@ class PodSample:
     bootstrapping: float | None = None
     abandoned: float | None = None
     pool_pages: float | None = None  # pages of the pod's KV pool
+    pages_in_use: float | None = None  # pages of that pool allocated now
+    transferring: float | None = None  # rooms moving KV now (None: per-state rooms not exported)
 
     @property
     def working(self) -> float:
@@ -338,6 +342,7 @@ def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str]
         bootstrapping = min(inflight, per_state.get(WAITING_ON_PEER_STATE, 0.0))
     abandoned = optional[METRIC_KV_ROOMS_ABANDONED]
     pool = optional[METRIC_KV_POOL_PAGES]
+    in_use = optional[METRIC_KV_PAGES_IN_USE]
     return PodSample(
         inflight=inflight,
         oldest_age=oldest_age,
@@ -348,6 +353,8 @@ def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str]
         bootstrapping=bootstrapping,
         abandoned=sum(abandoned) if abandoned else None,
         pool_pages=max(pool) if pool else None,
+        pages_in_use=sum(in_use) if in_use else None,
+        transferring=None if per_state is None else min(inflight, per_state.get(STUCK_STATE, 0.0)),
     )
 
 

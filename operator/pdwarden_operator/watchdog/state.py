@@ -246,10 +246,18 @@ STATUS_HEARTBEAT_S = 60.0
 
 
 def _without_heartbeat(patch: Mapping[str, Any]) -> dict[str, Any]:
+    """The patch without what changes every round: lastScrape, and an autoscaled role's
+    message (its load figures); a change of count or reason is still written at once."""
     out = dict(patch)
     watchdog = out.get("watchdog")
     if isinstance(watchdog, Mapping):
         out["watchdog"] = {k: v for k, v in watchdog.items() if k != "lastScrape"}
+    autoscaling = out.get("autoscaling")
+    if isinstance(autoscaling, Mapping):
+        out["autoscaling"] = {
+            k: {f: x for f, x in v.items() if f != "message"} if isinstance(v, Mapping) else v
+            for k, v in autoscaling.items()
+        }
     return out
 
 

@@ -187,6 +187,7 @@ class SyntheticEngine:
         await loop.run_in_executor(self._executor, self._start_blocking)
         assert self.rt is not None
         self.rt.status_listeners.append(self._waiters.listener)
+        self.rt.pages_in_use = lambda: self.options.pool_pages - self.pool.free_pages
         self._ready.set()
 
     def _start_blocking(self) -> None:

@@ -72,6 +72,8 @@ class RoomRuntime:
         self.held_pages = HeldPages()
         # Pages of the KV pool the manager registered (None: unknown).
         self.pool_pages: int | None = None
+        # Pages of that pool allocated now (None: the engine does not say).
+        self.pages_in_use: Callable[[], int] | None = None
         self.metrics = RuntimeMetrics(
             role,
             self.table,
@@ -86,6 +88,7 @@ class RoomRuntime:
             abandoned=self.abandoned_rooms,
             held_pages=self.held_pages if role == ROLE_DECODE else None,
             pool_pages=lambda: self.pool_pages,
+            pages_in_use=lambda: self.pages_in_use() if self.pages_in_use is not None else None,
         )
         self.rooms = RoomStatusMap(self.table)
         self.ledger = RoomLedger()
