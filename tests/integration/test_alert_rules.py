@@ -30,6 +30,8 @@ ALERTS = (
     "PdwardenRemediationBudgetExhausted",
     "PdwardenFleetBrakeEngaged",
     "PdwardenPodsUnobserved",
+    "PdwardenAutoscaleSaturated",
+    "PdwardenRatioBandUnkeepable",
     "PdwardenOperatorDown",
 )
 SEVERITY = {
@@ -40,6 +42,8 @@ SEVERITY = {
     "PdwardenRemediationBudgetExhausted": "critical",
     "PdwardenFleetBrakeEngaged": "critical",
     "PdwardenPodsUnobserved": "warning",
+    "PdwardenAutoscaleSaturated": "warning",
+    "PdwardenRatioBandUnkeepable": "warning",
     "PdwardenOperatorDown": "critical",
 }
 
@@ -362,9 +366,52 @@ def scenario_fleet_brake() -> dict[str, Any]:
     }
 
 
+def scenario_autoscaling() -> dict[str, Any]:
+    """Operator series at 1 min resolution: prefill of m is saturated 5-24 min (20 min; fires
+    after 15 min), decode of m and both roles of n never are; m's band is unkeepable 8-12 min
+    (5 min: never fires), n's 0-14 min (15 min: fires from 10 min)."""
+    m = operator_model_labels()
+    n = {**m, "model": "n"}
+    return {
+        "interval": "1m",
+        "input_series": [
+            series("up", "1x40", job=OPERATOR_JOB, instance=OPERATOR_INSTANCE, namespace=NAMESPACE),
+            series(contract.METRIC_OPERATOR_AUTOSCALE_SATURATED, "0x4 1x19 0x16", **m, role="prefill"),
+            series(contract.METRIC_OPERATOR_AUTOSCALE_SATURATED, "0x40", **m, role="decode"),
+            series(contract.METRIC_OPERATOR_AUTOSCALE_SATURATED, "0x40", **n, role="prefill"),
+            series(contract.METRIC_OPERATOR_AUTOSCALE_SATURATED, "0x40", **n, role="decode"),
+            series(contract.METRIC_OPERATOR_AUTOSCALE_REPLICAS, "2 3 4x38", **m, role="prefill"),
+            series(
+                contract.METRIC_OPERATOR_AUTOSCALE_DECISIONS_TOTAL,
+                "0 1 2x38",
+                **m,
+                role="prefill",
+                direction="up",
+                reason="Load",
+            ),
+            series(contract.METRIC_OPERATOR_RATIO_UNKEEPABLE, "0x7 1x4 0x28", **m),
+            series(contract.METRIC_OPERATOR_RATIO_UNKEEPABLE, "1x14 0x25", **n),
+        ],
+        "alert_rule_test": [
+            *expectations("3m", {}),
+            *expectations("9m", {}),  # both pending: saturated 4 min, n's band 9 min
+            *expectations("12m", {"PdwardenRatioBandUnkeepable": [only(n, "namespace", "model")]}),
+            *expectations("19m", {}),  # saturated 14 min: still pending; n's band kept again
+            *expectations(
+                "21m", {"PdwardenAutoscaleSaturated": [{**only(m, "namespace", "model"), "role": "prefill"}]}
+            ),
+            *expectations(
+                "24m", {"PdwardenAutoscaleSaturated": [{**only(m, "namespace", "model"), "role": "prefill"}]}
+            ),
+            *expectations("30m", {}),
+        ],
+    }
+
+
 SCENARIOS = {
     "wedge": scenario_wedge,
     "fleet_brake": scenario_fleet_brake,
+    "autoscaling": scenario_autoscaling,
     "busy_but_progressing": scenario_busy_but_progressing,
     "refused_writes": scenario_refused_writes,
     "operator": scenario_operator,
