@@ -380,6 +380,41 @@ def test_a_decode_leg_that_ends_before_its_metadata_fails_the_prefill_room_at_on
         assert state["rooms"] == {} and state["free_pages"] == state["total_pages"], state
 
 
+def test_a_decode_leg_whose_prefill_leg_never_came_leaves_no_room_on_the_prefill(
+    pairs: dict[str, Pair],
+) -> None:
+    """The client leaves before the router's prefill leg reached the prefill: decode's
+    metadata alone opened the prefill's room, and no request there will ever end it. The
+    decode leg's end (its ABORT) fails that room and the prefill lets it go at once; a
+    prefill leg that comes after all is refused, never left waiting."""
+    hardened = pairs["hardened"]
+    room = 779301
+
+    async def scenario() -> tuple[bool, bool, int]:
+        async with new_session() as session:
+            body = request_body(room, LONG_PROMPT, 4, hardened.endpoint)
+            decode_leg = asyncio.ensure_future(_post_status(session, hardened.decode.url, body))
+            loop = asyncio.get_running_loop()
+            opened = await loop.run_in_executor(
+                None, wait_room, hardened.prefill, room, c.KV_STATE_WAITING_FOR_INPUT
+            )
+            await _cancel(decode_leg)
+            try:
+                await loop.run_in_executor(
+                    None, wait_for, lambda: room_state(hardened.prefill, room) is None, 5.0, "room gone", 0.05
+                )
+            except WaitTimeout:
+                return opened, False, 0
+            return opened, True, await _post_status(session, hardened.prefill.url, body)
+
+    opened, gone, late = asyncio.run(scenario())
+    assert opened and gone
+    assert late in (409, 500), late  # the late prefill leg fails at once
+    for rt in (hardened.prefill, hardened.decode):
+        state = settled(rt)
+        assert state["rooms"] == {} and state["free_pages"] == state["total_pages"], state
+
+
 def test_a_room_number_is_used_once(pairs: dict[str, Pair]) -> None:
     """A resend of a request that already ran (a router's retry of the same body) is refused
     on both roles: its room's pages are never written twice."""

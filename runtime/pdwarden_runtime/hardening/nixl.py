@@ -196,6 +196,9 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_queue_lock = threading.Lock()
         self._pdw_early_aborts: OrderedDict[int, None] = OrderedDict()
         self._pdw_early_lock = threading.Lock()
+        # Prefill rooms a request's sender owns (from its creation to its clear): a room
+        # outside it was opened by decode's metadata alone.
+        self._pdw_senders: set[int] = set()
         self._pdw_quarantine: HandleQuarantine | None = None
         # Decode peers (NIXL agent names) with quarantined handles, and per room the
         # peers of each quarantined batch (to lift the mark when the batch settles).
@@ -323,6 +326,7 @@ class HardenedNixlKVManager(NixlKVManager):
             if applied and self.deferred_bootstrap is not None:
                 self._notify_bootstrap(room, self.deferred_bootstrap.fail(room))
             self._pdw_room_failed(room, reason or "KV transfer failed")
+            self._pdw_release_orphan(room)
             return
         table.update(room, target)
 
@@ -372,7 +376,29 @@ class HardenedNixlKVManager(NixlKVManager):
             self._pdw_send_failure_notice(room)
         self.pdwarden.ledger.cleared(room)
 
+    def _pdw_release_orphan(self, room: int) -> None:
+        """A failed prefill room that no request owns (decode's metadata opened it; the
+        prefill leg never came, its client having left first) would be held forever:
+        nothing will read its failure or clear it. Prefill gave it no pages, so no write
+        can land from it: end it now (decode was told), and keep it as an early abort so
+        a prefill leg that comes after all fails at once."""
+        if self.pdwarden.role != ROLE_PREFILL or room in self._pdw_senders:
+            return
+        if self.pdwarden.table.get(room) is not KVPoll.Failed:
+            return
+        self.pdwarden.table.clear(room)
+        self.transfer_infos.pop(room, None)
+        self.req_to_decode_prefix_len.pop(room, None)
+        with self.failure_lock:
+            self.failure_records.pop(room, None)
+        with self._pdw_early_lock:
+            self._pdw_early_aborts[room] = None
+            while len(self._pdw_early_aborts) > _EARLY_ABORTS_KEPT:
+                self._pdw_early_aborts.popitem(last=False)
+        self._pdw_room_cleared(room)
+
     def _pdw_room_cleared(self, room: int) -> None:
+        self._pdw_senders.discard(room)
         self.pdwarden.ledger.cleared(room)
         self._pdw_drop_leftovers(room)
 
@@ -685,6 +711,7 @@ class HardenedNixlKVManager(NixlKVManager):
                 if self.pdwarden.role == ROLE_PREFILL:
                     self.pdwarden.ledger.remember_targets(room, self._room_notify_targets(room))
                     self._pdw_room_failed(room, reason)
+                    self._pdw_release_orphan(room)
                 else:
                     # Decode: the room's pages may still be written by a prefill that is
                     # alive but stalled; the engine aborts it and holds the pages until
@@ -777,7 +804,12 @@ class HardenedNixlKVManager(NixlKVManager):
 
 
 class HardenedNixlKVSender(NixlKVSender):
-    """NixlKVSender that tells the manager when its room's lifecycle ends."""
+    """NixlKVSender that tells the manager which room it owns, and when its lifecycle ends."""
+
+    def __init__(self, mgr: Any, bootstrap_addr: str, bootstrap_room: int, *args: Any, **kwargs: Any) -> None:
+        if isinstance(mgr, HardenedNixlKVManager):
+            mgr._pdw_senders.add(bootstrap_room)  # before its room opens: never taken for an orphan
+        super().__init__(mgr, bootstrap_addr, bootstrap_room, *args, **kwargs)
 
     def clear(self) -> None:
         super().clear()
