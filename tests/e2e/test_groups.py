@@ -199,7 +199,13 @@ def test_groups_are_ready_spread_serve_restart_as_a_whole_and_scale_by_groups(
     entry = wait_for(remediated, 240, "the group's remediation", 2.0)
     # the killed worker is named, not the leader that exited after it
     assert "rank 1 (pod grp-decode-0-1) crashed" in entry["reason"] and entry["role"] == "decode", entry
-    assert [e["pod"] for e in _remediations(kubectl, ns) if e.get("id") not in before] == ["grp-decode-0"]
+    # acted on once; a cooldown left by the module's other test (either order) may defer it first
+    acted = [
+        e["pod"]
+        for e in _remediations(kubectl, ns)
+        if e.get("id") not in before and not str(e.get("outcome")).startswith("skipped-")
+    ]
+    assert acted == ["grp-decode-0"], _remediations(kubectl, ns)
 
     def replaced() -> bool:
         pods = _group_pods(kubectl, ns, "grp-decode-0")
