@@ -38,6 +38,7 @@ import click
 
 import pdwarden_contract as contract
 from pdwarden_bench.cluster_env import API_TRANSIENT, GROUP, VERSION, Env, open_env
+from pdwarden_bench.polling import Poller
 from pdwarden_localcluster.testing import serving, wait_for
 from pdwarden_operator.render import child_name
 
@@ -145,17 +146,15 @@ class Sample:
 
 
 @dataclass
-class Watch:
-    """The roles' Deployments and pods, once a second, on a thread of its own."""
+class Watch(Poller):
+    """The roles' Deployments and pods, once a second."""
 
     env: Env
     name: str
     clients: RouterClients
     samples: list[Sample] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
 
-    def _sample(self) -> Sample:
+    def poll(self) -> None:
         deployed, ready, listed = {}, {}, {}
         for role in contract.RUNTIME_ROLES:
             path = f"/apis/apps/v1/namespaces/{self.env.namespace}/deployments/{child_name(self.name, role)}"
@@ -163,23 +162,7 @@ class Watch:
             pods = self.env.pods(self.name, role)
             listed[role] = len(pods)
             ready[role] = sum(1 for p in pods if serving(p))
-        return Sample(time.monotonic(), deployed, ready, listed, self.clients.active)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(*API_TRANSIENT):
-                self.samples.append(self._sample())
-            self._stop.wait(1.0)
-
-    def __enter__(self) -> Watch:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
+        self.samples.append(Sample(time.monotonic(), deployed, ready, listed, self.clients.active))
 
     def latest(self) -> Sample | None:
         return self.samples[-1] if self.samples else None

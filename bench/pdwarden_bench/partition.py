@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any, Final
 
 import pdwarden_contract as contract
 from pdwarden_bench.cluster_env import API_TRANSIENT, Env, Load, http_json, metrics_url, synthetic_model
+from pdwarden_bench.polling import Poller
 from pdwarden_bench.promtext import Sample, metric_sum, samples
 from pdwarden_localcluster.cluster import ports
 from pdwarden_localcluster.testing import WaitTimeout, wait_for
@@ -139,7 +139,7 @@ def _state(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 
 @dataclass
-class HeldWatch:
+class HeldWatch(Poller):
     """Polls the decodes and the cut-off prefill: pages freed under a quarantined write, pages
     held for it, and when the last of them went."""
 
@@ -150,8 +150,7 @@ class HeldWatch:
     freed: list[dict[str, Any]] = field(default_factory=list)  # rooms held for the prefill, freed
     last_held_at: float | None = None  # monotonic: the last poll that saw a page held for it
     _seen: set[tuple[str, int]] = field(default_factory=set)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    interval = 0.5
 
     @property
     def ip(self) -> str:
@@ -177,21 +176,6 @@ class HeldWatch:
         self.held_pages_max = max(self.held_pages_max, held)
         if held:
             self.last_held_at = time.monotonic()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            with contextlib.suppress(Exception):
-                self.poll()
-
-    def __enter__(self) -> HeldWatch:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
 
 
 def corrupted_pages(pods: list[dict[str, Any]]) -> float:
