@@ -196,9 +196,11 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_queue_lock = threading.Lock()
         self._pdw_early_aborts: OrderedDict[int, None] = OrderedDict()
         self._pdw_early_lock = threading.Lock()
-        # Prefill rooms a request's sender owns (from its creation to its clear): a room
-        # outside it was opened by decode's metadata alone.
+        # Prefill rooms a request's sender owns (from its creation to its clear), and those
+        # decode's metadata opened before any sender: one in the second set and not in the
+        # first has no request to end it.
         self._pdw_senders: set[int] = set()
+        self._pdw_opened_by_metadata: set[int] = set()
         self._pdw_quarantine: HandleQuarantine | None = None
         # Decode peers (NIXL agent names) with quarantined handles, and per room the
         # peers of each quarantined batch (to lift the mark when the batch settles).
@@ -305,6 +307,8 @@ class HardenedNixlKVManager(NixlKVManager):
                 self._pdw_metadata_after_end(room)
                 return
             if target is KVPoll.Bootstrapping or target is KVPoll.WaitingForInput:
+                if is_prefill and target is KVPoll.WaitingForInput and room not in self._pdw_senders:
+                    self._pdw_opened_by_metadata.add(room)
                 self.pdwarden.ledger.settle(room)
                 super().update_status(room, target)  # SGLang's opening side effects
                 if is_prefill and self._pdw_take_early_abort(room):
@@ -382,7 +386,7 @@ class HardenedNixlKVManager(NixlKVManager):
         nothing will read its failure or clear it. Prefill gave it no pages, so no write
         can land from it: end it now (decode was told), and keep it as an early abort so
         a prefill leg that comes after all fails at once."""
-        if self.pdwarden.role != ROLE_PREFILL or room in self._pdw_senders:
+        if room not in self._pdw_opened_by_metadata or room in self._pdw_senders:
             return
         if self.pdwarden.table.get(room) is not KVPoll.Failed:
             return
@@ -399,6 +403,7 @@ class HardenedNixlKVManager(NixlKVManager):
 
     def _pdw_room_cleared(self, room: int) -> None:
         self._pdw_senders.discard(room)
+        self._pdw_opened_by_metadata.discard(room)
         self.pdwarden.ledger.cleared(room)
         self._pdw_drop_leftovers(room)
 
