@@ -122,6 +122,10 @@ class Cache:
     def children_of(self, key: ModelKey) -> dict[ChildKey, Obj]:
         return dict(self.children.get(key, {}))
 
+    def child(self, key: ModelKey, kind: str, name: str) -> Obj | None:
+        """One child as the watch holds it (read each round: no copy of the model's children)."""
+        return self.children.get(key, {}).get((kind, name))
+
 
 # The one cache of the process: the reconciler keeps it, the watchdog's autoscaler reads the
 # Deployments' counts from it.

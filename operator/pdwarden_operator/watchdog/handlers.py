@@ -247,8 +247,8 @@ class ModelWatchdog:
 
     def _replicas(self, spec: DisaggregatedModelSpec, role: str) -> int:
         """The role's count: the spec's, or an autoscaled role's as the watch holds its Deployment."""
-        children = CHILDREN.children_of((self.model.namespace, self.model.name))
-        deployment = children.get(("Deployment", render.child_name(self.model.name, role)))
+        key = (self.model.namespace, self.model.name)
+        deployment = CHILDREN.child(key, "Deployment", render.child_name(self.model.name, role))
         return replicas.in_effect(spec.role(role), replicas.deployed(deployment))
 
     def _role_pods(

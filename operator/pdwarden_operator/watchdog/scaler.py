@@ -17,11 +17,17 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from pdwarden_operator import replicas
 from pdwarden_operator.cache import CHILDREN
 from pdwarden_operator.kube import scale as kube_scale
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import OperatorMetrics
-from pdwarden_operator.models import AutoscalingSpec, DisaggregatedModelSpec, RoleAutoscalingStatus
+from pdwarden_operator.models import (
+    AutoscalingSpec,
+    DisaggregatedModelSpec,
+    RoleAutoscalingStatus,
+    ScalePolicy,
+)
 from pdwarden_operator.render import child_name
 from pdwarden_operator.watchdog import autoscale
 from pdwarden_operator.watchdog.executor import ModelRef
@@ -49,7 +55,7 @@ class RolePod:
 def scaling_of(spec: AutoscalingSpec) -> autoscale.RoleScaling:
     """The planner's view of a role's `autoscaling`."""
 
-    def policy(p: Any) -> autoscale.Policy:
+    def policy(p: ScalePolicy) -> autoscale.Policy:
         return autoscale.Policy(float(p.stabilization_seconds), p.max_step, float(p.period_seconds))
 
     t = spec.target
@@ -125,10 +131,8 @@ class ModelScaler:
 
     async def _scale(self, role: str) -> kube_scale.Scale:
         """The role's count: the watch's copy, else one read."""
-        cached = CHILDREN.children_of((self.model.namespace, self.model.name)).get(
-            ("Deployment", self._deployment(role))
-        )
-        if cached is not None and (cached.get("spec") or {}).get("replicas") is not None:
+        cached = CHILDREN.child((self.model.namespace, self.model.name), "Deployment", self._deployment(role))
+        if cached is not None and replicas.deployed(cached) is not None:
             return kube_scale.Scale.of(cached)
         return await kube_scale.read(self.model.namespace, self._deployment(role))
 
