@@ -29,7 +29,16 @@ import requests
 import urllib3
 import yaml
 
-from pdwarden_localcluster import build, netpolicy, network, procs, provisioner, teardown, topology
+from pdwarden_localcluster import (
+    build,
+    netpolicy,
+    network,
+    procs,
+    provisioner,
+    reserved_ports,
+    teardown,
+    topology,
+)
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
 from pdwarden_localcluster.kubelet.container import kill_recorded
@@ -95,6 +104,10 @@ class Ports:
     def kubelet(self) -> int:
         """Node i's kubelet endpoint (for `kubectl logs`) is this + i."""
         return self.base + 600
+
+    def listening(self, nodes: int) -> list[int]:
+        """Every port the cluster's processes listen on, with `nodes` nodes."""
+        return [*self.all().values(), *(self.kubelet + i for i in range(nodes))]
 
     def all(self) -> dict[str, int]:
         return {
@@ -254,6 +267,7 @@ def ensure_up(
     settings.node_plan()  # a bad count is an error before anything runs
     with _locked(lay):
         if _healthy(lay):
+            _reserve_ports(ports(), _load_settings(lay).nodes, progress)  # one started before they were
             _upgrade_kubelet(lay, progress)
             return _info(lay, started=False)
         if _repair(lay, progress):
@@ -498,6 +512,7 @@ def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
         progress(f"stopped leftovers of an earlier run: {', '.join(leftovers)}")
     bins = build.ensure_built(progress)
     p = ports()
+    _reserve_ports(p, settings.nodes, progress)
     _check_ports_free(p, settings.nodes, progress)
     _reset_run_state(lay, progress)
     network.ensure(p.net, settings.nodes)
@@ -532,6 +547,7 @@ def _repair(lay: Layout, progress: Progress) -> bool:
         return True
     settings, p, bins = _load_settings(lay), ports(), build.ensure_built(progress)
     progress(f"restarting {', '.join(dead)} (the rest of the cluster is running)")
+    _reserve_ports(p, settings.nodes, progress)  # a cluster started before ports were reserved
     with _stop_on_failure(lay, dead):
         for name in dead:
             if name == "kubelet":  # its pods' processes died with it or must go now
@@ -668,6 +684,16 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _reserve_ports(p: Ports, nodes: int, progress: Progress) -> None:
+    try:
+        reserved_ports.reserve(p.listening(nodes))
+    except OSError as exc:
+        progress(
+            f"cannot reserve the cluster's ports in {reserved_ports.SYSCTL} ({exc}): an outgoing "
+            "connection may take one of them, and a component that restarts then cannot bind it"
+        )
+
+
 def _check_ports_free(p: Ports, nodes: int, progress: Progress) -> None:
     """The control plane's ports must be free. A node's endpoint port (`kubectl logs`/`exec`)
     may be held for a while by another process's connection (it lies in the ephemeral range):
@@ -772,6 +798,8 @@ def down(progress: Progress = _stderr) -> list[str]:
         # what a killed kubelet could not clean: stray processes, its cgroups, mounts
         removed = teardown.clean(lay.root)
         removed += network.teardown(ports().net)
+        with contextlib.suppress(OSError):  # none were reserved where the kernel refused them
+            reserved_ports.release(ports().listening(_load_settings(lay).nodes))
     if removed:
         progress(f"removed: {', '.join(removed)}")
     progress(f"stopped: {', '.join(stopped)}" if stopped else "the local cluster was not running")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_localcluster import build, network, procs
+from pdwarden_localcluster import build, network, procs, reserved_ports
 from pdwarden_localcluster.cluster import ClusterInfo, Ports, admin_api, ports
 from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
 from tests.support.clusters import free_cluster_base
@@ -261,6 +261,9 @@ def test_up_twice_is_harmless(cluster: ClusterInfo) -> None:
     info = json.loads(proc.stdout)
     assert info["started"] is False and info["processes"] == cluster.processes | info["processes"]
     assert info["processes"]["kube-apiserver"] == cluster.processes["kube-apiserver"]
+    # no outgoing connection can take a port of the cluster's (a kubelet endpoint that cannot
+    # bind fails every `kubectl logs` and `exec` on its node)
+    assert set(ports().listening(len(info["nodes"]))) <= reserved_ports.reserved()
 
 
 OTHER_NODES = ["pdwarden-node-0", "pdwarden-node-1"]  # a CPU node and a GPU node
@@ -307,6 +310,7 @@ def test_up_after_a_killed_run_recovers_and_down_leaves_nothing(cluster: Cluster
         )
         assert first.returncode == 0, first.stderr
         pids = json.loads(first.stdout)["processes"]
+        assert set(Ports(base).listening(len(OTHER_NODES))) <= reserved_ports.reserved()
         for name in ("kube-apiserver", "kubelet"):  # a crash: no clean shutdown
             os.kill(pids[name], signal.SIGKILL)
         second = subprocess.run(
@@ -325,6 +329,8 @@ def test_up_after_a_killed_run_recovers_and_down_leaves_nothing(cluster: Cluster
     for rec_file in (state / "pids").glob("*.json"):
         raise AssertionError(f"pid file left behind: {rec_file}")
     assert all(procs.start_time(pid) is None for pid in new["processes"].values())
+    assert not set(Ports(base).listening(len(OTHER_NODES))) & reserved_ports.reserved()
+    assert set(ports().listening(len(cluster.nodes))) <= reserved_ports.reserved()  # the shared one's kept
     # no network namespace, link, route or firewall table of that cluster is left
     assert network.leftovers(Ports(base).net) == []
     assert network.blackhole_present()  # the running test cluster's routes still need it

@@ -1,0 +1,54 @@
+"""The reserved-ports list the local cluster keeps its listening ports in: its text parsed and
+written back, and reserve/release on a file standing in for the sysctl."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pdwarden_localcluster import reserved_ports
+from pdwarden_localcluster.cluster import Ports
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_kernels_text_is_parsed_with_ranges_and_spaces() -> None:
+    assert reserved_ports.parse("36249, 36256-36259,36600\n") == {36249, 36256, 36257, 36258, 36259, 36600}
+    assert reserved_ports.parse("\n") == set()
+
+
+@pytest.mark.parametrize("bad", ["0", "70000", "5-3", "x", "1-2-3"])
+def test_text_that_is_no_port_list_is_an_error(bad: str) -> None:
+    with pytest.raises(ValueError):
+        reserved_ports.parse(bad)
+
+
+def test_consecutive_ports_are_written_as_ranges() -> None:
+    assert reserved_ports.render([36600, 36249, 36601, 36602, 36379]) == "36249,36379,36600-36602"
+    assert reserved_ports.render([]) == ""
+
+
+@given(st.sets(st.integers(min_value=1, max_value=65535), max_size=200))
+def test_render_then_parse_gives_the_same_ports(ports: set[int]) -> None:
+    assert reserved_ports.parse(reserved_ports.render(ports)) == ports
+
+
+def test_release_keeps_what_others_reserved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reserved_ports, "LOCK", tmp_path / "lock")
+    sysctl = tmp_path / "ip_local_reserved_ports"
+    sysctl.write_text("5000-5002\n")
+    ours = Ports(36000).listening(2)
+    reserved_ports.reserve(ours, sysctl)
+    assert reserved_ports.reserved(sysctl) == {5000, 5001, 5002, *ours}
+    reserved_ports.release(ours, sysctl)
+    assert sysctl.read_text() == "5000-5002\n"
+    reserved_ports.release([5000, 5001, 5002], sysctl)
+    assert sysctl.read_text() == "\n"  # a write of no bytes would leave the kernel's list as it was
+
+
+def test_the_listening_ports_are_the_control_planes_and_one_endpoint_per_node() -> None:
+    p = Ports(36000)
+    assert set(p.listening(3)) == {*p.all().values(), 36600, 36601, 36602}
