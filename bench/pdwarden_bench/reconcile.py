@@ -115,7 +115,9 @@ class StatusWatch:
         self._stop.set()
 
 
-async def _run(models: int, kubeconfig: str, health_port: int, timeout: float) -> dict[str, Any]:
+async def _run(
+    models: int, kubeconfig: str, health_port: int, timeout: float, steady_s: float
+) -> dict[str, Any]:
     from pdwarden_bench.operator_process import OperatorProcess
     from pdwarden_operator.crd import CRD_NAME, build_crd
     from pdwarden_operator.kube import apply as kube
@@ -165,6 +167,11 @@ async def _run(models: int, kubeconfig: str, health_port: int, timeout: float) -
         rss, peak = op.rss_mib()
         cpu = op.cpu_seconds() - cpu_before
         load_after = os.getloadavg()[0]
+        # Steady state: every model reconciled and unchanged, nothing but the periodic resync
+        # and the watches' own traffic left to cost CPU.
+        steady_from = op.cpu_seconds()
+        await asyncio.sleep(steady_s)
+        steady_cpu = op.cpu_seconds() - steady_from
         counts: Counter[str] = Counter()
         for api_version, kind in CHILD_KINDS:
             selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
@@ -205,6 +212,8 @@ async def _run(models: int, kubeconfig: str, health_port: int, timeout: float) -
         "operator_rss_mib": round(rss, 1),
         "operator_peak_rss_mib": round(peak, 1),
         "operator_cpu_s": round(cpu, 2),
+        "steady_seconds": steady_s,
+        "steady_cpu_s_per_min": round(steady_cpu * 60.0 / steady_s, 2) if steady_s else None,
         # The machine is shared: say how busy it was, since that moves every latency.
         "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
         "cpus": os.cpu_count(),
@@ -241,10 +250,25 @@ def _kubeconfig(explicit: str | None) -> str:
 @click.option(
     "--timeout", type=float, default=300.0, show_default=True, help="Seconds to wait for all statuses."
 )
+@click.option(
+    "--steady-seconds",
+    type=click.FloatRange(0, 3600),
+    default=60.0,
+    show_default=True,
+    help="Then measure the operator's CPU this long with every model unchanged (0: skip).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
-def reconcile(models: int, kubeconfig: str | None, health_port: int, timeout: float, as_json: bool) -> None:
-    """Apply N zero-replica models; p50/p99 seconds to children + status, operator RSS."""
-    result = asyncio.run(_run(models, _kubeconfig(kubeconfig), health_port, timeout))
+def reconcile(
+    models: int,
+    kubeconfig: str | None,
+    health_port: int,
+    timeout: float,
+    steady_seconds: float,
+    as_json: bool,
+) -> None:
+    """Apply N zero-replica models; p50/p99 seconds to children + status, operator RSS, then
+    the operator's CPU per minute with all of them unchanged."""
+    result = asyncio.run(_run(models, _kubeconfig(kubeconfig), health_port, timeout, steady_seconds))
     if not as_json:
         _say(
             f"p50 {result['p50_s']}s p99 {result['p99_s']}s, RSS {result['operator_rss_mib']} MiB "

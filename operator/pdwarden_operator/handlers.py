@@ -1,6 +1,6 @@
 """kopf handlers: thin adapters from kopf's causes to reconcile.py.
 
-- create / resume / update of a DisaggregatedModel -> `reconcile` (apply every child);
+- create / resume / update of a DisaggregatedModel -> `reconcile` (what differs is applied);
 - watch events of DisaggregatedModels and their children feed `cache.Cache`;
 - one background loop resyncs models whose children changed (a deleted or edited child is
   restored, pod readiness reaches status) and every model every RESYNC_INTERVAL_S.
@@ -102,7 +102,7 @@ async def reconcile_model(body: kopf.Body, **_: Any) -> None:
     async with _reconcile_slots, cache.lock(key):
         started = loop.time()
         try:
-            outcome = await reconcile.reconcile(body, cache.children_of(key))
+            outcome = await reconcile.reconcile(body, cache.children_of(key), verify_secret=True)
             cache.note_applied(key, outcome.applied)
             cache.note_status(key, outcome.status)
             log.info(
@@ -142,7 +142,7 @@ async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
         if body is None:
             return
         try:
-            outcome = await reconcile.resync(body, cache.children_of(key))
+            outcome = await reconcile.reconcile(body, cache.children_of(key))
         except reconcile.InvalidSpec:
             return  # status already says so; the next spec change reconciles
         except reconcile.RetryLater as exc:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import hashlib
+import json
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 from pdwarden_operator.render import OPTIONAL_KINDS, child_key
@@ -33,8 +35,68 @@ def covers(observed: Any, desired: Any) -> bool:
     return bool(observed == desired)
 
 
+# On every child: a digest of the child as rendered when it was last applied. `covers` sees a
+# value that differs but not a field the spec no longer renders (an env var removed); a new
+# digest does, and applying the child without that field removes it (pdwarden owns it).
+ANNOTATION_RENDERED = "pdwarden.io/rendered-digest"
+
+
+def rendered_digest(obj: Mapping[str, Any]) -> str:
+    """The digest of `obj` without its own digest and without `spec.replicas` (an autoscaled
+    role's count follows its Deployment, and `covers` compares a fixed one)."""
+    body = dict(obj)  # shallow copies of the parts changed below: `obj` stays as it is
+    meta = dict(body.get("metadata") or {})
+    meta["annotations"] = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k != ANNOTATION_RENDERED
+    }
+    body["metadata"] = meta
+    if isinstance(body.get("spec"), Mapping):
+        body["spec"] = {k: v for k, v in body["spec"].items() if k != "replicas"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stamped(objs: Iterable[Obj]) -> list[Obj]:
+    """`objs`, each carrying its `rendered_digest`."""
+    out = []
+    for obj in objs:
+        meta = dict(obj["metadata"])
+        meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_RENDERED: rendered_digest(obj)}
+        out.append({**obj, "metadata": meta})
+    return out
+
+
+def settled_key(inputs: Hashable, observed: Mapping[tuple[str, str], Obj]) -> Hashable:
+    """What a render and compare depend on, cheaply: the model's `inputs` (its generation,
+    annotations and what reconcile observed for it) and, per child, what changes when anyone
+    edits it. A child's generation moves with its spec but not with its status (a controller's
+    status updates, the usual child event, leave it); kinds without one use resourceVersion;
+    labels and annotations never move a generation, so they count themselves."""
+
+    def child(obj: Obj) -> Hashable:
+        meta = obj.get("metadata") or {}
+        return (
+            meta.get("generation") or meta.get("resourceVersion"),
+            meta.get("uid"),
+            _frozen(meta.get("labels")),
+            _frozen(meta.get("annotations")),
+            _frozen({str(i): r for i, r in enumerate(meta.get("ownerReferences") or [])}),
+        )
+
+    return inputs, tuple(sorted((key, child(obj)) for key, obj in observed.items()))
+
+
+def _frozen(value: Any) -> Hashable:
+    if isinstance(value, Mapping):
+        return tuple(sorted((str(k), _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(_frozen(v) for v in value)
+    return value if isinstance(value, Hashable) else repr(value)
+
+
 def to_apply(desired: Iterable[Obj], observed: Mapping[tuple[str, str], Obj]) -> list[Obj]:
-    """Children that are missing or that someone changed: these get re-applied."""
+    """Children that are missing, that someone changed, or that render differently from when
+    they were last applied (a `stamped` child's digest is compared like any other value)."""
     out = []
     for obj in desired:
         current = observed.get(child_key(obj))

@@ -1,10 +1,7 @@
-"""Reconcile one DisaggregatedModel: validate -> render -> apply -> status, in a straight line.
-
-Two entry points share the steps:
-- `reconcile(body, known)` applies every child (create, resume, spec change);
-- `resync(body, observed)` runs every few seconds with the children the operator's watches
-  already hold in memory: it re-applies only missing or hand-edited children and writes
-  status only when it changed, so an idle, healthy resource costs no API calls.
+"""Reconcile one DisaggregatedModel in a straight line: validate -> render -> compare with
+the children the operator's watches hold -> apply what differs, delete what the spec dropped ->
+status (written only when it changed). An unchanged, healthy model costs no API call, so a
+thousand of them resynced or resumed cost render and compare only.
 kopf is not imported here; handlers.py translates the exceptions below into kopf's.
 """
 
@@ -12,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from pdwarden_contract import LABEL_MODEL, LABEL_ROLE, RUNTIME_ROLES
+from pdwarden_contract import LABEL_MANAGED_BY, LABEL_MODEL, LABEL_ROLE, MANAGED_BY, RUNTIME_ROLES
 from pdwarden_operator import plan, podpolicy, replicas, scheduling, worker_key_secret
 from pdwarden_operator.cache import controller_ref
 from pdwarden_operator.kube import apply as kube_apply
@@ -39,6 +36,7 @@ from pdwarden_operator.status_writer import WRITER
 
 Obj = dict[str, Any]
 T = TypeVar("T")
+MANAGED_SELECTOR = f"{LABEL_MANAGED_BY}={MANAGED_BY}"
 log = logging.getLogger("pdwarden.reconcile")
 
 
@@ -223,7 +221,7 @@ async def _owner(
     if spec.worker_key.enabled and worker_key_secret.in_use(workloads, owner.name) is None:
         # None in the cache: a new model, or a cache not filled yet (the operator just started),
         # which must not make a second Secret and roll every pod onto it
-        workloads = await _listed_workloads(owner)
+        workloads = await BASELINE.workloads(owner)
     use = worker_key_secret.plan_use(workloads, owner.name, spec.worker_key.enabled)
     pending = worker_key_secret.pending(owner.name)
     checked = use is not None and use.secret != pending and verify and spec.worker_key.enabled
@@ -239,18 +237,46 @@ async def _owner(
     return replace(owner, worker_key=use, deployed=deployed)
 
 
-async def _listed_workloads(owner: Owner) -> list[Obj]:
-    """The model's Deployments and StatefulSets as the API server has them (controlled by it)."""
-    selector = f"{LABEL_MODEL}={owner.name}"
-    found: list[Obj] = []
-    for kind in worker_key_secret.WORKLOAD_KINDS:
-        try:
-            items = await kube_apply.list_objects("apps/v1", kind, owner.namespace, selector)
-        except KubeApiError as exc:
-            raise RetryLater(f"listing the model's {kind}s failed: {exc}") from exc
-        # a list's items carry no kind of their own
-        found += [{**o, "kind": kind} for o in items if controlled_by(o, owner.uid)]
-    return found
+class _Baseline:
+    """The Deployments and StatefulSets each namespace held, listed once per namespace (two
+    LISTs) the first time a model there has none in the cache.
+
+    The watches may not have brought everything yet when the operator starts; what was
+    created before the listing is in it, and what this operator applies after it reaches the
+    cache through `cache.note_applied`. A thousand new models in one namespace cost two LISTs,
+    not two thousand (each LIST scans every workload of the namespace). Listed again once
+    older than `max_age_s`."""
+
+    def __init__(self, max_age_s: float = 300.0) -> None:
+        self.max_age_s = max_age_s  # by then the watches hold everything; listing again is cheap
+        self._by_namespace: dict[str, tuple[float, dict[str, list[Obj]]]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def workloads(self, owner: Owner) -> list[Obj]:
+        now = asyncio.get_running_loop().time()
+        async with self._locks.setdefault(owner.namespace, asyncio.Lock()):
+            listed = self._by_namespace.get(owner.namespace)
+            if listed is None or now - listed[0] > self.max_age_s:
+                listed = self._by_namespace[owner.namespace] = (now, await self._list(owner.namespace))
+        return list(listed[1].get(owner.uid, []))
+
+    @staticmethod
+    async def _list(namespace: str) -> dict[str, list[Obj]]:
+        by_model: dict[str, list[Obj]] = {}
+        for kind in worker_key_secret.WORKLOAD_KINDS:
+            try:
+                items = await kube_apply.list_objects("apps/v1", kind, namespace, MANAGED_SELECTOR)
+            except KubeApiError as exc:
+                raise RetryLater(f"listing the namespace's {kind}s failed: {exc}") from exc
+            for item in items:
+                ctl = controller_ref(item)
+                if ctl is not None and ctl.get("uid"):
+                    # a list's items carry no kind of their own
+                    by_model.setdefault(str(ctl["uid"]), []).append({**item, "kind": kind})
+        return by_model
+
+
+BASELINE = _Baseline()
 
 
 async def _secret_exists(
@@ -293,7 +319,7 @@ async def _with_worker_key(
         raise await _worker_key_failed(body, spec, exc) from exc
     name = created["metadata"]["name"]
     log.info("%s/%s: created the worker key's Secret %s", owner.namespace, owner.name, name)
-    return render_children(replace(owner, worker_key=replace(use, secret=name)), spec)
+    return plan.stamped(render_children(replace(owner, worker_key=replace(use, secret=name)), spec))
 
 
 async def _apply(
@@ -396,28 +422,31 @@ async def _pods(body: Mapping[str, Any]) -> list[Obj] | None:
         return None  # status without the scheduler's reason this time
 
 
-async def reconcile(body: Mapping[str, Any], known_children: Mapping[tuple[str, str], Obj]) -> Outcome:
-    """Apply every child, then write status (when it changed). `known_children`: the children
-    the watches hold (ours for sure)."""
+async def reconcile(
+    body: Mapping[str, Any], children: Mapping[tuple[str, str], Obj], *, verify_secret: bool = False
+) -> Outcome:
+    """One straight line for every cause (create, resume, spec change, a child's event, the
+    periodic resync): render, apply only the children that are missing, changed by hand or
+    rendered differently from what was last applied (`plan.to_apply`), delete the ones the spec
+    no longer asks for, write status when it changed. `children`: what the watches hold (ours
+    for sure). `verify_secret`: make sure the worker key's Secret still exists (one dry-run)."""
     spec = await _spec(body)
-    owner = await _owner(body, spec, known_children, verify=True)
-    applied = await _apply(body, spec, owner, render_children(owner, spec), known_children)
-    return await _finish(body, spec, {child_key(o): o for o in applied}, applied)
-
-
-async def resync(body: Mapping[str, Any], observed_children: Mapping[tuple[str, str], Obj]) -> Outcome:
-    """Restore missing or edited children, refresh status (written only when it changed)."""
-    spec = await _spec(body)
-    owner = await _owner(body, spec, observed_children, verify=False)
-    desired = render_children(owner, spec)
-    stale = plan.to_apply(desired, observed_children)
-    children = dict(observed_children)
+    owner = await _owner(body, spec, children, verify=verify_secret)
+    model = (owner.namespace, owner.name)
+    settled = plan.settled_key(_inputs(body, owner), children)
+    if _SETTLED.get(model) == settled:  # nothing anyone edits moved since render matched it
+        desired, stale = None, []
+    else:
+        desired = plan.stamped(render_children(owner, spec))
+        stale = plan.to_apply(desired, children)
+    observed = dict(children)
     applied: list[Obj] = []
     if stale:
-        log.info("%s/%s: restoring %s", owner.namespace, owner.name, ", ".join(_names(stale)))
-        applied = await _apply(body, spec, owner, stale, observed_children)
-        children.update((child_key(o), o) for o in applied)
-    for obj in plan.to_delete(desired, observed_children):
+        if children:
+            log.info("%s/%s: applying %s", owner.namespace, owner.name, ", ".join(_names(stale)))
+        applied = await _apply(body, spec, owner, stale, children)
+        observed.update((child_key(o), o) for o in applied)
+    for obj in plan.to_delete(desired, children) if desired is not None else []:
         log.info(
             "%s/%s: deleting %s %s (no longer in the spec)", owner.namespace, owner.name, *child_key(obj)
         )
@@ -426,5 +455,27 @@ async def resync(body: Mapping[str, Any], observed_children: Mapping[tuple[str, 
             await kube_apply.delete(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
         except KubeApiError as exc:
             raise RetryLater(f"deleting {child_key(obj)} failed: {exc}") from exc
-        children.pop(child_key(obj), None)
-    return await _finish(body, spec, children, applied)
+        observed.pop(child_key(obj), None)
+    outcome = await _finish(body, spec, observed, applied)
+    if not applied and observed.keys() == children.keys():  # the cluster matched the render
+        _SETTLED[model] = settled
+    else:
+        _SETTLED.pop(model, None)
+    return outcome
+
+
+# Per model, the `plan.settled_key` of the last pass that found nothing to apply or delete: a
+# resync whose key is the same skips render and compare (most resyncs follow a controller's
+# status update of a child and change nothing of ours).
+_SETTLED: dict[tuple[str, str], Hashable] = {}
+
+
+def _inputs(body: Mapping[str, Any], owner: Owner) -> Hashable:
+    """What of the model its children render from, besides the children themselves."""
+    return (
+        owner.uid,
+        _generation(body),
+        tuple(sorted(owner.annotations.items())),
+        repr(owner.worker_key),
+        tuple(sorted(owner.deployed.items())),
+    )

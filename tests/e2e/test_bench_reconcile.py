@@ -24,7 +24,7 @@ MODELS = 5
 def test_small_run_reconciles_every_model_completely(cluster: ClusterInfo) -> None:
     pdwarden = Path(sys.executable).parent / "pdwarden"
     out = subprocess.run(
-        [str(pdwarden), "bench", "reconcile", "--models", str(MODELS), "--json"],
+        [str(pdwarden), "bench", "reconcile", "--models", str(MODELS), "--steady-seconds", "3", "--json"],
         capture_output=True,
         text=True,
         timeout=420,
@@ -37,3 +37,4 @@ def test_small_run_reconciles_every_model_completely(cluster: ClusterInfo) -> No
     assert figures["children_complete"] == MODELS
     assert 0 < figures["p50_s"] <= figures["p99_s"] <= figures["max_s"]
     assert figures["operator_peak_rss_mib"] > 0
+    assert figures["steady_seconds"] == 3 and figures["steady_cpu_s_per_min"] >= 0

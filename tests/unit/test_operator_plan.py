@@ -7,7 +7,16 @@ import copy
 import pytest
 
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.plan import POD_MAKERS, apply_waves, covers, to_apply
+from pdwarden_operator.plan import (
+    ANNOTATION_RENDERED,
+    POD_MAKERS,
+    apply_waves,
+    covers,
+    rendered_digest,
+    settled_key,
+    stamped,
+    to_apply,
+)
 from pdwarden_operator.render import Owner, child_key, render_children
 
 pytestmark = pytest.mark.unit
@@ -37,6 +46,33 @@ def test_nothing_to_apply_when_the_cluster_matches() -> None:
     desired = _children()
     observed = {child_key(o): _as_server_returns(o) for o in desired}
     assert to_apply(desired, observed) == []
+
+
+def _render(**spec: object) -> list[dict]:
+    owner = Owner(name="m", namespace="ns", uid="u1")
+    parsed = parse_spec({"model": {"path": "p"}, "engine": "synthetic", **spec})
+    return stamped(render_children(owner, parsed))
+
+
+def test_a_field_the_spec_no_longer_renders_is_applied_away() -> None:
+    # `covers` alone cannot see a removal: the cluster still holds every value now rendered
+    before = _render(prefill={"args": ["--one"]}, decode={"env": [{"name": "A", "value": "1"}]})
+    after = _render(prefill={"args": ["--one"]})
+    observed = {child_key(o): _as_server_returns(o) for o in before}
+    decode = {k: v for k, v in after[1].items() if k != "metadata"}
+    assert covers(observed[("Deployment", "m-decode")], decode)
+    assert [child_key(o) for o in to_apply(after, observed)] == [("Deployment", "m-decode")]
+    assert to_apply(before, observed) == []
+
+
+def test_the_digest_ignores_itself_and_the_count_and_nothing_else() -> None:
+    (child,) = [o for o in _render() if child_key(o) == ("Deployment", "m-prefill")]
+    assert child["metadata"]["annotations"][ANNOTATION_RENDERED] == rendered_digest(child)
+    scaled = {**child, "spec": {**child["spec"], "replicas": 9}}
+    assert rendered_digest(scaled) == rendered_digest(child)  # an autoscaled count moves on its own
+    labelled = {**child, "metadata": {**child["metadata"], "labels": {"x": "y"}}}
+    assert rendered_digest(labelled) != rendered_digest(child)
+    assert stamped([child]) == [child]  # stamping twice changes nothing
 
 
 def test_missing_child_is_applied() -> None:
@@ -84,3 +120,27 @@ def test_what_pods_depend_on_is_applied_before_what_makes_pods(nodes: int) -> No
         # every pod's ServiceAccount exists before the pod is made (else the pod is refused)
         assert maker["spec"]["template"]["spec"]["serviceAccountName"] in accounts, child_key(maker)
     assert any(o["kind"] == "NetworkPolicy" for o in first)
+
+
+def _settled(observed: dict) -> object:
+    return settled_key(("uid", 1), observed)
+
+
+def test_a_status_update_leaves_the_settled_key_and_an_edit_moves_it() -> None:
+    observed = {child_key(o): _as_server_returns(o) for o in _children()}
+    for obj in observed.values():
+        obj["metadata"]["generation"] = 1
+    before = _settled(observed)
+    status = copy.deepcopy(observed)
+    status[("Deployment", "m-decode")]["metadata"]["resourceVersion"] = "13"
+    status[("Deployment", "m-decode")]["status"] = {"replicas": 2, "readyReplicas": 2}
+    assert _settled(status) == before  # a controller's status write: nothing of ours moved
+    spec_edit = copy.deepcopy(observed)
+    spec_edit[("Deployment", "m-decode")]["metadata"]["generation"] = 2
+    label_edit = copy.deepcopy(observed)
+    label_edit[("Deployment", "m-decode")]["metadata"]["labels"]["extra"] = "x"
+    gone = copy.deepcopy(observed)
+    del gone[("Service", "m-router")]
+    for changed in (spec_edit, label_edit, gone):
+        assert _settled(changed) != before
+    assert settled_key(("uid", 2), observed) != before  # the model's own inputs count
