@@ -292,11 +292,19 @@ CODE = {
 }
 
 
+def python_environment(python: str | None = None) -> Path:
+    """The environment an interpreter belongs to: its bin directory's parent (a virtualenv's
+    root). `.venv/bin/python` and `.venv/bin/python3` are one environment: `python -m pytest`
+    runs the one and the `pdwarden` script's shebang names the other, and each difference
+    restarted the kubelet, killing every pod of the tests running beside it."""
+    return Path(python or sys.executable).absolute().parent.parent
+
+
 def code_fingerprint(component: str, python: str | None = None) -> str:
-    """Hash of a Python component's code and interpreter: one running older code, or from
+    """Hash of a Python component's code and environment: one running older code, or from
     another checkout's virtualenv (whose code its pods would run), is restarted."""
     digest = hashlib.sha256()
-    digest.update(str(Path(python or sys.executable).absolute()).encode())
+    digest.update(str(python_environment(python)).encode())
     package = Path(__file__).resolve().parent
     for path in sorted({p for pattern in CODE[component] for p in package.glob(pattern)}):
         digest.update(path.name.encode())

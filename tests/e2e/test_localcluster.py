@@ -261,6 +261,9 @@ def test_up_twice_is_harmless(cluster: ClusterInfo) -> None:
     info = json.loads(proc.stdout)
     assert info["started"] is False and info["processes"] == cluster.processes | info["processes"]
     assert info["processes"]["kube-apiserver"] == cluster.processes["kube-apiserver"]
+    # the `pdwarden` script's interpreter is the session's environment: the kubelet (and every
+    # pod of the tests beside this one) keeps running
+    assert info["processes"]["kubelet"] == cluster.processes["kubelet"]
     # no outgoing connection can take a port of the cluster's (a kubelet endpoint that cannot
     # bind fails every `kubectl logs` and `exec` on its node)
     assert set(ports().listening(len(info["nodes"]))) <= reserved_ports.reserved()

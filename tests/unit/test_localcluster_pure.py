@@ -384,6 +384,9 @@ def test_kubelet_fingerprint_follows_the_interpreter_so_another_checkout_restart
 
     here = kubelet_fingerprint()
     assert kubelet_fingerprint(sys.executable) == here
+    # one environment whichever name of its interpreter ran `up` (`python -m`, a script's shebang)
+    for name in ("python", "python3", f"python{sys.version_info.major}.{sys.version_info.minor}"):
+        assert kubelet_fingerprint(str(Path(sys.executable).with_name(name))) == here
     # a cluster started from another checkout's .venv would run that checkout's code in pods
     assert kubelet_fingerprint("/elsewhere/.venv/bin/python3") != here
 
