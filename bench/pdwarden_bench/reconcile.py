@@ -5,7 +5,10 @@ namespace, one after another, while a real operator process watches that namespa
 one warm-up model has been reconciled, so operator start-up is not measured). For
 each model it measures the seconds from its apply returning to its status being written
 (the reconciler writes status only after every child was applied), then checks that every
-model has all its children, and reads the operator's resident memory. Last line: JSON.
+model has all its children, and reads the operator's resident memory. Then, every model
+unchanged: the operator's CPU per minute, and a new operator process resuming them (seconds
+until it handled each, start-up included, its CPU, and the server-side applies it sent,
+from the API server's own request counter). Last line: JSON.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 import pdwarden_contract as contract
+
+if TYPE_CHECKING:
+    from pdwarden_bench.operator_process import OperatorProcess
 
 GOAL_P50_S = 1.0
 TEARDOWN_WAIT_S = 180.0
@@ -172,6 +178,14 @@ async def _run(
         steady_from = op.cpu_seconds()
         await asyncio.sleep(steady_s)
         steady_cpu = op.cpu_seconds() - steady_from
+        # Resume: a new operator process over the same unchanged models, as after an upgrade,
+        # a restart or a change of leader.
+        await asyncio.to_thread(op.stop)
+        resume_log = log_path.with_name(f"{namespace}-operator-resumed.log")
+        op = OperatorProcess(
+            kubeconfig, namespaces=(namespace,), health_port=health_port or None, log_path=resume_log
+        )
+        resume = await _resume(op, kubeconfig, resume_log, models + 1, timeout)
         counts: Counter[str] = Counter()
         for api_version, kind in CHILD_KINDS:
             selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
@@ -212,6 +226,7 @@ async def _run(
         "operator_rss_mib": round(rss, 1),
         "operator_peak_rss_mib": round(peak, 1),
         "operator_cpu_s": round(cpu, 2),
+        **resume,
         "steady_seconds": steady_s,
         "steady_cpu_s_per_min": round(steady_cpu * 60.0 / steady_s, 2) if steady_s else None,
         # The machine is shared: say how busy it was, since that moves every latency.
@@ -222,6 +237,55 @@ async def _run(
         "goal_met": statistics.median(latencies) <= GOAL_P50_S
         and peak <= GOAL_RSS_MIB
         and complete == models,
+    }
+
+
+RECONCILED = ": reconciled generation "  # handlers.reconcile_model's line, once per model handled
+
+
+def _apiserver_applies(kubeconfig: str) -> float | None:
+    """Server-side applies the API server has answered so far, dry-runs included (nothing
+    but the operator applies in the local cluster); None if its /metrics cannot be read."""
+    import kubernetes
+
+    from pdwarden_bench import promtext
+
+    cfg = kubernetes.client.Configuration()
+    kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    with kubernetes.client.ApiClient(cfg) as api:
+        try:
+            resp = api.call_api(
+                "/metrics", "GET", _preload_content=False, _return_http_data_only=True, _request_timeout=30
+            )
+            found = promtext.samples(resp.data.decode(), {"apiserver_request_total"})
+        except (kubernetes.client.ApiException, OSError, ValueError) as exc:
+            _say(f"cannot read the API server's metrics: {exc}")
+            return None
+    return promtext.metric_sum(found, "apiserver_request_total", verb="APPLY")
+
+
+async def _resume(
+    op: OperatorProcess, kubeconfig: str, log_path: Path, expected: int, timeout: float
+) -> dict[str, Any]:
+    """Start `op` over models it finds unchanged; seconds until it has handled all
+    `expected`, its CPU and the applies it sent meanwhile (goal: none)."""
+    before = await asyncio.to_thread(_apiserver_applies, kubeconfig)
+    begun = time.monotonic()
+    await asyncio.to_thread(op.start)
+    handled = 0
+    while time.monotonic() - begun < timeout:
+        handled = log_path.read_text(errors="replace").count(RECONCILED)
+        if handled >= expected:
+            break
+        await asyncio.sleep(0.2)
+    seconds = time.monotonic() - begun
+    cpu = op.cpu_seconds()
+    after = await asyncio.to_thread(_apiserver_applies, kubeconfig)
+    return {
+        "resume_seconds": round(seconds, 2) if handled >= expected else None,
+        "resume_models_handled": handled,
+        "resume_operator_cpu_s": round(cpu, 2),
+        "resume_applies": int(after - before) if after is not None and before is not None else None,
     }
 
 
