@@ -155,7 +155,8 @@ def run(
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     import kopf
 
-    importlib.import_module("pdwarden_operator.handlers")  # registers the reconcile handlers
+    handlers = importlib.import_module("pdwarden_operator.handlers")  # registers the reconcile handlers
+    handlers.watch_scope(list(namespaces))
     if _optional_module("pdwarden_operator.watchdog.handlers") is None:
         log.warning("watchdog not built in: pods are not scraped for wedges")
     from pdwarden_operator.watchdog import brake

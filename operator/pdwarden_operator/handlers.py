@@ -20,7 +20,8 @@ import kopf
 import pdwarden_contract as contract
 from pdwarden_operator import reconcile
 from pdwarden_operator.cache import CHILDREN
-from pdwarden_operator.kube.client import get_client
+from pdwarden_operator.kube import apply as kube_apply
+from pdwarden_operator.kube.client import KubeApiError, get_client
 
 log = logging.getLogger("pdwarden.handlers")
 
@@ -52,6 +53,9 @@ CHILD_KINDS = (
 )
 
 cache = CHILDREN
+# Where `configure` lists the children before kopf's handlers start (None: every namespace);
+# the CLI narrows it to its --namespace list, or to nothing for globs (kopf resolves those).
+_prefill_scope: list[str | None] = [None]
 _failures: dict[tuple[str, str], int] = {}  # consecutive transient failures per model: backoff
 _loop_task: asyncio.Task[None] | None = None
 _reconcile_slots = asyncio.Semaphore(RECONCILE_CONCURRENCY)
@@ -75,10 +79,38 @@ def apply_settings(settings: kopf.OperatorSettings) -> None:
         settings.watching.label_selectors[group, version, plural] = managed
 
 
+def watch_scope(namespaces: list[str]) -> None:
+    """The namespaces the operator watches (none: all of them), before kopf runs."""
+    globbed = any(set(ns) & set("*?[!") for ns in namespaces)
+    scope: list[str | None] = [*namespaces] if namespaces else [None]
+    _prefill_scope[:] = [] if globbed else scope
+
+
+async def prefill() -> int:
+    """Fill the cache with every child before the first handler runs: kopf resumes models as
+    soon as their own watch lists them, and a model whose children the watches have not
+    brought yet would be applied again in full (a restarted operator over a thousand models
+    sent thousands of needless applies). One LIST per kind and namespace; a failed one leaves
+    that kind to its watch. Returns the children recorded."""
+    selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
+    found = 0
+    for namespace in _prefill_scope:
+        for *_resource, api_version, kind in CHILD_KINDS:
+            try:
+                items = await kube_apply.list_objects(api_version, kind, namespace, selector)
+            except KubeApiError as exc:
+                log.warning("listing %ss before start failed (the watch brings them): %s", kind, exc)
+                continue
+            for item in items:
+                found += cache.child_event(api_version, kind, "ADDED", item) is not None
+    return found
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     apply_settings(settings)
     get_client()  # fail at start, not at the first resource, when there is no cluster access
+    log.info("%d children known before the first handler", await prefill())
     global _loop_task
     _loop_task = asyncio.create_task(_resync_loop(), name="pdwarden-resync")
 

@@ -49,3 +49,18 @@ def test_kopf_keeps_its_bookkeeping_out_of_our_label_and_status_space() -> None:
     assert settings.persistence.finalizer == f"{contract.API_GROUP}/finalizer"
     assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "scope"),
+    [([], [None]), (["team-a", "team-b"], ["team-a", "team-b"]), (["team-*"], [])],
+)
+def test_children_are_listed_before_start_where_the_operator_watches(
+    namespaces: list[str], scope: list[str | None]
+) -> None:
+    # every namespace: one cluster-wide list per kind; globs: kopf resolves them, the watches fill
+    handlers.watch_scope(namespaces)
+    try:
+        assert handlers._prefill_scope == scope
+    finally:
+        handlers.watch_scope([])
