@@ -21,7 +21,7 @@ import pdwarden_contract as contract
 from pdwarden_operator import reconcile
 from pdwarden_operator.cache import CHILDREN
 from pdwarden_operator.kube import apply as kube_apply
-from pdwarden_operator.kube.client import KubeApiError, get_client
+from pdwarden_operator.kube.client import get_client
 
 log = logging.getLogger("pdwarden.handlers")
 
@@ -98,7 +98,7 @@ async def prefill() -> int:
         for *_resource, api_version, kind in CHILD_KINDS:
             try:
                 items = await kube_apply.list_objects(api_version, kind, namespace, selector)
-            except KubeApiError as exc:
+            except Exception as exc:  # only a head start: it must never keep the operator from starting
                 log.warning("listing %ss before start failed (the watch brings them): %s", kind, exc)
                 continue
             for item in items:

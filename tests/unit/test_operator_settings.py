@@ -64,3 +64,13 @@ def test_children_are_listed_before_start_where_the_operator_watches(
         assert handlers._prefill_scope == scope
     finally:
         handlers.watch_scope([])
+
+
+def test_a_namespaced_kind_is_listed_across_namespaces_only_when_asked() -> None:
+    from pdwarden_operator.kube.client import resource_path
+
+    assert resource_path("apps/v1", "Deployment", None, all_namespaces=True) == "/apis/apps/v1/deployments"
+    assert resource_path("apps/v1", "Deployment", "a") == "/apis/apps/v1/namespaces/a/deployments"
+    for name in (None, "x"):  # an object always needs its namespace
+        with pytest.raises(ValueError, match="namespace is required"):
+            resource_path("apps/v1", "Deployment", None, name, all_namespaces=name is not None)

@@ -53,8 +53,10 @@ async def get(api_version: str, kind: str, namespace: str | None, name: str) -> 
 async def list_objects(
     api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
 ) -> list[Obj]:
+    """The objects of one namespace, or of every namespace when `namespace` is None."""
     query = [("labelSelector", label_selector)] if label_selector else None
-    body = await get_client().request("GET", resource_path(api_version, kind, namespace), query=query)
+    path = resource_path(api_version, kind, namespace, all_namespaces=namespace is None)
+    body = await get_client().request("GET", path, query=query)
     return list(body.get("items") or [])
 
 

@@ -92,17 +92,26 @@ RESOURCE_TYPES: dict[tuple[str, str], ResourceType] = {
 }
 
 
-def resource_path(api_version: str, kind: str, namespace: str | None = None, name: str | None = None) -> str:
-    """The REST path of a collection (name None) or of one object."""
+def resource_path(
+    api_version: str,
+    kind: str,
+    namespace: str | None = None,
+    name: str | None = None,
+    *,
+    all_namespaces: bool = False,
+) -> str:
+    """The REST path of a collection (name None) or of one object; `all_namespaces`: a
+    namespaced kind's collection across every namespace."""
     try:
         rtype = RESOURCE_TYPES[(api_version, kind)]
     except KeyError:
         raise ValueError(f"pdwarden does not know the resource {api_version} {kind}") from None
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     if rtype.namespaced:
-        if not namespace:
+        if namespace:
+            base += f"/namespaces/{namespace}"
+        elif not (all_namespaces and name is None):
             raise ValueError(f"{kind} is namespaced: a namespace is required")
-        base += f"/namespaces/{namespace}"
     path = f"{base}/{rtype.plural}"
     return f"{path}/{name}" if name else path
 
