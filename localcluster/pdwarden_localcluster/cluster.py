@@ -521,7 +521,12 @@ def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
     bins = build.ensure_built(progress)
     p = ports()
     _reserve_ports(p, settings.nodes, progress)
-    _check_ports_free(p, settings.nodes, progress)
+    try:
+        _check_ports_free(p, settings.nodes, progress)
+    except ClusterError:  # nothing starts: keep no reservation either
+        with contextlib.suppress(OSError):
+            reserved_ports.release(p.listening(settings.nodes))
+        raise
     _reset_run_state(lay, progress)
     network.ensure(p.net, settings.nodes)
     # a kernel that cannot enforce NetworkPolicies is refused before anything runs

@@ -299,6 +299,7 @@ def test_a_port_in_use_is_a_clear_error(cluster: ClusterInfo, tmp_path: Path) ->
         )
     assert proc.returncode == 1
     assert f"port {Ports(base).apiserver}" in proc.stderr and "in use" in proc.stderr
+    assert not set(Ports(base).listening(len(OTHER_NODES))) & reserved_ports.reserved()  # none kept
     assert "Traceback" not in proc.stderr
 
 
