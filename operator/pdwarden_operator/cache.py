@@ -7,7 +7,7 @@ rendered children with what the cluster holds without asking the API server. No 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,9 @@ class Cache:
     dirty: set[ModelKey] = field(default_factory=set)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     locks: dict[ModelKey, asyncio.Lock] = field(default_factory=dict)
+    # per model, the last reconcile's `Outcome.settled` (most resyncs follow a controller's
+    # status update of a child and change nothing of ours: those skip render and compare)
+    settled: dict[ModelKey, Hashable] = field(default_factory=dict)
 
     def model_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         meta = body.get("metadata") or {}
@@ -61,6 +64,7 @@ class Cache:
             self.models.pop(key, None)
             self.children.pop(key, None)
             self.locks.pop(key, None)
+            self.settled.pop(key, None)
             self.dirty.discard(key)
         else:
             self.models[key] = slim(body)
@@ -94,6 +98,12 @@ class Cache:
         kids = self.children.setdefault(key, {})
         for obj in objs:
             kids.setdefault((str(obj.get("kind")), str(obj["metadata"]["name"])), slim(obj))
+
+    def note_settled(self, key: ModelKey, settled: Hashable | None) -> None:
+        if settled is None or key not in self.models:
+            self.settled.pop(key, None)
+        else:
+            self.settled[key] = settled
 
     def note_status(self, key: ModelKey, status: Mapping[str, Any]) -> None:
         """The status just written, so the next resync compares with it, not an older copy."""

@@ -74,9 +74,8 @@ def apply_settings(settings: kopf.OperatorSettings) -> None:
     settings.watching.server_timeout = 300
     # Watch only pdwarden's own children, filtered by the API server: the handlers' label filter
     # alone would stream every Deployment, Service, ... of the cluster into the operator.
-    managed = ",".join(f"{k}={v}" for k, v in MANAGED.items())
     for group, version, plural, *_kind in CHILD_KINDS:
-        settings.watching.label_selectors[group, version, plural] = managed
+        settings.watching.label_selectors[group, version, plural] = reconcile.MANAGED_SELECTOR
 
 
 def watch_scope(namespaces: list[str]) -> None:
@@ -92,11 +91,11 @@ async def prefill() -> int:
     brought yet would be applied again in full (a restarted operator over a thousand models
     sent thousands of needless applies). One LIST per kind and namespace; a failed one leaves
     that kind to its watch. Returns the children recorded."""
-    selector = ",".join(f"{k}={v}" for k, v in MANAGED.items())
     found = 0
     for namespace in _prefill_scope:
         for *_resource, api_version, kind in CHILD_KINDS:
             try:
+                selector = reconcile.MANAGED_SELECTOR
                 items = await kube_apply.list_objects(api_version, kind, namespace, selector)
             except Exception as exc:  # only a head start: it must never keep the operator from starting
                 log.warning("listing %ss before start failed (the watch brings them): %s", kind, exc)
@@ -134,8 +133,11 @@ async def reconcile_model(body: kopf.Body, **_: Any) -> None:
     async with _reconcile_slots, cache.lock(key):
         started = loop.time()
         try:
-            outcome = await reconcile.reconcile(body, cache.children_of(key), verify_secret=True)
+            outcome = await reconcile.reconcile(
+                body, cache.children_of(key), cache.settled.get(key), verify_secret=True
+            )
             cache.note_applied(key, outcome.applied)
+            cache.note_settled(key, outcome.settled)
             cache.note_status(key, outcome.status)
             log.info(
                 "%s/%s: reconciled generation %s in %.2fs (waited %.2fs for a slot)",
@@ -174,7 +176,7 @@ async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
         if body is None:
             return
         try:
-            outcome = await reconcile.reconcile(body, cache.children_of(key))
+            outcome = await reconcile.reconcile(body, cache.children_of(key), cache.settled.get(key))
         except reconcile.InvalidSpec:
             return  # status already says so; the next spec change reconciles
         except reconcile.RetryLater as exc:
@@ -188,6 +190,7 @@ async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
             return
         _failures.pop(key, None)
         cache.note_applied(key, outcome.applied)
+        cache.note_settled(key, outcome.settled)
         cache.note_status(key, outcome.status)
         if outcome.applied:
             log.info("%s/%s: restored %s", key[0], key[1], ", ".join(outcome.applied_names))

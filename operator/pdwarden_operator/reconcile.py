@@ -46,6 +46,9 @@ class Outcome:
 
     status: Obj
     applied: list[Obj] = field(default_factory=list)
+    # `plan.settled_key` when the pass found nothing to apply or delete, else None: the next
+    # pass with the same key skips render and compare.
+    settled: Hashable | None = None
 
     @property
     def applied_names(self) -> list[str]:
@@ -423,18 +426,22 @@ async def _pods(body: Mapping[str, Any]) -> list[Obj] | None:
 
 
 async def reconcile(
-    body: Mapping[str, Any], children: Mapping[tuple[str, str], Obj], *, verify_secret: bool = False
+    body: Mapping[str, Any],
+    children: Mapping[tuple[str, str], Obj],
+    settled_before: Hashable | None = None,
+    *,
+    verify_secret: bool = False,
 ) -> Outcome:
     """One straight line for every cause (create, resume, spec change, a child's event, the
     periodic resync): render, apply only the children that are missing, changed by hand or
     rendered differently from what was last applied (`plan.to_apply`), delete the ones the spec
     no longer asks for, write status when it changed. `children`: what the watches hold (ours
-    for sure). `verify_secret`: make sure the worker key's Secret still exists (one dry-run)."""
+    for sure). `settled_before`: the last pass's `Outcome.settled`. `verify_secret`: make sure
+    the worker key's Secret still exists (one dry-run)."""
     spec = await _spec(body)
     owner = await _owner(body, spec, children, verify=verify_secret)
-    model = (owner.namespace, owner.name)
     settled = plan.settled_key(_inputs(body, owner), children)
-    if _SETTLED.get(model) == settled:  # nothing anyone edits moved since render matched it
+    if settled == settled_before:  # nothing anyone edits moved since render matched it
         desired, stale = None, []
     else:
         desired = plan.stamped(render_children(owner, spec))
@@ -457,17 +464,8 @@ async def reconcile(
             raise RetryLater(f"deleting {child_key(obj)} failed: {exc}") from exc
         observed.pop(child_key(obj), None)
     outcome = await _finish(body, spec, observed, applied)
-    if not applied and observed.keys() == children.keys():  # the cluster matched the render
-        _SETTLED[model] = settled
-    else:
-        _SETTLED.pop(model, None)
-    return outcome
-
-
-# Per model, the `plan.settled_key` of the last pass that found nothing to apply or delete: a
-# resync whose key is the same skips render and compare (most resyncs follow a controller's
-# status update of a child and change nothing of ours).
-_SETTLED: dict[tuple[str, str], Hashable] = {}
+    matched = not applied and observed.keys() == children.keys()  # the cluster matched the render
+    return replace(outcome, settled=settled if matched else None)
 
 
 def _inputs(body: Mapping[str, Any], owner: Owner) -> Hashable:
