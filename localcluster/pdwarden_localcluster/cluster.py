@@ -43,7 +43,7 @@ from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
 from pdwarden_localcluster.kubelet.container import kill_recorded
 from pdwarden_localcluster.paths import state_dir
-from pdwarden_localcluster.pki import Pki, ensure_pki
+from pdwarden_localcluster.pki import FRONT_PROXY_CLIENT, Pki, ensure_pki
 
 Progress = Callable[[str], None]
 DEFAULT_PORT_BASE = 36000
@@ -599,6 +599,15 @@ def _apiserver_args(bins: Path, lay: Layout, pki: Pki, p: Ports) -> list[str]:
         "--profiling=false",
         f"--cert-dir={lay.root / 'pki' / 'generated'}",
         "--event-ttl=30m",
+        # The aggregation layer, as kubeadm sets it up: APIServices (an external metrics API
+        # for HPA) are reached with the front proxy's client cert and the caller in headers.
+        f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+        f"--proxy-client-key-file={pki.front_proxy_client_key}",
     ]
 
 

@@ -6,6 +6,9 @@
   and runs several Nodes from one process), controller-manager and scheduler (their own
   built-in RBAC identities), the local volume provisioner (a user of its own ClusterRole).
 - the ServiceAccount token signing key pair.
+- the aggregation layer's front proxy: a CA of its own and the client cert the API server
+  presents to extension API servers (an APIService's backend trusts that CA for the identity
+  headers, so no other client cert of this cluster can assert a user to it).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ CLIENTS: dict[str, tuple[str, str | None]] = {
     # the local volume provisioner: a plain user, given only its ClusterRole (provisioner.rbac)
     "provisioner": ("system:pdwarden-local-provisioner", None),
 }
+
+
+FRONT_PROXY_CLIENT = "front-proxy-client"  # the CN extension API servers accept (requestheader-allowed-names)
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,21 @@ class Pki:
     def client_key(self, who: str) -> Path:
         return self.directory / f"{who}.key"
 
+    @property
+    def front_proxy_ca_cert(self) -> Path:
+        return self.directory / "front-proxy-ca.crt"
+
+    @property
+    def front_proxy_client_cert(self) -> Path:
+        return self.directory / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.directory / "front-proxy-client.key"
+
     def complete(self) -> bool:
         files = [self.ca_cert, self.ca_key, self.serving_cert, self.serving_key, self.sa_key, self.sa_pub]
+        files += [self.front_proxy_ca_cert, self.front_proxy_client_cert, self.front_proxy_client_key]
         files += [self.client_cert(w) for w in CLIENTS] + [self.client_key(w) for w in CLIENTS]
         return all(f.exists() for f in files)
 
@@ -131,6 +150,8 @@ def ensure_pki(directory: Path, ips: Sequence[str] = ()) -> Pki:
         _write_key(pki.client_key(who), key)
         _write_cert(pki.client_cert(who), cert)
 
+    _front_proxy(pki, now)
+
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     _write_key(pki.sa_key, sa_key)
     pki.sa_pub.write_bytes(
@@ -139,6 +160,29 @@ def ensure_pki(directory: Path, ips: Sequence[str] = ()) -> Pki:
         )
     )
     return pki
+
+
+def _front_proxy(pki: Pki, now: dt.datetime) -> None:
+    """The front proxy's CA (its key is not kept: nothing else is ever signed by it) and client."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pdwarden-local-front-proxy-ca")])
+    ca_cert = (
+        _builder(ca_name, ca_name, ca_key.public_key(), now)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_cert(pki.front_proxy_ca_cert, ca_cert)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        _builder(_name(FRONT_PROXY_CLIENT), ca_name, key.public_key(), now)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(pki.front_proxy_client_key, key)
+    _write_cert(pki.front_proxy_client_cert, cert)
 
 
 def _name(cn: str, org: str | None = None) -> x509.Name:

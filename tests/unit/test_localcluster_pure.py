@@ -13,6 +13,7 @@ from pdwarden_localcluster import build, gomod, monitoring
 from pdwarden_localcluster.kubelet import envvars, images, ipam, logserver
 from pdwarden_localcluster.kubelet.container import ContainerRun
 from pdwarden_localcluster.kubelet.podstatus import container_status, phase, pod_status
+from pdwarden_localcluster.pki import Pki
 
 pytestmark = pytest.mark.unit
 
@@ -391,15 +392,42 @@ def test_kubelet_fingerprint_follows_the_interpreter_so_another_checkout_restart
     assert kubelet_fingerprint("/elsewhere/.venv/bin/python3") != here
 
 
-def test_the_api_server_enforces_owner_reference_permissions(tmp_path: Path) -> None:
+def _apiserver_args(root: Path, pki: Pki) -> list[str]:
     from pdwarden_localcluster import cluster
 
-    pki = SimpleNamespace(serving_cert="c", serving_key="k", ca_cert="ca", sa_pub="p", sa_key="s")
-    lay = SimpleNamespace(root=tmp_path)
-    ports = cluster.Ports(cluster.DEFAULT_PORT_BASE)
-    args = cluster._apiserver_args(tmp_path, lay, pki, ports)  # type: ignore[arg-type]
+    lay = SimpleNamespace(root=root)
+    return cluster._apiserver_args(root, lay, pki, cluster.Ports(cluster.DEFAULT_PORT_BASE))  # type: ignore[arg-type]
+
+
+def test_the_api_server_enforces_owner_reference_permissions(tmp_path: Path) -> None:
+    args = _apiserver_args(tmp_path, Pki(tmp_path))
     plugins = next(a for a in args if a.startswith("--enable-admission-plugins="))
     assert "OwnerReferencesPermissionEnforcement" in plugins.split("=", 1)[1].split(",")
+
+
+def test_the_aggregation_layer_trusts_a_front_proxy_ca_of_its_own(tmp_path: Path) -> None:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    from pdwarden_localcluster.pki import FRONT_PROXY_CLIENT, ensure_pki
+
+    pki = ensure_pki(tmp_path / "pki", ["198.18.143.1"])
+    assert pki.complete()
+    args = dict(a.removeprefix("--").split("=", 1) for a in _apiserver_args(tmp_path, pki) if "=" in a)
+    assert args["requestheader-client-ca-file"] == str(pki.front_proxy_ca_cert)
+    assert args["requestheader-allowed-names"] == FRONT_PROXY_CLIENT
+    assert args["proxy-client-cert-file"] == str(pki.front_proxy_client_cert)
+    assert args["requestheader-username-headers"] == "X-Remote-User"
+    proxy = x509.load_pem_x509_certificate(pki.front_proxy_client_cert.read_bytes())
+    front_ca = x509.load_pem_x509_certificate(pki.front_proxy_ca_cert.read_bytes())
+    cluster_ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    proxy.verify_directly_issued_by(front_ca)
+    assert proxy.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == FRONT_PROXY_CLIENT
+    # no other client cert of the cluster can name a caller to an extension API server
+    assert front_ca.subject != cluster_ca.subject
+    admin = x509.load_pem_x509_certificate(pki.client_cert("admin").read_bytes())
+    with pytest.raises(ValueError):  # another issuer
+        admin.verify_directly_issued_by(front_ca)
 
 
 def test_pods_resolve_through_the_clusters_dns_service_and_search_their_namespace_first() -> None:
