@@ -7,6 +7,7 @@ import importlib
 import logging
 import os
 import sys
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -122,6 +123,20 @@ def _optional_module(name: str) -> ModuleType | None:
     help="Let model authors use one power in their pod templates, in every namespace or in "
     "NAMESPACE only (repeatable): " + ", ".join(a.value for a in podpolicy.Allowance) + ". Default: none.",
 )
+@click.option(
+    "--external-metrics-port",
+    type=click.IntRange(min=0, max=65535),
+    default=0,
+    show_default=True,
+    help="Serve the external metrics API (each autoscaled role's load, for HPA or KEDA) over "
+    "HTTPS on this port while leading (0: off). Needs --external-metrics-tls-dir.",
+)
+@click.option(
+    "--external-metrics-tls-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Directory holding tls.crt and tls.key for the external metrics API.",
+)
 @click.option("--verbose", "-v", is_flag=True, help="Debug logging.")
 def run(
     namespaces: tuple[str, ...],
@@ -139,11 +154,22 @@ def run(
     namespace_brake_max_wedged_models: int,
     namespace_brake_max_wedged_pods: int,
     allowances: tuple[str, ...],
+    external_metrics_port: int,
+    external_metrics_tls_dir: Path | None,
     verbose: bool,
 ) -> None:
     """Run the operator until interrupted."""
     if namespaces and all_namespaces:
         raise click.UsageError("--namespace and --all-namespaces exclude each other")
+    if external_metrics_port and external_metrics_tls_dir is None:
+        raise click.UsageError("--external-metrics-port needs --external-metrics-tls-dir (tls.crt, tls.key)")
+    if external_metrics_tls_dir is not None:
+        missing = [f for f in ("tls.crt", "tls.key") if not (external_metrics_tls_dir / f).is_file()]
+        if missing:
+            raise click.BadParameter(
+                f"{external_metrics_tls_dir} has no {' or '.join(missing)}",
+                param_hint="--external-metrics-tls-dir",
+            )
     podpolicy.configure(_pod_policy(allowances))
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -201,6 +227,11 @@ def run(
             namespaces=list(namespaces),
             health=(bind_host, health_port) if health_port else None,
             lease=(lease_ns, leader_election_id) if leader_elect else None,
+            external_metrics=(
+                (bind_host, external_metrics_port, external_metrics_tls_dir)
+                if external_metrics_port and external_metrics_tls_dir is not None
+                else None
+            ),
         )
     )
 
@@ -242,6 +273,7 @@ async def _main(
     namespaces: list[str],
     health: tuple[str, int] | None,
     lease: tuple[str, str] | None,
+    external_metrics: tuple[str, int, Path] | None = None,
 ) -> None:
     import kopf
 
@@ -264,13 +296,49 @@ async def _main(
     operator_task = asyncio.create_task(
         kopf.operator(standalone=True, clusterwide=clusterwide, namespaces=namespaces)
     )
+    metrics_api = await _serve_external_metrics(*external_metrics) if external_metrics else None
     await asyncio.wait({operator_task})
+    if metrics_api is not None:
+        await metrics_api.cleanup()
     if elector is not None:
         await elector.stop()  # hands the Lease back
     if runner is not None:
         await runner.cleanup()
     budget.configure(None)  # its parse workers end
     await operator_task
+
+
+async def _serve_external_metrics(host: str, port: int, tls_dir: Path) -> Any:
+    """The leader's external metrics API, and its pod marked as the one the API's Service
+    reaches (a replica that led before keeps the label until this one takes it)."""
+    from pdwarden_operator import external_metrics
+    from pdwarden_operator.kube import pods
+
+    try:
+        runner = await external_metrics.serve(host, port, tls_dir)
+    except Exception:  # the operator's other work goes on without it
+        log.exception("external metrics API not served")
+        return None
+    pod, namespace = os.environ.get(contract.ENV_POD_NAME), os.environ.get(contract.ENV_POD_NAMESPACE)
+
+    async def mark() -> None:
+        assert pod and namespace
+        for attempt in range(60):
+            try:
+                await pods.mark_only(namespace, pod, external_metrics.SERVING_LABEL)
+                return
+            except Exception as exc:  # the API may be briefly away; without the label no one reaches us
+                log.warning("cannot label pod %s/%s for the external metrics API (%s)", namespace, pod, exc)
+                await asyncio.sleep(min(2.0 * (attempt + 1), 10.0))
+        log.error("pod %s/%s never got its label: the external metrics API is unreachable", namespace, pod)
+
+    if runner is not None and pod and namespace:
+        _background.add(task := asyncio.create_task(mark(), name="external-metrics-label"))
+        task.add_done_callback(_background.discard)
+    return runner
+
+
+_background: set[asyncio.Task[None]] = set()
 
 
 def _step_down() -> None:

@@ -105,6 +105,7 @@ def rendered(namespace: str, values: Mapping[str, str], release: str = "pdw") ->
             "metricsService.type": "NodePort",
             "serviceAccount.annotations.team": "ml",
             "podLabels.tier": "control",
+            "externalMetrics.enabled": "true",
             "tolerations[0].key": "nvidia.com/gpu",
             "tolerations[0].operator": "Exists",
         },

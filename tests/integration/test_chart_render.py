@@ -7,6 +7,7 @@ are checked here for the fields their CRDs require.
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 from collections.abc import Mapping
@@ -554,3 +555,70 @@ def test_crd_ships_with_the_chart() -> None:
     copies = {p.name: p.read_text() for p in (chart.CHART_DIR / "crds").glob("*.yaml")}
     for path in master:
         assert copies.get(path.name) == path.read_text(), f"charts/pdwarden/crds/{path.name} is stale"
+
+
+def test_the_external_metrics_api_is_off_by_default() -> None:
+    docs = render()
+    assert not chart.find_objects(docs, "APIService")
+    (container,) = chart.only_object(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert not [a for a in container["args"] if a.startswith("--external-metrics")]
+
+
+def test_the_external_metrics_api_reaches_the_leader_over_tls_the_apiservice_trusts() -> None:
+    from cryptography import x509
+
+    from pdwarden_operator import external_metrics
+
+    docs = render({"externalMetrics.enabled": "true", "externalMetrics.port": "7443"})
+    apiservice = chart.only_object(docs, "APIService")
+    assert apiservice["metadata"]["name"] == f"{external_metrics.VERSION}.{external_metrics.GROUP}"
+    assert (apiservice["spec"]["group"], apiservice["spec"]["version"]) == (
+        external_metrics.GROUP,
+        external_metrics.VERSION,
+    )
+    secret = chart.only_object(docs, "Secret")
+    assert apiservice["spec"]["caBundle"] == secret["data"]["ca.crt"]
+    # the serving certificate names the Service the APIService calls, and the CA signed it
+    svc_ref = apiservice["spec"]["service"]
+    cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    )
+    assert f"{svc_ref['name']}.{svc_ref['namespace']}.svc" in names
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    cert.verify_directly_issued_by(ca)
+
+    service = next(s for s in chart.find_objects(docs, "Service") if s["metadata"]["name"] == svc_ref["name"])
+    assert service["spec"]["ports"][0]["port"] == svc_ref["port"] == 443
+    deployment = chart.only_object(docs, "Deployment")
+    pod = deployment["spec"]["template"]
+    # the leader alone: the pods' labels plus the one the leading operator sets on its pod
+    assert service["spec"]["selector"] == {
+        **deployment["spec"]["selector"]["matchLabels"],
+        external_metrics.SERVING_LABEL: "true",
+    }
+    (container,) = pod["spec"]["containers"]
+    port = next(p for p in container["ports"] if p["name"] == service["spec"]["ports"][0]["targetPort"])
+    assert port["containerPort"] == 7443
+    assert "--external-metrics-port=7443" in container["args"]
+    tls_dir = next(a for a in container["args"] if a.startswith("--external-metrics-tls-dir=")).split("=", 1)[
+        1
+    ]
+    mount = next(m for m in container["volumeMounts"] if m["mountPath"] == tls_dir)
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"] and mount["readOnly"] is True
+
+    policy = chart.only_object(docs, "NetworkPolicy")
+    assert {"ports": [{"protocol": "TCP", "port": 7443}]} in policy["spec"]["ingress"]
+    # delegated authentication and authorisation, and the leader's label: nothing more
+    bindings = {b["roleRef"]["name"]: b for b in chart.find_objects(docs, "ClusterRoleBinding")}
+    assert "system:auth-delegator" in bindings
+    reader = next(
+        b for b in chart.find_objects(docs, "RoleBinding") if b["metadata"]["namespace"] == "kube-system"
+    )
+    assert reader["roleRef"]["name"] == "extension-apiserver-authentication-reader"
+    label_role = next(
+        r for r in chart.find_objects(docs, "Role") if r["metadata"]["name"].endswith("leader-label")
+    )
+    assert label_role["metadata"]["namespace"] == NAMESPACE
+    assert label_role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]}]

@@ -142,3 +142,27 @@ async def evict_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
             return "gone"
         raise
     return "done"
+
+
+async def mark_only(namespace: str, pod: str, label: str) -> None:
+    """`label: "true"` on `pod` and on no other pod of the namespace (a Service that selects
+    the label then reaches that pod alone: the leader, for the external metrics API)."""
+    client = get_client()
+    marked = await client.request(
+        "GET", resource_path("v1", "Pod", namespace), query=[("labelSelector", f"{label}=true")]
+    )
+    for other in marked.get("items") or []:
+        meta = other.get("metadata") or {}
+        if meta.get("name") != pod:
+            await client.request(
+                "PATCH",
+                resource_path("v1", "Pod", namespace, meta.get("name")),
+                body={"metadata": {"uid": meta.get("uid"), "labels": {label: None}}},
+                content_type="application/merge-patch+json",
+            )
+    await client.request(
+        "PATCH",
+        resource_path("v1", "Pod", namespace, pod),
+        body={"metadata": {"labels": {label: "true"}}},
+        content_type="application/merge-patch+json",
+    )

@@ -37,6 +37,7 @@ from pdwarden_operator.watchdog.gone_pods import GonePods, from_json, seen, to_j
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.ownership import Owners
+from pdwarden_operator.watchdog.role_load import ROLE_LOADS
 from pdwarden_operator.watchdog.rule import Verdict, judge
 from pdwarden_operator.watchdog.scaler import ModelScaler, RolePod
 from pdwarden_operator.watchdog.scrape import Scraper, Target
@@ -439,6 +440,7 @@ def _stop(key: Key) -> None:
     _bodies.pop(key, None)
     WRITER.forget(*key)
     BRAKE.forget(key)
+    ROLE_LOADS.forget(*key)
     task = _tasks.pop(key, None)
     if task is not None:
         task.cancel()

@@ -33,6 +33,7 @@ from pdwarden_operator.watchdog import autoscale
 from pdwarden_operator.watchdog.executor import ModelRef
 from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import PodSample
+from pdwarden_operator.watchdog.role_load import ROLE_LOADS, summarise
 from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.state import to_rfc3339
 
@@ -153,11 +154,15 @@ class ModelScaler:
         dropped = tuple(r for r in self._roles if r not in roles)
         if dropped:
             self.metrics.forget_autoscaling(self.model.namespace, self.model.name, dropped)
+            ROLE_LOADS.forget(self.model.namespace, self.model.name, dropped)
             for role in dropped:
                 self.memory.pop(role, None)
         self._roles = roles
         if not roles:
             return None
+        for role in roles:  # for the cluster's autoscalers (the external metrics API)
+            loads = (pod_load(p) for p in pods.get(role, ()))
+            ROLE_LOADS.record(self.model.namespace, self.model.name, role, summarise(loads, now))
         scales = {role: await self._scale(role) for role in ("prefill", "decode")}
         current = {role: s.replicas for role, s in scales.items()}
         driven = {
