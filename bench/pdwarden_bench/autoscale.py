@@ -155,10 +155,16 @@ class Watch(Poller):
     samples: list[Sample] = field(default_factory=list)
 
     def poll(self) -> None:
+        # both counts from one listing: one resourceVersion, never one role's count from before
+        # a write and the other's from after the next
+        selector = f"{contract.LABEL_MODEL}={self.name}"
+        listing = self.env.call(
+            "GET", f"/apis/apps/v1/namespaces/{self.env.namespace}/deployments?labelSelector={selector}"
+        )
+        counts = {d["metadata"]["name"]: int(d["spec"]["replicas"]) for d in listing["items"]}
         deployed, ready, listed = {}, {}, {}
         for role in contract.RUNTIME_ROLES:
-            path = f"/apis/apps/v1/namespaces/{self.env.namespace}/deployments/{child_name(self.name, role)}"
-            deployed[role] = int(self.env.call("GET", path)["spec"]["replicas"])
+            deployed[role] = counts[child_name(self.name, role)]
             pods = self.env.pods(self.name, role)
             listed[role] = len(pods)
             ready[role] = sum(1 for p in pods if serving(p))

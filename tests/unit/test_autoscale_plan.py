@@ -22,6 +22,7 @@ from pdwarden_operator.watchdog.autoscale import (
     plan,
     recommend,
     remember,
+    write_order,
 )
 
 pytestmark = pytest.mark.unit
@@ -801,3 +802,64 @@ def test_property_bounds_and_band(prefill, decode, band) -> None:
         assert band.min - 1e-9 <= p / d <= band.max + 1e-9
     else:
         assert result.ratio_message
+
+
+# --- the order of the writes --------------------------------------------------------------
+
+WIDE = RatioBand(0.5, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("current", "targets", "band", "steps"),
+    [
+        # neither whole move keeps the band: prefill goes part way first
+        ((1, 1), (3, 3), WIDE, [("prefill", 2), ("decode", 3), ("prefill", 3)]),
+        ((1, 1), (8, 8), WIDE, [("prefill", 2), ("decode", 4), ("prefill", 8), ("decode", 8)]),
+        # the role whose move keeps the band goes first
+        ((2, 1), (2, 4), WIDE, [("decode", 4)]),
+        ((1, 2), (4, 2), WIDE, [("prefill", 4)]),
+        ((2, 1), (4, 3), WIDE, [("decode", 3), ("prefill", 4)]),
+        ((3, 3), (2, 2), WIDE, [("prefill", 2), ("decode", 2)]),
+        ((2, 1), (1, 1), WIDE, [("prefill", 1)]),
+        # a state outside the band at either end, or no band: each role once, prefill first
+        ((1, 4), (3, 3), WIDE, [("prefill", 3), ("decode", 3)]),
+        ((1, 1), (1, 3), WIDE, [("decode", 3)]),
+        ((1, 1), (3, 3), None, [("prefill", 3), ("decode", 3)]),
+        # a band no single pod fits between: the writes still reach the targets
+        ((1, 1), (2, 2), RatioBand(1.0, 1.0), [("prefill", 2), ("decode", 2)]),
+        ((2, 2), (2, 2), WIDE, []),
+    ],
+)
+def test_writes_keep_the_band_between_them(
+    current: tuple[int, int],
+    targets: tuple[int, int],
+    band: RatioBand | None,
+    steps: list[tuple[str, int]],
+) -> None:
+    now = dict(zip(ROLES, current, strict=True))
+    assert write_order(now, dict(zip(ROLES, targets, strict=True)), band) == steps
+
+
+@settings(max_examples=300)
+@given(
+    st.integers(1, 12),
+    st.integers(1, 12),
+    st.integers(1, 12),
+    st.integers(1, 12),
+    st.sampled_from([WIDE, RatioBand(0.25, 1.0), RatioBand(1.0, 3.0), RatioBand(0.5, 1.5)]),
+)
+def test_every_state_on_the_way_is_inside_a_band_both_ends_are_in(
+    p0: int, d0: int, p1: int, d1: int, band: RatioBand
+) -> None:
+    state = {"prefill": p0, "decode": d0}
+    steps = write_order(state, {"prefill": p1, "decode": d1}, band)
+    both_in = all(band.min - 1e-9 <= p / d <= band.max + 1e-9 for p, d in ((p0, d0), (p1, d1)))
+    for role, count in steps:
+        before = state[role]
+        state[role] = count
+        target = p1 if role == "prefill" else d1
+        assert min(before, target) <= count <= max(before, target)  # never past the target
+        if both_in:
+            assert band.min - 1e-9 <= state["prefill"] / state["decode"] <= band.max + 1e-9, steps
+    assert state == {"prefill": p1, "decode": d1}
+    assert len(steps) <= 2 * (abs(p1 - p0) + abs(d1 - d0))

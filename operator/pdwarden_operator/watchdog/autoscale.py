@@ -474,6 +474,57 @@ def _inside(p: int, d: int, band: RatioBand) -> bool:
     return p > 0 and d > 0 and not _above(p, d, band.max) and not _below(p, d, band.min)
 
 
+def write_order(
+    current: Mapping[str, int], targets: Mapping[str, int], band: RatioBand | None
+) -> list[tuple[str, int]]:
+    """The writes that take the roles from `current` to `targets`, one Deployment at a time.
+
+    Between two writes the cluster runs what was written, so each state on the way stays inside
+    the band where one can: the role whose move keeps it goes first, and where neither does
+    (1:1 to 3:3 in [0.5, 2]), one role goes part way first (1:1, 2:1, 2:3, 3:3). Where the band
+    cannot be kept on the way (no band, or it holds at neither end), each role is written
+    once, in ROLES order.
+    """
+    state = {role: current[role] for role in ROLES if role in current}
+    pending = {
+        role: targets[role] for role in ROLES if role in targets and targets[role] != current.get(role)
+    }
+    steps: list[tuple[str, int]] = []
+
+    def inside(role: str, count: int) -> bool:
+        after = {**state, role: count}
+        return band is not None and _inside(after[ROLES[0]], after[ROLES[1]], band)
+
+    final = {**state, **pending}
+    keeping = (
+        band is not None
+        and len(state) == len(ROLES)
+        and _inside(state[ROLES[0]], state[ROLES[1]], band)
+        and _inside(final[ROLES[0]], final[ROLES[1]], band)
+    )
+    while pending and keeping:
+        whole = next((role for role in pending if inside(role, pending[role])), None)
+        if whole is not None:
+            steps.append((whole, pending.pop(whole)))
+            state[whole] = steps[-1][1]
+            continue
+        part: tuple[int, str, int] | None = None  # (distance left, role, count)
+        for role, target in pending.items():
+            way = (
+                range(target - 1, state[role], -1) if target > state[role] else range(target + 1, state[role])
+            )
+            count = next((c for c in way if inside(role, c)), None)
+            if count is not None and (part is None or abs(target - count) < part[0]):
+                part = (abs(target - count), role, count)
+        if part is None:
+            break
+        _, role, count = part
+        steps.append((role, count))
+        state[role] = count
+    steps += sorted(pending.items(), key=lambda item: ROLES.index(item[0]))
+    return steps
+
+
 # --- memory and small helpers ---------------------------------------------------------------
 
 

@@ -53,6 +53,14 @@ class RolePod:
     annotations: Mapping[str, str]
 
 
+@dataclass(frozen=True)
+class _Aim:
+    decision: autoscale.RoleDecision  # desired: what this round writes (the plan's, or one pod fewer)
+    victim: RolePod | None  # a scale-in's pod, marked to go first before the count drops
+    writes: bool
+    pods: Sequence[RolePod] = ()
+
+
 def scaling_of(spec: AutoscalingSpec) -> autoscale.RoleScaling:
     """The planner's view of a role's `autoscaling`."""
 
@@ -180,12 +188,16 @@ class ModelScaler:
             now=now,
         )
         memory = dict(plan.memory)
+        aims = {
+            role: self._aim(role, decision, pods.get(role, ())) for role, decision in plan.decisions.items()
+        }
+        written = await self._write(aims, scales, autoscale.RatioBand(band.min, band.max) if band else None)
         out: dict[str, Any] = {}
         for role in roles:
             autoscaling = spec.role(role).autoscaling
             assert autoscaling is not None
-            decision = plan.decisions.get(role)
-            if decision is None:  # driver external: the count is the other autoscaler's
+            aim = aims.get(role)
+            if aim is None:  # driver external: the count is the other autoscaler's
                 status = RoleAutoscalingStatus(
                     replicas=current[role],
                     desired_replicas=current[role],
@@ -198,16 +210,23 @@ class ModelScaler:
                     last_scale_time=self.last_scale.get(role),
                 )
             else:
-                decision, written = await self._act(role, decision, scales[role], pods.get(role, ()))
+                decision = aim.decision
+                count = written.get(role)
+                if count is None:
+                    decision = replace(decision, desired=decision.current) if aim.writes else decision
+                else:
+                    decision = replace(decision, desired=count)
+                    self._announce(role, decision)
+                    self.last_scale[role] = to_rfc3339(now)
                 # the step limits count what was written (a held, refused or cut change differs
                 # from what the plan recorded)
                 mem = memory[role]
                 kept = replace(mem, changes=tuple(c for c in mem.changes if c[0] != now))
-                memory[role] = autoscale.remember(
-                    kept, now, decision.desired - decision.current if written else 0
-                )
-                if written:
-                    self.last_scale[role] = to_rfc3339(now)
+                memory[role] = autoscale.remember(kept, now, decision.desired - decision.current)
+                if count is not None:
+                    await self.post_event(
+                        "ScaledUp" if count > decision.current else "ScaledDown", decision.message, "Normal"
+                    )
                 status = RoleAutoscalingStatus(
                     replicas=decision.current,
                     desired_replicas=decision.desired,
@@ -232,47 +251,67 @@ class ModelScaler:
             await self._report_band(plan)
         return out
 
-    async def _act(
-        self, role: str, decision: autoscale.RoleDecision, scale: kube_scale.Scale, pods: Sequence[RolePod]
-    ) -> tuple[autoscale.RoleDecision, bool]:
-        """Write the decision's count; returns the decision as it stands (a held scale-in says
-        why) and whether the count was written."""
-        if decision.desired == decision.current:
-            return decision, False
-        ns, deployment = self.model.namespace, self._deployment(role)
-        unchanged = replace(decision, desired=decision.current)
-        victim: RolePod | None = None
-        desired, message = decision.desired, decision.message
-        if desired < decision.current:
-            victim, why = scale_in_victim(pods)
-            if victim is None:
-                held = f"{role}: scale-in to {desired} waits: {why}"
-                return replace(unchanged, reason=autoscale.Reason.HELD, message=held), False
-            desired = decision.current - 1  # one pod at a time: each drains before the next goes
-            message += f"; removing {victim.view.name}" + (" first" if desired > decision.desired else "")
-        if not await self.may_act():
-            return unchanged, False
-        try:
-            if victim is not None:
-                await self._mark(victim, pods)
-            await kube_scale.write(ns, deployment, desired, scale.resource_version)
-        except KubeApiError as exc:
-            log.info(
-                "%s/%s: scaling %s to %d: %s (next round decides again)",
-                ns,
-                self.model.name,
-                role,
-                desired,
-                exc,
+    def _aim(self, role: str, decision: autoscale.RoleDecision, pods: Sequence[RolePod]) -> _Aim:
+        """What this round writes for the role: the plan's count, or for a scale-in one pod
+        fewer, its victim chosen (each drains before the next goes), or nothing while a
+        scale-in must wait (the decision then says why)."""
+        if decision.desired >= decision.current:
+            return _Aim(decision, None, writes=decision.desired != decision.current)
+        victim, why = scale_in_victim(pods)
+        if victim is None:
+            held = f"{role}: scale-in to {decision.desired} waits: {why}"
+            return _Aim(
+                replace(decision, desired=decision.current, reason=autoscale.Reason.HELD, message=held),
+                None,
+                writes=False,
             )
-            return unchanged, False
-        direction = "up" if desired > decision.current else "down"
+        desired = decision.current - 1
+        message = (
+            decision.message
+            + f"; removing {victim.view.name}"
+            + (" first" if desired > decision.desired else "")
+        )
+        return _Aim(replace(decision, desired=desired, message=message), victim, writes=True, pods=pods)
+
+    async def _write(
+        self, aims: Mapping[str, _Aim], scales: dict[str, kube_scale.Scale], band: autoscale.RatioBand | None
+    ) -> dict[str, int]:
+        """Write the aimed counts, one Deployment at a time in an order that keeps the band
+        between the writes (autoscale.write_order); returns the last count written per role. A
+        refused write (a 409: someone else changed the count) ends the round's writes: the next
+        round decides again from what is there."""
+        targets = {role: aim.decision.desired for role, aim in aims.items() if aim.writes}
+        if not targets or not await self.may_act():
+            return {}
+        current = {role: scale.replicas for role, scale in scales.items()}
+        ns, written = self.model.namespace, {}
+        for role, count in autoscale.write_order(current, targets, band):
+            aim = aims[role]
+            try:
+                if aim.victim is not None:
+                    await self._mark(aim.victim, aim.pods)
+                scales[role] = await kube_scale.write(
+                    ns, self._deployment(role), count, scales[role].resource_version
+                )
+            except KubeApiError as exc:
+                log.info(
+                    "%s/%s: scaling %s to %d: %s (next round decides again)",
+                    ns,
+                    self.model.name,
+                    role,
+                    count,
+                    exc,
+                )
+                break
+            written[role] = count
+        return written
+
+    def _announce(self, role: str, decision: autoscale.RoleDecision) -> None:
+        direction = "up" if decision.desired > decision.current else "down"
         self.metrics.autoscale_decisions.labels(
-            ns, self.model.name, role, direction, str(decision.reason)
+            self.model.namespace, self.model.name, role, direction, str(decision.reason)
         ).inc()
-        log.info("%s/%s: %s", ns, self.model.name, message)
-        await self.post_event("ScaledUp" if direction == "up" else "ScaledDown", message, "Normal")
-        return replace(decision, desired=desired, message=message), True
+        log.info("%s/%s: %s", self.model.namespace, self.model.name, decision.message)
 
     async def _mark(self, victim: RolePod, pods: Sequence[RolePod]) -> None:
         """The victim is the pod the ReplicaSet removes first; no other pod keeps an older mark."""
