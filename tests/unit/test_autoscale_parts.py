@@ -14,11 +14,10 @@ from pdwarden_operator import replicas
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.render import Owner, render_children
 from pdwarden_operator.status import Observed, Workload, compose
-from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import PodSample, parse_metrics
-from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.scaler import RolePod, pod_load, scale_in_victim, scaling_of
 from pdwarden_operator.watchdog.state import status_write_due
+from pdwarden_operator.watchdog.verdict import PodView, Verdict
 from pdwarden_runtime.kvpoll import KVPoll
 from tests.support.runtime_metrics import runtime
 

@@ -10,9 +10,8 @@ from hypothesis import strategies as st
 import pdwarden_contract as c
 from pdwarden_operator.watchdog.blame import attribute
 from pdwarden_operator.watchdog.history import Observation
-from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import PeerFigures, PodSample, parse_metrics
-from pdwarden_operator.watchdog.rule import Verdict
+from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +21,7 @@ P1 = PodView("m-prefill-1", "u-p1", c.ROLE_PREFILL, True, False, ip="198.18.0.11
 D0 = PodView("m-decode-0", "u-d0", c.ROLE_DECODE, True, False, ip="198.18.0.20")
 D1 = PodView("m-decode-1", "u-d1", c.ROLE_DECODE, True, False, ip="198.18.0.21")
 PODS = [P0, P1, D0, D1]
-OK = Verdict("ok", "progressing", cleared=True)
+OK = Verdict(VerdictState.OK, "progressing", cleared=True)
 
 
 def figures(step: int, per_peer: dict[str, tuple[int, int, int]]) -> PeerFigures:
@@ -69,7 +68,7 @@ def run(
 
 
 def test_two_prefills_stalled_on_one_decode_blame_that_decode_and_not_themselves() -> None:
-    wedged = Verdict("wedged", "no progress for 25s")
+    wedged = Verdict(VerdictState.WEDGED, "no progress for 25s")
     result = run(
         {P0.uid: history(STALLED_D0), P1.uid: history(STALLED_D0)},
         verdicts={P0.uid: wedged, P1.uid: OK, D0.uid: OK, D1.uid: OK},
@@ -96,7 +95,7 @@ def test_one_pointing_pod_is_not_enough() -> None:
 
 def test_a_pod_pointing_at_every_peer_is_suspect_itself() -> None:
     everyone = {D0.ip: (0, 3, 1), D1.ip: (0, 3, 1)}
-    wedged = Verdict("wedged", "no progress")
+    wedged = Verdict(VerdictState.WEDGED, "no progress")
     verdicts = {P0.uid: wedged, P1.uid: wedged, D0.uid: OK, D1.uid: OK}
     result = run({P0.uid: history(everyone), P1.uid: history(everyone)}, verdicts=verdicts)
     assert result.blames == ()
@@ -110,7 +109,7 @@ def test_decode_peers_blame_a_prefill_that_stalls_both() -> None:
 
 
 def test_missing_per_peer_metrics_change_nothing() -> None:
-    verdicts = {P0.uid: Verdict("wedged", "x"), P1.uid: OK, D0.uid: OK, D1.uid: OK}
+    verdicts = {P0.uid: Verdict(VerdictState.WEDGED, "x"), P1.uid: OK, D0.uid: OK, D1.uid: OK}
     result = run(
         {P0.uid: history(STALLED_D0, peers=False), P1.uid: history(STALLED_D0, peers=False)},
         verdicts=verdicts,
@@ -309,7 +308,7 @@ def test_a_decode_whose_pool_runs_low_on_held_pages_says_so_and_is_not_wedged() 
     from pdwarden_operator.watchdog.rule import judge
 
     verdict = judge(held_history({P0.ip: 40.0}, {P1.ip: 3}), STUCK)
-    assert verdict.state == "ok"
+    assert verdict.state == VerdictState.OK
     assert "KV pool low: 40 of 64 pages held for writers that neither drained nor are gone" in verdict.reason
     assert P0.ip in verdict.reason and verdict.figures["pagesHeld"] == 40
     assert "KV pool low" not in judge(held_history({P0.ip: 8.0}, {P1.ip: 3}), STUCK).reason

@@ -12,9 +12,9 @@ from pdwarden_operator.watchdog.brake import BrakeLimits, Brakes, check_limits, 
 from pdwarden_operator.watchdog.history import Observation
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.parse import PodSample
-from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.rule import judge as judge_pod
 from pdwarden_operator.watchdog.state import Remediation, WatchdogState
+from pdwarden_operator.watchdog.verdict import Verdict
 from tests.unit.test_watchdog_ladder import DESIRED, FOUR, RESTART, T0, WEDGED, step
 
 pytestmark = pytest.mark.unit

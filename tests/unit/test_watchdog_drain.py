@@ -14,7 +14,7 @@ from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.drain import healthy_requests_done
 from pdwarden_operator.watchdog.history import Observation
-from pdwarden_operator.watchdog.ladder import ActionResult, PodView, plan
+from pdwarden_operator.watchdog.ladder import ActionResult, plan
 from pdwarden_operator.watchdog.outcome import (
     CHARGED,
     RETRYING,
@@ -23,7 +23,6 @@ from pdwarden_operator.watchdog.outcome import (
     advance,
 )
 from pdwarden_operator.watchdog.parse import PodSample
-from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.state import (
     WatchdogState,
     state_from_status,
@@ -31,11 +30,12 @@ from pdwarden_operator.watchdog.state import (
     to_rfc3339,
 )
 from pdwarden_operator.watchdog.targets import pod_view
+from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
 pytestmark = pytest.mark.unit
 
 T0 = 1_800_000_000.0
-WEDGED = Verdict("wedged", "oldest room in state Transferring for 70s", {"inflight": 1})
+WEDGED = Verdict(VerdictState.WEDGED, "oldest room in state Transferring for 70s", {"inflight": 1})
 DRAIN = WatchdogSpec.model_validate(
     {"stuckAfterSeconds": 60, "scrapeIntervalSeconds": 10, "action": "drain", "drainSeconds": 120}
 )

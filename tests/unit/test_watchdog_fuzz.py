@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.history import Observation, PodHistory
-from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
 from pdwarden_operator.watchdog.rule import judge
 from pdwarden_operator.watchdog.state import WatchdogState
+from pdwarden_operator.watchdog.verdict import PodView
 
 pytestmark = pytest.mark.unit
 

@@ -9,10 +9,10 @@ import pytest
 import pdwarden_contract as contract
 from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.watchdog import gangs
-from pdwarden_operator.watchdog.ladder import PodView, plan
+from pdwarden_operator.watchdog.ladder import plan
 from pdwarden_operator.watchdog.outcome import Outcome
-from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.state import WatchdogState
+from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
 pytestmark = pytest.mark.unit
 
@@ -69,7 +69,7 @@ def _fold(
 ) -> tuple[dict[str, PodView], dict[str, Verdict], dict[str, gangs.Group]]:
     found = gangs.groups_of(pods, "m", NODES)
     views = {v.uid: v for v, _ in pods}
-    ok = {v.uid: Verdict("ok", "idle", cleared=True) for v, _ in pods}
+    ok = {v.uid: Verdict(VerdictState.OK, "idle", cleared=True) for v, _ in pods}
     folded_views, folded = gangs.fold(views, {**ok, **(verdicts or {})}, found, T0_EPOCH + 300)
     return folded_views, folded, found
 
@@ -83,7 +83,7 @@ def test_whole_groups_are_one_healthy_entry_each_and_single_pods_stay_as_they_ar
     views, verdicts, found = _fold(pods)
     assert sorted(v.name for v in views.values()) == ["m-decode-0", "m-decode-1", "m-prefill-abc"]
     assert all(v.ready for v in views.values())
-    assert all(v.state == "ok" for v in verdicts.values())
+    assert all(v.state == VerdictState.OK for v in verdicts.values())
     assert gangs.members(found)[found["m-decode-1"].uid] == (
         ("m-decode-1-0", "uid-m-decode-1-0"),
         ("m-decode-1-1", "uid-m-decode-1-1"),
@@ -119,7 +119,7 @@ def test_a_starting_group_is_not_broken() -> None:
 
 def test_a_wedged_rank_wedges_its_group() -> None:
     pods = [_pod("decode", 0, 0), _pod("decode", 0, 1)]
-    stuck = {"uid-m-decode-0-0": Verdict("wedged", "no progress for 400s", {"inflight": 3.0})}
+    stuck = {"uid-m-decode-0-0": Verdict(VerdictState.WEDGED, "no progress for 400s", {"inflight": 3.0})}
     _, verdicts, found = _fold(pods, stuck)
     verdict = verdicts[found["m-decode-0"].uid]
     assert verdict.wedged and "rank 0 (pod m-decode-0-0) is wedged: no progress" in verdict.reason

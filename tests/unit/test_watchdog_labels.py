@@ -13,10 +13,9 @@ import pdwarden_contract as c
 from pdwarden_operator.watchdog import parse
 from pdwarden_operator.watchdog.blame import attribute
 from pdwarden_operator.watchdog.history import Observation
-from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import ParseError, PeerFigures, PodSample, parse_metrics
-from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.targets import peer_addresses
+from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 from pdwarden_runtime.hardening.threads import THREAD_KINDS, ThreadWatch
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import KVPoll
@@ -188,7 +187,7 @@ def test_peer_addresses_are_the_pods_ips_and_the_gone_ones() -> None:
 P0 = PodView("m-prefill-0", "u-p0", c.ROLE_PREFILL, True, False, ip="198.18.0.10")
 P1 = PodView("m-prefill-1", "u-p1", c.ROLE_PREFILL, True, False, ip="198.18.0.11")
 D0 = PodView("m-decode-0", "u-d0", c.ROLE_DECODE, True, False, ip=DECODE_IP)
-OK = Verdict("ok", "progressing", cleared=True)
+OK = Verdict(VerdictState.OK, "progressing", cleared=True)
 
 
 def stalled_on(*peers: str) -> tuple[Observation, ...]:

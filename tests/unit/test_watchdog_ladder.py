@@ -8,17 +8,17 @@ import pytest
 
 from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.watchdog import ladder
-from pdwarden_operator.watchdog.ladder import ActionResult, PodView, plan
+from pdwarden_operator.watchdog.ladder import ActionResult, plan
 from pdwarden_operator.watchdog.outcome import Outcome
-from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.state import WatchdogState, state_from_status, state_to_status
+from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
 pytestmark = pytest.mark.unit
 
 T0 = 1_800_000_000.0
-WEDGED = Verdict("wedged", "no progress for 130s: inflight=3", {"inflight": 3})
-OK = Verdict("ok", "progressing", cleared=True)
-BUSY = Verdict("ok", "busy, no progress seen for 20s", cleared=False)
+WEDGED = Verdict(VerdictState.WEDGED, "no progress for 130s: inflight=3", {"inflight": 3})
+OK = Verdict(VerdictState.OK, "progressing", cleared=True)
+BUSY = Verdict(VerdictState.OK, "busy, no progress seen for 20s", cleared=False)
 RESTART = WatchdogSpec(
     stuck_after_seconds=60,
     scrape_interval_seconds=10,

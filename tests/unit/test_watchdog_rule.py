@@ -8,7 +8,8 @@ import pytest
 
 from pdwarden_operator.watchdog.history import Observation, PodHistory
 from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
-from pdwarden_operator.watchdog.rule import Verdict, judge
+from pdwarden_operator.watchdog.rule import judge
+from pdwarden_operator.watchdog.verdict import Verdict, VerdictState
 
 pytestmark = pytest.mark.unit
 
@@ -99,7 +100,7 @@ def test_no_progress_while_inflight_is_wedged_after_stuck_after_seconds() -> Non
     bodies = [body(3, 5 + i, 10 + i) for i in range(5)] + [body(3, 9 + i, 14) for i in range(1, 12)]
     verdicts = replay(bodies)
     states = [v.state for v in verdicts]
-    first_wedged = states.index("wedged")
+    first_wedged = states.index(VerdictState.WEDGED)
     # the counter last moved at index 4 (value 14); 60 s later is index 10
     assert first_wedged == 4 + int(STUCK / INTERVAL)
     assert all(s == "wedged" for s in states[first_wedged:])
@@ -122,7 +123,7 @@ def test_wedged_by_age_in_transferring_although_other_rooms_progress() -> None:
     verdicts = replay(bodies)
     states = [v.state for v in verdicts]
     # age > 60 first at i=6 (61 s); confirmed on the next scrape, i=7
-    assert states.index("wedged") == 7
+    assert states.index(VerdictState.WEDGED) == 7
     assert "oldest room in state transferring for 71s (previous scrape 61s)" in verdicts[7].reason
     assert verdicts[7].figures["transferringSeconds"] == 71
 

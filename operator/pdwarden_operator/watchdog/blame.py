@@ -33,61 +33,13 @@ from typing import Final
 
 from pdwarden_contract import OUTCOME_DEADLINE, OUTCOME_FAILED, OUTCOME_SUCCESS, PEER_OTHER
 from pdwarden_operator.watchdog.history import Observation
-from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import PeerFigures
-from pdwarden_operator.watchdog.rule import Verdict
+from pdwarden_operator.watchdog.verdict import Blame, PodView, Pointer, Verdict, VerdictState
 
 MIN_POINTERS: Final = 2
 # Intervals with evidence against a peer that one pod needs (one could be a blip).
 MIN_EVIDENCE: Final = 2
 _BAD_OUTCOMES: Final = (OUTCOME_FAILED, OUTCOME_DEADLINE)
-
-
-@dataclass(frozen=True)
-class Pointer:
-    """One pod's evidence against a peer over its pointing span."""
-
-    pod: str
-    role: str
-    bad: float  # rooms with the peer that failed or hit a deadline over the span
-    inflight: float  # rooms with the peer in flight at the latest scrape
-    seconds: float  # how long it has pointed at the peer
-    held: float = 0.0  # decode pages held for the peer at the latest scrape
-
-
-@dataclass(frozen=True)
-class Blame:
-    """The decision: which pod is remediated, which side it is, who pointed at it, the figures."""
-
-    pod: str
-    uid: str
-    role: str
-    ip: str
-    pointers: tuple[Pointer, ...]
-    reporters: int  # pods that reported figures for this peer
-
-    def reason(self) -> str:
-        sides = ", ".join(
-            f"{p.pod} (failed/deadline {p.bad:g}, in flight {p.inflight:g}"
-            + (f", pages held {p.held:g}" if p.held else "")
-            + f", {p.seconds:.0f}s)"
-            for p in self.pointers
-        )
-        pointing_role = self.pointers[0].role if self.pointers else "peer"
-        return (
-            f"pair-aware blame: {self.role} pod {self.pod} ({self.ip}) stalls "
-            f"{len(self.pointers)}/{self.reporters} {pointing_role} pods that move KV with it, "
-            f"none of whose rooms with it succeeded: {sides}"
-        )
-
-    def figures(self) -> dict[str, float]:
-        return {
-            "pointingPods": float(len(self.pointers)),
-            "reportingPods": float(self.reporters),
-            "peerFailedOrDeadline": sum(p.bad for p in self.pointers),
-            "peerInflight": sum(p.inflight for p in self.pointers),
-            "peerPagesHeld": sum(p.held for p in self.pointers),
-        }
 
 
 @dataclass(frozen=True)
@@ -228,13 +180,15 @@ def attribute(
         own = out.get(target.uid)
         reason = blame.reason() if own is None or not own.wedged else f"{own.reason}; {blame.reason()}"
         base = own.figures if own is not None else {}
-        out[target.uid] = Verdict("wedged", reason, base | blame.figures(), stalling=True, blame=blame)
+        out[target.uid] = Verdict(
+            VerdictState.WEDGED, reason, base | blame.figures(), stalling=True, blame=blame
+        )
         for uid in pointer_uids[key]:
             mine = out.get(uid)
             if mine is not None and mine.wedged and mine.blame is None:
                 out[uid] = replace(
                     mine,
-                    state="ok",
+                    state=VerdictState.OK,
                     reason=f"waiting on {role} pod {target.name} (blamed): {mine.reason}",
                     cleared=False,
                     stalling=True,

@@ -18,8 +18,8 @@ from datetime import datetime
 from typing import Any
 
 import pdwarden_contract as contract
-from pdwarden_operator.watchdog.ladder import GROUP_UID_PREFIX, PodView
-from pdwarden_operator.watchdog.rule import Verdict
+from pdwarden_operator.watchdog.ladder import GROUP_UID_PREFIX
+from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
 # Ranks of one incarnation start together (podManagementPolicy Parallel); a rank created this
 # much later than the oldest one of its group replaced a lost rank alone.
@@ -162,23 +162,23 @@ def _group_verdict(group: Group, verdicts: Mapping[str, Verdict], now: float) ->
     why = broken(group, now)
     if why is not None:
         rank, reason = why
-        return Verdict("wedged", f"group {group.name}: {reason}", {"rank": float(rank)})
+        return Verdict(VerdictState.WEDGED, f"group {group.name}: {reason}", {"rank": float(rank)})
     of_ranks = [(r, verdicts.get(r.pod.uid)) for r in group.ranks]
     for r, v in of_ranks:
         if v is not None and v.wedged:
             return Verdict(
-                "wedged",
+                VerdictState.WEDGED,
                 f"group {group.name}: rank {r.rank} (pod {r.pod.name}) is wedged: {v.reason}",
                 {**v.figures, "rank": float(r.rank)},
             )
     seen = [v for _, v in of_ranks if v is not None]
     if not seen:
-        return Verdict("unobserved", "not scraped yet")
-    unobserved = [v for v in seen if v.state == "unobserved"]
+        return Verdict(VerdictState.UNOBSERVED, "not scraped yet")
+    unobserved = [v for v in seen if v.state == VerdictState.UNOBSERVED]
     if unobserved:
-        return Verdict("unobserved", unobserved[0].reason)
+        return Verdict(VerdictState.UNOBSERVED, unobserved[0].reason)
     return Verdict(
-        "ok",
+        VerdictState.OK,
         "every rank ok",
         cleared=all(v.cleared for v in seen),
         stalling=any(v.stalling for v in seen),

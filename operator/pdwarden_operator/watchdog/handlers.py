@@ -38,7 +38,7 @@ from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.ownership import Owners
 from pdwarden_operator.watchdog.role_load import ROLE_LOADS
-from pdwarden_operator.watchdog.rule import Verdict, judge
+from pdwarden_operator.watchdog.rule import judge
 from pdwarden_operator.watchdog.scaler import ModelScaler, RolePod
 from pdwarden_operator.watchdog.scrape import Scraper, Target
 from pdwarden_operator.watchdog.state import (
@@ -49,6 +49,7 @@ from pdwarden_operator.watchdog.state import (
     status_write_due,
 )
 from pdwarden_operator.watchdog.targets import metrics_url, peer_addresses, pod_view
+from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
 log = logging.getLogger("pdwarden.watchdog")
 
@@ -209,8 +210,8 @@ class ModelWatchdog:
             brake=brake.engaged,
             drained=self._drained(self.state, now, at),
         )
-        wedged = [views[uid].name for uid, v in verdicts.items() if v.state == "wedged"]
-        unobserved = [views[uid].name for uid, v in verdicts.items() if v.state == "unobserved"]
+        wedged = [views[uid].name for uid, v in verdicts.items() if v.state == VerdictState.WEDGED]
+        unobserved = [views[uid].name for uid, v in verdicts.items() if v.state == VerdictState.UNOBSERVED]
 
         if any(not a.resumed for a in plan.actions):
             # Intent first: the budget, cooldown and in-flight entry are durable before any pod
@@ -255,7 +256,7 @@ class ModelWatchdog:
     def _role_pods(
         self,
         spec: DisaggregatedModelSpec,
-        paired: list[tuple[ladder.PodView, dict[str, Any]]],
+        paired: list[tuple[PodView, dict[str, Any]]],
         verdicts: Mapping[str, Verdict],
     ) -> dict[str, list[RolePod]]:
         """The autoscaled roles' pods (quarantined ones are out of their Deployment), each with
@@ -398,11 +399,11 @@ class ModelWatchdog:
         log.warning("%s/%s: %s: %s", self.model.namespace, self.model.name, reason, message)
         await self.executor.post_model_event(reason, message, kind)
 
-    def _log_changes(self, views: Mapping[str, ladder.PodView], verdicts: Mapping[str, Verdict]) -> None:
+    def _log_changes(self, views: Mapping[str, PodView], verdicts: Mapping[str, Verdict]) -> None:
         for uid, verdict in verdicts.items():
             before = self.verdicts.get(uid)
             if before is None or before.state != verdict.state:
-                level = logging.WARNING if verdict.state != "ok" else logging.INFO
+                level = logging.WARNING if verdict.state != VerdictState.OK else logging.INFO
                 log.log(
                     level,
                     "%s/%s: %s pod %s is %s: %s",
@@ -415,14 +416,16 @@ class ModelWatchdog:
                 )
 
     def _update_gauges(
-        self, views: Mapping[str, ladder.PodView], verdicts: Mapping[str, Verdict], state: WatchdogState
+        self, views: Mapping[str, PodView], verdicts: Mapping[str, Verdict], state: WatchdogState
     ) -> None:
         ns, name = self.model.namespace, self.model.name
         for role in contract.RUNTIME_ROLES:
             of_role = [v for uid, v in verdicts.items() if views[uid].role == role]
-            self.metrics.wedged_pods.labels(ns, name, role).set(sum(v.state == "wedged" for v in of_role))
+            self.metrics.wedged_pods.labels(ns, name, role).set(
+                sum(v.state == VerdictState.WEDGED for v in of_role)
+            )
             self.metrics.unobserved_pods.labels(ns, name, role).set(
-                sum(v.state == "unobserved" for v in of_role)
+                sum(v.state == VerdictState.UNOBSERVED for v in of_role)
             )
             self.metrics.abandoned_rooms.labels(ns, name, role).set(
                 sum(v.figures.get("abandonedRooms", 0.0) for v in of_role)

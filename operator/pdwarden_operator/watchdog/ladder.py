@@ -31,26 +31,12 @@ from typing import Literal
 from pdwarden_contract import RUNTIME_ROLES
 from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.watchdog.outcome import RETRYING, Outcome, advance
-from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.state import MAX_REMEDIATIONS_KEPT, InFlight, Remediation, WatchdogState
+from pdwarden_operator.watchdog.verdict import PodView, Verdict
 
 # An action the API refused with an error (not a disruption budget, not throttling) is
 # retried this many times (once per round), then given up and reported.
 MAX_ATTEMPTS = 5
-
-
-@dataclass(frozen=True)
-class PodView:
-    """What the ladder needs to know about a runtime pod."""
-
-    name: str
-    uid: str
-    role: str
-    ready: bool
-    terminating: bool
-    ip: str = ""  # status.podIP: how the runtimes' per-peer figures name this pod
-    quarantined: bool = False  # out of its Deployment's selector (action drain); `role` is the one it served
-    quarantined_at: float | None = None  # from the pod's annotation
 
 
 # A multi-node group's uid in the ladder (gangs.py): this prefix and its leader's (lowest

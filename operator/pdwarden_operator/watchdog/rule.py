@@ -19,42 +19,15 @@ two consecutive scrapes: SGLang never restarts them, so the pod cannot recover b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from dataclasses import replace
 
 from pdwarden_operator.watchdog.history import Observation
 from pdwarden_operator.watchdog.parse import STUCK_STATE, PodSample
+from pdwarden_operator.watchdog.verdict import Verdict, VerdictState
 
-if TYPE_CHECKING:
-    from pdwarden_operator.watchdog.blame import Blame
-
-State = Literal["ok", "wedged", "unobserved"]
 # The oldest Transferring room's age must grow by at least this fraction of the time between two
 # scrapes for the two readings to count as the same stuck request.
 AGEING_FRACTION = 0.5
-
-
-@dataclass(frozen=True)
-class Verdict:
-    state: State
-    reason: str
-    figures: dict[str, float] = field(default_factory=dict)
-    # True when the evidence shows health (idle, or a transfer finished while observed), which
-    # ends an alert episode; False for "busy, not yet long enough" or too little history.
-    cleared: bool = False
-    # Stalled for half of stuckAfterSeconds (no progress, or a room held in Transferring): on
-    # its way to wedged. The fleet brake counts these with the wedged ones (brake.py).
-    stalling: bool = False
-    # Set when pair-aware blame (blame.py) made this pod wedged on its peers' evidence.
-    blame: Blame | None = None
-
-    @property
-    def wedged(self) -> bool:
-        return self.state == "wedged"
-
-    @property
-    def troubled(self) -> bool:
-        return self.wedged or self.stalling
 
 
 def _trusted_run(observations: Sequence[Observation]) -> list[tuple[float, PodSample]]:
@@ -82,7 +55,7 @@ def _dead_threads_clause(run: list[tuple[float, PodSample]], figures: dict[str, 
         return None
     listed = ", ".join(f"{kind} {alive:g}/{want:g} alive" for kind, alive, want in dead)
     return Verdict(
-        "wedged",
+        VerdictState.WEDGED,
         f"essential thread dead on 2 consecutive scrapes: {listed}",
         figures | {"deadThreadKinds": float(len(dead))},
     )
@@ -91,10 +64,10 @@ def _dead_threads_clause(run: list[tuple[float, PodSample]], figures: dict[str, 
 def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
     """Verdict for one pod from its observations (oldest first)."""
     if not observations:
-        return Verdict("unobserved", "not scraped yet")
+        return Verdict(VerdictState.UNOBSERVED, "not scraped yet")
     last = observations[-1]
     if last.sample is None:
-        return Verdict("unobserved", f"scrape failed: {last.error or 'unknown error'}")
+        return Verdict(VerdictState.UNOBSERVED, f"scrape failed: {last.error or 'unknown error'}")
 
     run = _trusted_run(observations)
     latest = run[-1][1]
@@ -163,7 +136,7 @@ def _judge_run(run: list[tuple[float, PodSample]], figures: dict[str, float], st
     if latest.working > 0 and scrapes >= 2 and stalled_for >= stuck_after:
         figures |= {"stalledSeconds": stalled_for, "scrapes": float(scrapes)}
         return Verdict(
-            "wedged",
+            VerdictState.WEDGED,
             f"no progress for {stalled_for:.0f}s over {scrapes} scrapes: inflight={latest.inflight:g}, "
             f"transfers_total stayed {latest.transfers:g}, oldest age {latest.oldest_age:.0f}s "
             f"(stuckAfterSeconds={stuck_after:g})",
@@ -187,7 +160,7 @@ def _judge_run(run: list[tuple[float, PodSample]], figures: dict[str, float], st
         ):
             figures |= {"scrapes": 2.0, "transferringSeconds": age}
             return Verdict(
-                "wedged",
+                VerdictState.WEDGED,
                 f"oldest room in state {STUCK_STATE} for {age:.0f}s "
                 f"(previous scrape {prev_age:.0f}s) > stuckAfterSeconds={stuck_after:g}: "
                 f"inflight={latest.inflight:g}, transfers_total={latest.transfers:g}",
@@ -195,21 +168,21 @@ def _judge_run(run: list[tuple[float, PodSample]], figures: dict[str, float], st
             )
 
     if latest.working == 0:
-        return Verdict("ok", "idle", figures, cleared=True)
+        return Verdict(VerdictState.OK, "idle", figures, cleared=True)
     half = stuck_after / 2
     stalling = (scrapes >= 2 and stalled_for >= half) or (
         latest.transferring_age is not None and latest.transferring_age >= half
     )
     if start > 0:  # an earlier sample in the trusted run had a lower counter: progress seen
         return Verdict(
-            "ok",
+            VerdictState.OK,
             f"progressing: transfers_total {run[0][1].transfers:g} -> {latest.transfers:g}",
             figures,
             cleared=True,
             stalling=stalling,
         )
     return Verdict(
-        "ok",
+        VerdictState.OK,
         f"busy, no progress seen for {stalled_for:.0f}s of {stuck_after:g}s allowed",
         figures,
         stalling=stalling,

@@ -31,11 +31,10 @@ from pdwarden_operator.models import (
 from pdwarden_operator.render import child_name
 from pdwarden_operator.watchdog import autoscale
 from pdwarden_operator.watchdog.executor import ModelRef
-from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.parse import PodSample
 from pdwarden_operator.watchdog.role_load import ROLE_LOADS, summarise
-from pdwarden_operator.watchdog.rule import Verdict
 from pdwarden_operator.watchdog.state import to_rfc3339
+from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
 log = logging.getLogger("pdwarden.autoscale")
 
@@ -81,7 +80,7 @@ def pod_load(pod: RolePod) -> autoscale.PodLoad:
     """A pod's load: its last sample; a pod without one (never scraped, or its last scrape
     failed) counts as not ready, and a troubled one's queue is not demand."""
     s = pod.sample
-    troubled = pod.verdict is not None and pod.verdict.state != "ok"
+    troubled = pod.verdict is not None and pod.verdict.state != VerdictState.OK
     return autoscale.PodLoad(
         name=pod.view.name,
         ready=pod.view.ready and not pod.view.terminating and s is not None,
@@ -98,7 +97,9 @@ def scale_in_victim(pods: Sequence[RolePod]) -> tuple[RolePod | None, str]:
     leaving = [p.view.name for p in pods if p.view.terminating or not p.view.ready]
     if leaving:
         return None, f"pods starting or leaving: {', '.join(sorted(leaving))}"
-    candidates = [p for p in pods if p.sample is not None and (p.verdict is None or p.verdict.state == "ok")]
+    candidates = [
+        p for p in pods if p.sample is not None and (p.verdict is None or p.verdict.state == VerdictState.OK)
+    ]
     if not candidates:
         return None, "no healthy pod with a recent scrape to remove"
     victim = min(candidates, key=_removal_order)

@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pdwarden_contract as contract
-from pdwarden_operator.watchdog.ladder import PodView
 from pdwarden_operator.watchdog.state import from_rfc3339
+from pdwarden_operator.watchdog.verdict import PodView
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:
