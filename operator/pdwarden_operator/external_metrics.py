@@ -27,8 +27,8 @@ from multidict import MultiMapping
 import pdwarden_contract as contract
 from pdwarden_operator.kube import access
 from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog.role_load import ROLE_LOADS, RoleLoad, RoleLoads
-from pdwarden_operator.watchdog.state import to_rfc3339
 
 log = logging.getLogger(__name__)
 

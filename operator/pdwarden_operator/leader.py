@@ -35,6 +35,7 @@ import pdwarden_contract as contract
 from pdwarden_operator.kube import lease as kube_lease
 from pdwarden_operator.kube.client import KubeApiError, KubeClient, connect
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
+from pdwarden_operator.timestamps import format_micro_time
 
 log = logging.getLogger("pdwarden.leader")
 
@@ -61,7 +62,7 @@ def default_identity() -> str:
 
 
 def _micro_time(now: dt.datetime) -> str:
-    return now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return format_micro_time(now)
 
 
 def may_take(holder: str | None, identity: str, observed_at: float, duration: float, now: float) -> bool:

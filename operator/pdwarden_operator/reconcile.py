@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from pdwarden_contract import LABEL_MANAGED_BY, LABEL_MODEL, LABEL_ROLE, MANAGED_BY, RUNTIME_ROLES
-from pdwarden_operator import plan, podpolicy, replicas, scheduling, worker_key_secret
+from pdwarden_operator import plan, podpolicy, replicas, scheduling, timestamps, worker_key_secret
 from pdwarden_operator.cache import controller_ref
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
@@ -408,12 +408,8 @@ def _waiting_long(new: Obj) -> bool:
     ready = next((c for c in new["conditions"] if c["type"] == "Ready"), None)
     if ready is None or ready["reason"] not in ("ReplicasNotReady", "PodsBlocked"):
         return False
-    since = ready.get("lastTransitionTime")
-    try:
-        start = datetime.strptime(str(since), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-    except ValueError:
-        return False
-    return (datetime.now(UTC) - start).total_seconds() >= scheduling.LOOK_AFTER_S
+    start = timestamps.from_rfc3339(ready.get("lastTransitionTime"))
+    return start is not None and time.time() - start >= scheduling.LOOK_AFTER_S
 
 
 async def _pods(body: Mapping[str, Any]) -> list[Obj] | None:

@@ -15,6 +15,7 @@ from typing import Any
 from pdwarden_operator import replicas
 from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.render import ROLES
+from pdwarden_operator.timestamps import format_time
 
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged", "FleetBrake")
 
@@ -347,4 +348,4 @@ def status_changed(current: Mapping[str, Any] | None, new: Mapping[str, Any]) ->
 
 
 def _rfc3339(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return format_time(t)

@@ -11,6 +11,7 @@ import pytest
 import pdwarden_contract as contract
 from pdwarden_operator.kube.pods import quarantine_patch, runtime_selector
 from pdwarden_operator.models import WatchdogSpec
+from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.drain import healthy_requests_done
 from pdwarden_operator.watchdog.history import Observation
@@ -23,12 +24,7 @@ from pdwarden_operator.watchdog.outcome import (
     advance,
 )
 from pdwarden_operator.watchdog.parse import PodSample
-from pdwarden_operator.watchdog.state import (
-    WatchdogState,
-    state_from_status,
-    state_to_status,
-    to_rfc3339,
-)
+from pdwarden_operator.watchdog.state import WatchdogState, state_from_status, state_to_status
 from pdwarden_operator.watchdog.targets import pod_view
 from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 

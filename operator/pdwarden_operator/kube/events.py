@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import pdwarden_contract as contract
 from pdwarden_operator.kube.client import KubeApiError, get_client, resource_path
+from pdwarden_operator.timestamps import format_time
 
 log = logging.getLogger("pdwarden.events")
 
@@ -27,7 +28,7 @@ def involved(api_version: str, kind: str, namespace: str, name: str, uid: str = 
 def event_body(
     obj: dict[str, str], reason: str, message: str, event_type: Literal["Normal", "Warning"], now: dt.datetime
 ) -> dict[str, Any]:
-    stamp = now.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = format_time(now)
     return {
         "apiVersion": "v1",
         "kind": "Event",

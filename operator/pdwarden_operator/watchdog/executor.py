@@ -19,10 +19,10 @@ from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.kube.status import DM_API_VERSION
 from pdwarden_operator.leader import still_leading
 from pdwarden_operator.metrics import OperatorMetrics
+from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog.gangs import GROUP_UID_PREFIX
 from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
 from pdwarden_operator.watchdog.outcome import Outcome
-from pdwarden_operator.watchdog.state import to_rfc3339
 
 log = logging.getLogger("pdwarden.watchdog")
 

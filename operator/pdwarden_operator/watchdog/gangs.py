@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 import pdwarden_contract as contract
+from pdwarden_operator.timestamps import from_rfc3339
 from pdwarden_operator.watchdog.ladder import GROUP_UID_PREFIX
 from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
@@ -62,10 +62,7 @@ class Group:
 
 
 def _epoch(stamp: Any) -> float:
-    try:
-        return datetime.strptime(str(stamp), "%Y-%m-%dT%H:%M:%SZ").timestamp() + 0.0
-    except ValueError:
-        return 0.0
+    return from_rfc3339(stamp) or 0.0
 
 
 def _restarts(pod: Mapping[str, Any]) -> tuple[int, str, float, bool]:

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pdwarden_operator.watchdog.state import from_rfc3339, to_rfc3339
+from pdwarden_operator.timestamps import from_rfc3339, to_rfc3339
 
 KEEP_SECONDS: Final = 3600.0  # longer than any page stays held for a writer being remediated
 MAX_ENTRIES: Final = 256

@@ -29,11 +29,11 @@ from pdwarden_operator.models import (
     ScalePolicy,
 )
 from pdwarden_operator.render import child_name
+from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog import autoscale
 from pdwarden_operator.watchdog.executor import ModelRef
 from pdwarden_operator.watchdog.parse import PodSample
 from pdwarden_operator.watchdog.role_load import ROLE_LOADS, summarise
-from pdwarden_operator.watchdog.state import to_rfc3339
 from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
 log = logging.getLogger("pdwarden.autoscale")

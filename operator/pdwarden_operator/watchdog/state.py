@@ -7,31 +7,15 @@ tolerant: a malformed stored entry is dropped, not fatal.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pdwarden_operator.timestamps import from_rfc3339, to_rfc3339
 from pdwarden_operator.watchdog.outcome import Outcome, parse
 
 ACTIONS = ("alert", "restart", "evict", "drain")  # spec.watchdog.action's values (models.WatchdogSpec)
 MAX_REMEDIATIONS_KEPT = 20
-
-
-def to_rfc3339(epoch: float) -> str:
-    return dt.datetime.fromtimestamp(epoch, tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def from_rfc3339(value: Any) -> float | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.UTC)
-    return parsed.timestamp()
 
 
 @dataclass(frozen=True)

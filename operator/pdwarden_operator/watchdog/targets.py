@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pdwarden_contract as contract
-from pdwarden_operator.watchdog.state import from_rfc3339
+from pdwarden_operator.timestamps import from_rfc3339
 from pdwarden_operator.watchdog.verdict import PodView
 
 
