@@ -39,15 +39,6 @@ GOAL_RSS_MIB = 150.0
 WARMUP = "bench-warmup"  # reconciled first, left out of the figures
 # 3 Deployments, 2 ServiceAccounts, Role, RoleBinding, Service, 3 PDBs, 2 NetworkPolicies
 CHILDREN_PER_MODEL = 13
-CHILD_KINDS = (
-    ("apps/v1", "Deployment"),
-    ("v1", "Service"),
-    ("v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("policy/v1", "PodDisruptionBudget"),
-    ("networking.k8s.io/v1", "NetworkPolicy"),
-)
 
 
 def _say(msg: str) -> None:
@@ -125,6 +116,7 @@ async def _run(
     models: int, kubeconfig: str, health_port: int, timeout: float, steady_s: float
 ) -> dict[str, Any]:
     from pdwarden_bench.operator_process import OperatorProcess
+    from pdwarden_operator import render
     from pdwarden_operator.crd import CRD_NAME, build_crd
     from pdwarden_operator.kube import apply as kube
     from pdwarden_operator.kube.client import connect, set_client
@@ -187,7 +179,7 @@ async def _run(
         )
         resume = await _resume(op, kubeconfig, resume_log, models + 1, timeout)
         counts: Counter[str] = Counter()
-        for api_version, kind in CHILD_KINDS:
+        for api_version, kind in render.CHILD_KINDS:
             selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
             for obj in await kube.list_objects(api_version, kind, namespace, selector):
                 counts[obj["metadata"]["labels"].get(contract.LABEL_MODEL, "?")] += 1

@@ -18,10 +18,10 @@ from typing import Any
 import kopf
 
 import pdwarden_contract as contract
-from pdwarden_operator import reconcile
+from pdwarden_operator import reconcile, render
 from pdwarden_operator.cache import CHILDREN
 from pdwarden_operator.kube import apply as kube_apply
-from pdwarden_operator.kube.client import get_client
+from pdwarden_operator.kube.client import get_client, group_version_plural
 
 log = logging.getLogger("pdwarden.handlers")
 
@@ -40,16 +40,9 @@ RETRY_MAX_S = 60.0
 MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
 KOPF_PREFIX = f"kopf.{GROUP}"
 
-# (group, version, plural, apiVersion, kind) of every child kind pdwarden creates.
-CHILD_KINDS = (
-    ("apps", "v1", "deployments", "apps/v1", "Deployment"),
-    ("apps", "v1", "statefulsets", "apps/v1", "StatefulSet"),
-    ("", "v1", "services", "v1", "Service"),
-    ("", "v1", "serviceaccounts", "v1", "ServiceAccount"),
-    ("rbac.authorization.k8s.io", "v1", "roles", "rbac.authorization.k8s.io/v1", "Role"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings", "rbac.authorization.k8s.io/v1", "RoleBinding"),
-    ("policy", "v1", "poddisruptionbudgets", "policy/v1", "PodDisruptionBudget"),
-    ("networking.k8s.io", "v1", "networkpolicies", "networking.k8s.io/v1", "NetworkPolicy"),
+# (group, version, plural, apiVersion, kind) of each kind of child (render.CHILD_KINDS)
+CHILD_KINDS = tuple(
+    (*group_version_plural(api_version, kind), api_version, kind) for api_version, kind in render.CHILD_KINDS
 )
 
 cache = CHILDREN

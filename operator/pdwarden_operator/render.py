@@ -831,6 +831,18 @@ def router_network_policy(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
 
 
 ROLES = (contract.ROLE_PREFILL, contract.ROLE_DECODE, contract.ROLE_ROUTER)
+# Every kind a model's children may be, as (apiVersion, kind): the operator watches, lists
+# before start and may delete these (handlers.py), and the chart's RBAC grants them.
+CHILD_KINDS: Final = (
+    ("apps/v1", "Deployment"),
+    ("apps/v1", "StatefulSet"),
+    ("v1", "Service"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+)
 # Kinds rendered only when the spec asks for them: one that is observed but no longer rendered
 # is deleted.
 # (A group's StatefulSet after a scale-down, a role's Deployment or ranks Service after its

@@ -116,6 +116,12 @@ def resource_path(
     return f"{path}/{name}" if name else path
 
 
+def group_version_plural(api_version: str, kind: str) -> tuple[str, str, str]:
+    """(group, version, plural) of a kind the operator knows, as kopf names a resource."""
+    group, _, version = api_version.rpartition("/")
+    return group, version, RESOURCE_TYPES[(api_version, kind)].plural
+
+
 def object_path(obj: Obj) -> str:
     meta = obj["metadata"]
     return resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
