@@ -32,7 +32,7 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {
             "model": {"path": "synthetic/tiny", "servedName": "tiny"},
             "engine": "synthetic",
-            "prefill": {"replicas": 3, "args": ["--kv-bytes", "65536"]},
+            "prefill": {"replicas": 3, "args": ["--page-bytes", "65536"]},
             "decode": {"replicas": 0},
             "router": {"replicas": 0},
         },
@@ -302,7 +302,7 @@ def test_fault_injection_flag_follows_the_annotation() -> None:
         cmd = _container(objs[("Deployment", f"m1-{role}")])["command"]
         assert "--allow-fault-injection" in cmd
         assert "--" not in cmd, "the synthetic engine takes no sglang args"
-    assert _container(objs[("Deployment", "m1-prefill")])["command"][-2:] == ["--kv-bytes", "65536"]
+    assert _container(objs[("Deployment", "m1-prefill")])["command"][-2:] == ["--page-bytes", "65536"]
     plain = _by_key(_render("synthetic-basic"))
     assert "--allow-fault-injection" not in _container(plain[("Deployment", "m1-prefill")])["command"]
 
