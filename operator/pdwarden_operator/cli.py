@@ -15,6 +15,7 @@ import click
 
 import pdwarden_contract as contract
 from pdwarden_operator import podpolicy
+from pdwarden_operator.watchdog.brake import DEFAULT_FLEET, DEFAULT_NAMESPACE
 
 log = logging.getLogger("pdwarden.operator")
 
@@ -76,42 +77,42 @@ def _optional_module(name: str) -> ModuleType | None:
 @click.option(
     "--brake-max-remediations-per-hour",
     type=click.IntRange(min=1),
-    default=20,
+    default=DEFAULT_FLEET.max_remediations_per_hour,
     show_default=True,
     help="Fleet brake: remediations across all models per hour, then none.",
 )
 @click.option(
     "--brake-max-wedged-models",
     type=click.IntRange(min=1),
-    default=3,
+    default=DEFAULT_FLEET.max_wedged_models,
     show_default=True,
     help="Fleet brake: above this many models with wedged pods at once, remediate none.",
 )
 @click.option(
     "--brake-max-wedged-pods",
     type=click.IntRange(min=1),
-    default=10,
+    default=DEFAULT_FLEET.max_wedged_pods,
     show_default=True,
     help="Fleet brake: above this many wedged pods across models at once, remediate none.",
 )
 @click.option(
     "--namespace-brake-max-remediations-per-hour",
     type=click.IntRange(min=1),
-    default=10,
+    default=DEFAULT_NAMESPACE.max_remediations_per_hour,
     show_default=True,
     help="A namespace's brake: remediations of its models per hour, then none there (below the fleet's).",
 )
 @click.option(
     "--namespace-brake-max-wedged-models",
     type=click.IntRange(min=1),
-    default=2,
+    default=DEFAULT_NAMESPACE.max_wedged_models,
     show_default=True,
     help="A namespace's brake: above this many of its models with wedged pods at once, remediate none there.",
 )
 @click.option(
     "--namespace-brake-max-wedged-pods",
     type=click.IntRange(min=1),
-    default=5,
+    default=DEFAULT_NAMESPACE.max_wedged_pods,
     show_default=True,
     help="A namespace's brake: above this many wedged pods of its models at once, remediate none there.",
 )
@@ -207,7 +208,7 @@ def run(
         metrics.serve(metrics_port, bind_host)
     elif metrics_port:
         log.warning("operator metrics not built in: --metrics-port %d ignored", metrics_port)
-    if namespaces and not any(set(ns) & set("*?[!") for ns in namespaces):
+    if namespaces and not any(handlers.is_glob(ns) for ns in namespaces):
         # Namespace mode runs on namespaced RBAC (the chart's operator.scope=namespace): tell
         # kopf not to list namespaces and CRDs cluster-wide (it retries those 403s for about
         # a minute before falling back). Not with globs
@@ -219,7 +220,7 @@ def run(
     lease_ns = (
         leader_election_namespace
         or os.environ.get(contract.ENV_POD_NAMESPACE)
-        or (namespaces[0] if namespaces and not set(namespaces[0]) & set("*?[!") else "default")
+        or (namespaces[0] if namespaces and not handlers.is_glob(namespaces[0]) else "default")
     )
     asyncio.run(
         _main(

@@ -71,9 +71,14 @@ def apply_settings(settings: kopf.OperatorSettings) -> None:
         settings.watching.label_selectors[group, version, plural] = reconcile.MANAGED_SELECTOR
 
 
+def is_glob(namespace: str) -> bool:
+    """A --namespace pattern (kopf resolves `team-*` by listing namespaces), not a name."""
+    return bool(set(namespace) & set("*?[!"))
+
+
 def watch_scope(namespaces: list[str]) -> None:
     """The namespaces the operator watches (none: all of them), before kopf runs."""
-    globbed = any(set(ns) & set("*?[!") for ns in namespaces)
+    globbed = any(is_glob(ns) for ns in namespaces)
     scope: list[str | None] = [*namespaces] if namespaces else [None]
     _prefill_scope[:] = [] if globbed else scope
 

@@ -39,6 +39,8 @@ EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za
 # Children are named `<name>-prefill` etc. and the name is a label value and a Service
 # name, so it must be a DNS-1035 label short enough for the suffixes.
 MAX_NAME_LENGTH = 40
+# status.watchdog.remediations keeps the latest this many (watchdog/state.py drops older ones)
+MAX_REMEDIATIONS_KEPT = 20
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
@@ -1042,7 +1044,7 @@ class DisaggregatedModelStatus(_Base):
         None,
         description="The last remediations: id (stable), pod, role, reason, action, time, outcome; "
         "a drain's also phases (each phase with its time).",
-        max_length=20,
+        max_length=MAX_REMEDIATIONS_KEPT,
     )
 
 

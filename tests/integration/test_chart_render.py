@@ -648,3 +648,17 @@ def test_rbac_grants_every_kind_of_child_the_operator_renders(scope: str) -> Non
 
 def render_scope(scope: str) -> list[dict[str, Any]]:
     return render({"operator.scope": scope} if scope == "namespace" else {})
+
+
+def test_the_charts_brake_defaults_are_the_operators() -> None:
+    """values.yaml cannot import them: the operator's defaults (brake.py, also its CLI's) and
+    the chart's must not drift apart."""
+    from pdwarden_operator.watchdog.brake import DEFAULT_FLEET, DEFAULT_NAMESPACE
+
+    values = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())["operator"]
+    for key, limits in (("fleetBrake", DEFAULT_FLEET), ("namespaceBrake", DEFAULT_NAMESPACE)):
+        assert values[key] == {
+            "maxRemediationsPerHour": limits.max_remediations_per_hour,
+            "maxWedgedModels": limits.max_wedged_models,
+            "maxWedgedPods": limits.max_wedged_pods,
+        }, key

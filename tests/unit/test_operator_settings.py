@@ -74,3 +74,10 @@ def test_a_namespaced_kind_is_listed_across_namespaces_only_when_asked() -> None
     for name in (None, "x"):  # an object always needs its namespace
         with pytest.raises(ValueError, match="namespace is required"):
             resource_path("apps/v1", "Deployment", None, name, all_namespaces=name is not None)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "glob"), [("team-a", False), ("team-*", True), ("ns?", True), ("[ab]x", True), ("!x", True)]
+)
+def test_a_namespace_pattern_is_told_from_a_name(namespace: str, glob: bool) -> None:
+    assert handlers.is_glob(namespace) is glob

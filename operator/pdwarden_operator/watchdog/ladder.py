@@ -29,9 +29,9 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from pdwarden_contract import RUNTIME_ROLES
-from pdwarden_operator.models import WatchdogSpec
+from pdwarden_operator.models import MAX_REMEDIATIONS_KEPT, WatchdogSpec
 from pdwarden_operator.watchdog.outcome import RETRYING, Outcome, advance
-from pdwarden_operator.watchdog.state import MAX_REMEDIATIONS_KEPT, InFlight, Remediation, WatchdogState
+from pdwarden_operator.watchdog.state import InFlight, Remediation, WatchdogState
 from pdwarden_operator.watchdog.verdict import PodView, Verdict
 
 # An action the API refused with an error (not a disruption budget, not throttling) is

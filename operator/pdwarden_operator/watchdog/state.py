@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from pdwarden_operator.models import MAX_REMEDIATIONS_KEPT
 from pdwarden_operator.timestamps import from_rfc3339, to_rfc3339
 from pdwarden_operator.watchdog.outcome import Outcome, parse
 
 ACTIONS = ("alert", "restart", "evict", "drain")  # spec.watchdog.action's values (models.WatchdogSpec)
-MAX_REMEDIATIONS_KEPT = 20
 
 
 @dataclass(frozen=True)
