@@ -10,7 +10,7 @@ reads a body, so an object that slipped past an older CRD still fails with a cle
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
@@ -41,6 +41,8 @@ EXTENDED_RESOURCE_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za
 MAX_NAME_LENGTH = 40
 # status.watchdog.remediations keeps the latest this many (watchdog/state.py drops older ones)
 MAX_REMEDIATIONS_KEPT = 20
+WatchdogAction = Literal["alert", "restart", "evict", "drain"]  # spec.watchdog.action
+WATCHDOG_ACTIONS: tuple[WatchdogAction, ...] = get_args(WatchdogAction)
 NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
 
@@ -740,7 +742,7 @@ class WatchdogSpec(_Base):
     scrape_interval_seconds: int = Field(
         10, description="How often each pod's metrics are scraped.", ge=1, le=3600
     )
-    action: Literal["alert", "restart", "evict", "drain"] = Field(
+    action: WatchdogAction = Field(
         "drain",
         description="What to do with a wedged pod: drain (the default: quarantine the pod out of its "
         "Deployment and the router so a replacement starts at once, wait until its healthy requests "
@@ -959,6 +961,7 @@ class DisaggregatedModelSpec(_Base):
 
 Phase = Literal["Pending", "Progressing", "Ready", "Degraded"]
 ConditionType = Literal["Ready", "Progressing", "Degraded", "Wedged", "FleetBrake"]
+CONDITION_TYPES: tuple[ConditionType, ...] = get_args(ConditionType)  # in the order status writes them
 
 
 class Condition(_Base):

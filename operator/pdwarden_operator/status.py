@@ -13,11 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pdwarden_operator import replicas
-from pdwarden_operator.models import DisaggregatedModelSpec
+from pdwarden_operator.models import CONDITION_TYPES, DisaggregatedModelSpec
 from pdwarden_operator.render import ROLES
 from pdwarden_operator.timestamps import format_time
-
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "Wedged", "FleetBrake")
 
 
 @dataclass(frozen=True)

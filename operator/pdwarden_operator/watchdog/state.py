@@ -11,11 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pdwarden_operator.models import MAX_REMEDIATIONS_KEPT
+from pdwarden_operator.models import MAX_REMEDIATIONS_KEPT, WATCHDOG_ACTIONS
 from pdwarden_operator.timestamps import from_rfc3339, to_rfc3339
 from pdwarden_operator.watchdog.outcome import Outcome, parse
-
-ACTIONS = ("alert", "restart", "evict", "drain")  # spec.watchdog.action's values (models.WatchdogSpec)
 
 
 @dataclass(frozen=True)
@@ -127,7 +125,7 @@ def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
         rid = item.get("remediationId")
         if started is None or not all(isinstance(item.get(k), str) for k in ("pod", "role", "action")):
             continue
-        if item["action"] not in ACTIONS or not isinstance(rid, int):
+        if item["action"] not in WATCHDOG_ACTIONS or not isinstance(rid, int):
             continue
         attempts = item.get("attempts")
         in_flight.append(
