@@ -184,7 +184,7 @@ def run(
 
     handlers = importlib.import_module("pdwarden_operator.handlers")  # registers the reconcile handlers
     handlers.watch_scope(list(namespaces))
-    if _optional_module("pdwarden_operator.watchdog.handlers") is None:
+    if _optional_module("pdwarden_operator.watchdog.kopf_handlers") is None:
         log.warning("watchdog not built in: pods are not scraped for wedges")
     from pdwarden_operator.watchdog import brake
 

@@ -10,7 +10,7 @@ stable set of conditions), and no write carries a key its writer did not compute
 reconciler has observed a model in this process, a watchdog write leaves conditions, phase
 and replica counts as they are.
 
-The patch itself goes through `kube.status.patch_status`; a watchdog intent may carry the
+The patch itself goes through `kube.model_status.patch_status`; a watchdog intent may carry the
 resourceVersion it read, so a concurrent writer makes it fail with 409 instead of acting.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from pdwarden_operator.kube.status import patch_status
+from pdwarden_operator.kube.model_status import patch_status
 from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.status import Observed, compose, invalid_spec_status
 

@@ -4,5 +4,5 @@ Pure modules decide (parse, rule, blame, gangs, ladder, outcome, brake, drain, s
 targets, autoscale), over the shared types of `verdict`; `scrape` does HTTP within `budget`,
 `executor` performs Kubernetes actions through `pdwarden_operator.kube`, `scaler` writes the
 autoscaled counts, `role_load` keeps each role's load for the external metrics API, and
-`handlers` is the kopf wiring that runs each model's rounds.
+`model_watchdog` runs one model's rounds and `kopf_handlers` keeps one such task per model.
 """

@@ -16,7 +16,7 @@ from typing import Literal
 import pdwarden_contract as contract
 from pdwarden_operator.kube import events, pods
 from pdwarden_operator.kube.client import KubeApiError
-from pdwarden_operator.kube.status import DM_API_VERSION
+from pdwarden_operator.kube.model_status import DM_API_VERSION
 from pdwarden_operator.leader import still_leading
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.timestamps import to_rfc3339

@@ -1,27 +1,24 @@
-"""The watchdog's kopf wiring: one asyncio task per DisaggregatedModel, one round per scrape interval.
+"""One model's watchdog: its rounds, one per scrape interval, while kopf_handlers.py keeps
+its task running.
 
 A round: list the model's runtime pods -> scrape them -> wedge rule per pod -> ladder plan ->
 persist the intent (status) -> perform -> persist outcomes and conditions -> metrics.
-Models are tracked through a watch-event handler rather than a kopf daemon, which would put a
-finalizer on every DisaggregatedModel (handlers.py avoids them for the same reason).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-import kopf
 from pydantic import ValidationError
 
 import pdwarden_contract as contract
 from pdwarden_operator import render, replicas
-from pdwarden_operator.cache import CHILDREN, slim
+from pdwarden_operator.cache import CHILDREN
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube import configmaps as kube_configmaps
 from pdwarden_operator.kube import pods as kube_pods
@@ -37,7 +34,6 @@ from pdwarden_operator.watchdog.gone_pods import GonePods, from_json, seen, to_j
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.ownership import Owners
-from pdwarden_operator.watchdog.role_load import ROLE_LOADS
 from pdwarden_operator.watchdog.rule import judge
 from pdwarden_operator.watchdog.scaler import ModelScaler, RolePod
 from pdwarden_operator.watchdog.scrape import Scraper, Target
@@ -53,7 +49,6 @@ from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
 log = logging.getLogger("pdwarden.watchdog")
 
-GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 SCRAPE_CONCURRENCY = 100
 FIRST_ROUND_MIN_S, FIRST_ROUND_MAX_S = 1.0, 5.0
 IDLE_INTERVAL_S = 10.0  # the wait between rounds of a model whose spec does not validate
@@ -431,45 +426,3 @@ class ModelWatchdog:
                 sum(v.figures.get("abandonedRooms", 0.0) for v in of_role)
             )
         self.metrics.budget_exhausted.labels(ns, name).set(1.0 if state.exhausted else 0.0)
-
-
-# --- kopf wiring ------------------------------------------------------------------------------
-
-_bodies: dict[Key, Mapping[str, Any]] = {}
-_tasks: dict[Key, asyncio.Task[None]] = {}
-
-
-def _stop(key: Key) -> None:
-    _bodies.pop(key, None)
-    WRITER.forget(*key)
-    BRAKE.forget(key)
-    ROLE_LOADS.forget(*key)
-    task = _tasks.pop(key, None)
-    if task is not None:
-        task.cancel()
-
-
-@kopf.on.event(GROUP, VERSION, PLURAL, id="watchdog_track")
-async def track_model(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    key: Key = (body.metadata.namespace or "", body.metadata.name or "")
-    if event.get("type") == "DELETED" or body.metadata.get("deletionTimestamp"):
-        _stop(key)
-        return
-    _bodies[key] = slim(body)  # the watchdog reads spec, status and metadata only
-    task = _tasks.get(key)
-    if task is None or task.done():
-        watchdog = ModelWatchdog(key[0], key[1], body.metadata.uid or "")
-        BRAKE.expect(key)  # the brakes hold until this model has reported once
-        _tasks[key] = asyncio.create_task(
-            watchdog.run(lambda: _bodies.get(key)), name=f"watchdog-{key[0]}-{key[1]}"
-        )
-
-
-@kopf.on.cleanup(id="watchdog_stop")
-async def stop_all(**_: Any) -> None:
-    tasks = list(_tasks.values())
-    for key in list(_tasks):
-        _stop(key)
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
