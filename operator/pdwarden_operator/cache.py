@@ -53,7 +53,7 @@ class Cache:
     dirty: set[ModelKey] = field(default_factory=set)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     locks: dict[ModelKey, asyncio.Lock] = field(default_factory=dict)
-    # per model, the last reconcile's `Outcome.settled` (most resyncs follow a controller's
+    # per model, the last reconcile's `PassResult.settled` (most resyncs follow a controller's
     # status update of a child and change nothing of ours: those skip render and compare)
     settled: dict[ModelKey, Hashable] = field(default_factory=dict)
 

@@ -41,7 +41,7 @@ log = logging.getLogger("pdwarden.reconcile")
 
 
 @dataclass
-class Outcome:
+class PassResult:
     """What one pass did: the status it computed and the children the API server returned."""
 
     status: Obj
@@ -390,7 +390,7 @@ async def _finish(
     spec: DisaggregatedModelSpec,
     children: Mapping[tuple[str, str], Obj],
     applied: list[Obj],
-) -> Outcome:
+) -> PassResult:
     """Hand the observation to the status writer (it writes when the status changed). When
     pods have waited long to run, ask the scheduler's view why first (one pod list)."""
     deployments = [o for (kind, _), o in children.items() if kind == "Deployment"]
@@ -400,7 +400,7 @@ async def _finish(
         if pods is not None:
             observed = replace(observed, blocked={**scheduling.unschedulable(pods), **observed.blocked})
     done = await _guarded(WRITER.observed(body, spec, observed))
-    return Outcome(done[0] if done else {}, applied)
+    return PassResult(done[0] if done else {}, applied)
 
 
 def _waiting_long(new: Obj) -> bool:
@@ -427,12 +427,12 @@ async def reconcile(
     settled_before: Hashable | None = None,
     *,
     verify_secret: bool = False,
-) -> Outcome:
+) -> PassResult:
     """One straight line for every cause (create, resume, spec change, a child's event, the
     periodic resync): render, apply only the children that are missing, changed by hand or
     rendered differently from what was last applied (`plan.to_apply`), delete the ones the spec
     no longer asks for, write status when it changed. `children`: what the watches hold (ours
-    for sure). `settled_before`: the last pass's `Outcome.settled`. `verify_secret`: make sure
+    for sure). `settled_before`: the last pass's `PassResult.settled`. `verify_secret`: make sure
     the worker key's Secret still exists (one dry-run)."""
     spec = await _spec(body)
     owner = await _owner(body, spec, children, verify=verify_secret)
