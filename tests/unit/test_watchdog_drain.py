@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_operator.kube.pods import quarantine_patch, runtime_selector
+from pdwarden_operator.kube.pods import RUNTIME_PODS_SELECTOR, quarantine_patch
 from pdwarden_operator.models import WatchdogSpec
 from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog import ladder
@@ -223,7 +223,7 @@ def test_quarantine_patch_and_the_quarantined_pods_view() -> None:
     }
     seen = pod_view(pod)
     assert seen is not None and (seen.role, seen.quarantined, seen.quarantined_at) == ("prefill", True, T0)
-    assert contract.ROLE_QUARANTINED in runtime_selector("m")
+    assert contract.ROLE_QUARANTINED in RUNTIME_PODS_SELECTOR
 
 
 def test_drain_seconds_is_bounded_and_named() -> None:

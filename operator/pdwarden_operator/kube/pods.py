@@ -24,15 +24,17 @@ def eviction_refusal(exc: KubeApiError) -> PodActionOutcome | None:
     return "throttled"
 
 
-def runtime_selector(model: str) -> str:
-    roles = ",".join((*contract.RUNTIME_ROLES, contract.ROLE_QUARANTINED))
-    return f"{contract.LABEL_MODEL}={model},{contract.LABEL_ROLE} in ({roles})"
+# Every model's runtime pods (the watchdog's pod watch and its namespace listings).
+RUNTIME_PODS_SELECTOR = (
+    f"{contract.LABEL_MODEL},{contract.LABEL_ROLE} in "
+    f"({','.join((*contract.RUNTIME_ROLES, contract.ROLE_QUARANTINED))})"
+)
 
 
-async def list_runtime_pods(namespace: str, model: str) -> list[Obj]:
-    """The prefill and decode pods of one DisaggregatedModel, and its quarantined ones."""
+async def list_namespace_runtime_pods(namespace: str) -> list[Obj]:
+    """Every model's runtime pods in the namespace (one LIST)."""
     body = await get_client().request(
-        "GET", resource_path("v1", "Pod", namespace), query=[("labelSelector", runtime_selector(model))]
+        "GET", resource_path("v1", "Pod", namespace), query=[("labelSelector", RUNTIME_PODS_SELECTOR)]
     )
     return list(body.get("items") or [])
 

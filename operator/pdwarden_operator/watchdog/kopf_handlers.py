@@ -16,9 +16,11 @@ import kopf
 
 import pdwarden_contract as contract
 from pdwarden_operator.cache import slim
+from pdwarden_operator.kube.pods import RUNTIME_PODS_SELECTOR
 from pdwarden_operator.status_writer import WRITER
 from pdwarden_operator.watchdog.brake import BRAKE
 from pdwarden_operator.watchdog.model_watchdog import Key, ModelWatchdog
+from pdwarden_operator.watchdog.pod_cache import POD_CACHE
 from pdwarden_operator.watchdog.role_load import ROLE_LOADS
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
@@ -61,3 +63,16 @@ async def stop_all(**_: Any) -> None:
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@kopf.on.startup(id="watchdog_pod_watch")
+def watch_runtime_pods(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """The API server filters the pod watch: only runtime pods reach the operator."""
+    settings.watching.label_selectors["", "v1", "pods"] = RUNTIME_PODS_SELECTOR
+
+
+@kopf.on.event("", "v1", "pods", id="watchdog_pods")
+async def track_pod(event: kopf.RawEvent, **_: Any) -> None:
+    obj = event.get("object")
+    if isinstance(obj, Mapping):
+        POD_CACHE.event(event.get("type"), obj)

@@ -34,6 +34,7 @@ from pdwarden_operator.watchdog.gone_pods import GonePods, from_json, seen, to_j
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.ownership import Owners
+from pdwarden_operator.watchdog.pod_cache import POD_CACHE
 from pdwarden_operator.watchdog.rule import judge
 from pdwarden_operator.watchdog.scaler import ModelScaler, RolePod
 from pdwarden_operator.watchdog.scrape import Scraper, Target
@@ -138,7 +139,7 @@ class ModelWatchdog:
             )
         self.histories.set_keep_seconds(settings.stuck_after_seconds + 3 * settings.scrape_interval_seconds)
 
-        pod_objs = await self._own_pods(await kube_pods.list_runtime_pods(ns, name))
+        pod_objs = await self._own_pods(await POD_CACHE.pods(ns, name, kube_pods.list_namespace_runtime_pods))
         await self._label_ranks(pod_objs)
         await self._track_gone_pods(pod_objs)
         views = {}

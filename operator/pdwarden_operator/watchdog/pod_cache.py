@@ -1,0 +1,111 @@
+"""Every model's runtime pods from one watch, for the watchdog's rounds.
+
+A round used to LIST its model's pods each scrape interval: a thousand models at 10 s is a
+hundred LISTs a second with nothing changed. The pods now come from one watch the API server
+filters by label (kopf_handlers.py), and each namespace is listed at most once per
+`RELIST_AFTER_S` besides: a watch can miss a deletion across a reconnect, and a listing
+bounds how long a pod that is gone can linger here. Events that arrive while a listing is
+in flight are applied over it, so the listing never brings back a pod deleted meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import pdwarden_contract as contract
+
+Obj = dict[str, Any]
+Lister = Callable[[str], Awaitable[list[Obj]]]  # namespace -> its runtime pods (one LIST)
+RELIST_AFTER_S: Final = 300.0
+
+
+def slim_pod(pod: Mapping[str, Any]) -> Obj:
+    """What the watchdog reads of a pod: metadata, status, and each container's name and
+    ports (the metrics port); the rest of the spec, and managedFields, are left out."""
+    meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
+    spec = pod.get("spec") or {}
+    containers = [
+        {"name": c.get("name"), "ports": c.get("ports") or []} for c in spec.get("containers") or []
+    ]
+    return {
+        "metadata": meta,
+        "spec": {"containers": containers, "nodeName": spec.get("nodeName")},
+        "status": dict(pod.get("status") or {}),
+    }
+
+
+@dataclass
+class _Namespace:
+    by_model: dict[str, dict[str, Obj]] = field(default_factory=dict)  # model -> uid -> pod
+    model_of: dict[str, str] = field(default_factory=dict)  # uid -> model
+    listed_at: float | None = None
+    # events seen while a listing is in flight: replayed over it
+    during_list: list[tuple[str | None, Obj]] | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class PodCache:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._namespaces: dict[str, _Namespace] = {}
+        self._clock = clock
+
+    def _ns(self, namespace: str) -> _Namespace:
+        return self._namespaces.setdefault(namespace, _Namespace())
+
+    def event(self, event_type: str | None, pod: Mapping[str, Any]) -> None:
+        """A watch event (None: kopf's initial listing)."""
+        meta = pod.get("metadata") or {}
+        namespace, uid = meta.get("namespace"), meta.get("uid")
+        if not namespace or not uid:
+            return
+        ns = self._ns(str(namespace))
+        slim = slim_pod(pod)
+        if ns.during_list is not None:
+            ns.during_list.append((event_type, slim))
+        self._apply(ns, event_type, slim)
+
+    @staticmethod
+    def _apply(ns: _Namespace, event_type: str | None, pod: Obj) -> None:
+        uid = str(pod["metadata"]["uid"])
+        before = ns.model_of.pop(uid, None)
+        if before is not None:
+            bucket = ns.by_model.get(before, {})
+            bucket.pop(uid, None)
+            if not bucket:
+                ns.by_model.pop(before, None)
+        model = (pod["metadata"].get("labels") or {}).get(contract.LABEL_MODEL)
+        if event_type != "DELETED" and model:
+            ns.by_model.setdefault(str(model), {})[uid] = pod
+            ns.model_of[uid] = str(model)
+
+    async def pods(self, namespace: str, model: str, lister: Lister) -> list[Obj]:
+        """The model's runtime pods (prefill, decode, quarantined), listing the namespace first
+        when it was never listed or not for RELIST_AFTER_S."""
+        ns = self._ns(namespace)
+        if ns.listed_at is None or self._clock() - ns.listed_at > RELIST_AFTER_S:
+            async with ns.lock:
+                if ns.listed_at is None or self._clock() - ns.listed_at > RELIST_AFTER_S:
+                    await self._relist(ns, namespace, lister)
+        return list(ns.by_model.get(model, {}).values())
+
+    async def _relist(self, ns: _Namespace, namespace: str, lister: Lister) -> None:
+        ns.during_list = []
+        try:
+            listed = await lister(namespace)
+            fresh = _Namespace(lock=ns.lock)
+            for pod in listed:
+                if (pod.get("metadata") or {}).get("uid"):
+                    self._apply(fresh, "ADDED", slim_pod(pod))
+            for event_type, pod in ns.during_list:
+                self._apply(fresh, event_type, pod)
+            ns.by_model, ns.model_of = fresh.by_model, fresh.model_of
+            ns.listed_at = self._clock()
+        finally:
+            ns.during_list = None
+
+
+POD_CACHE = PodCache()
