@@ -120,6 +120,15 @@ class Cache:
         self.dirty.update(self.models)
         self.wake.set()
 
+    def mark_unsettled(self) -> None:
+        """The models a periodic pass may still change: not settled (the last pass applied,
+        or found something to apply), or not Ready (a rollout or a wait that time moves on).
+        A settled Ready model changes only by an event, which marks it anyway."""
+        for key, body in self.models.items():
+            if key not in self.settled or (body.get("status") or {}).get("phase") != "Ready":
+                self.dirty.add(key)
+        self.wake.set()
+
     def take_dirty(self) -> list[ModelKey]:
         keys = [k for k in self.dirty if k in self.models]
         self.dirty.clear()

@@ -62,6 +62,24 @@ def test_mark_all_covers_every_known_model() -> None:
     assert not cache.wake.is_set()
 
 
+def test_a_periodic_pass_leaves_settled_ready_models_to_their_events() -> None:
+    cache = Cache()
+    for n in ("settled-ready", "settled-progressing", "unsettled-ready", "new"):
+        cache.model_event(None, _dm(n))
+    for n, phase in (
+        ("settled-ready", "Ready"),
+        ("settled-progressing", "Progressing"),
+        ("unsettled-ready", "Ready"),
+    ):
+        cache.note_status(("ns", n), {"phase": phase})
+    cache.note_settled(("ns", "settled-ready"), ("key",))
+    cache.note_settled(("ns", "settled-progressing"), ("key",))
+    cache.mark_unsettled()
+    assert sorted(k[1] for k in cache.take_dirty()) == ["new", "settled-progressing", "unsettled-ready"]
+    cache.child_event("apps/v1", "Deployment", "MODIFIED", _child("settled-ready-prefill", "settled-ready"))
+    assert cache.take_dirty() == [("ns", "settled-ready")]  # its events still reach it
+
+
 def test_resource_paths() -> None:
     assert resource_path("apps/v1", "Deployment", "ns", "d") == "/apis/apps/v1/namespaces/ns/deployments/d"
     assert resource_path("v1", "Service", "ns") == "/api/v1/namespaces/ns/services"
