@@ -1,14 +1,26 @@
 """`pdwarden bench transfer`: what the hardening costs, and how far the path is from NIXL's best.
 
-stock vs hardened: two synthetic prefill/decode pairs (four processes) run at once, one
-on SGLang 0.5.23's NIXL classes untouched (``--hardening off``), one hardened; they move
-the same request (``--size`` bytes of KV in ``--chunk``-byte chunks) alternately, so both
-see the same machine load. The figure is SGLang's own sender transfer latency (first chunk
-enqueued -> Success); decode verifies every byte. raw: two bare NIXL agents in two
-processes, both progressing, WRITE the same bytes as one large WRITE and as one batched
-multi-descriptor WRITE; the better is NIXL's best here. Every part has a time limit and
-fails with a message naming it. One JSON line: stock_gbps, hardened_gbps,
-hardened_over_stock, raw_nixl_best_gbps, stock_over_raw_best, seconds (medians).
+Three synthetic prefill/decode pairs (six processes) run at once and move the same request
+(``--size`` bytes of KV in ``--chunk``-byte chunks) one after the other, so all see the same
+machine load: stock (SGLang 0.5.23's NIXL classes untouched, ``--hardening off``), hardened
+(``--hardening on``), and stock_prompt_wake (``--hardening bench-stock-prompt-wake``, a
+bench-only mode: stock classes, but a room's status change wakes its waiting request at
+once, as the hardened manager's status writes do; with off the request learns of it at the
+StockMirror's next copy, every 20 ms). The figure is SGLang's own sender transfer latency
+(first chunk enqueued -> the request's poll sees Success), so it includes that wake-up;
+decode verifies every byte. Each pair round moves one request through every arm, the order
+reversed every other round (ABC, CBA, ...); a ratio is taken within each round and the
+median over rounds reported, with its min and max (the spread). raw: two bare NIXL agents
+in two processes, both progressing, WRITE the same bytes as one large WRITE and as one
+batched multi-descriptor WRITE; the better is NIXL's best here. Every part has a time limit
+and fails with a message naming it.
+
+One JSON line: size_bytes, chunk_bytes, pairs, raw_iters; stock_gbps, hardened_gbps,
+stock_prompt_wake_gbps (each arm's median); hardened_over_stock,
+stock_prompt_wake_over_stock, hardened_over_stock_prompt_wake (medians of the paired
+ratios), each with _min and _max; raw_nixl_best_gbps, raw_nixl_large_gbps,
+raw_nixl_batched_gbps, stock_over_raw_best (stock's median over raw best), seconds (the
+whole run); raw_nixl_error instead of the raw figures (exit 1) when bare NIXL failed.
 """
 
 from __future__ import annotations
@@ -16,17 +28,24 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Final
 
 import click
 
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
 from pdwarden_bench.ports import free_port
 from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, wait_healthy
+from pdwarden_runtime.hardening.config import (
+    HARDENING_BENCH_STOCK_PROMPT_WAKE,
+    HARDENING_OFF,
+    HARDENING_ON,
+)
 
 _UNITS = {
     "": 1,
@@ -42,6 +61,23 @@ PAGE_TOKENS = 16
 RAW_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 90.0
+DEFAULT_PAIRS: Final = 16
+RAW_ITERS: Final = 3
+STOCK: Final = "stock"
+HARDENED: Final = "hardened"
+PROMPT_WAKE: Final = "stock_prompt_wake"
+# The arms: name in the JSON -> the runtime's --hardening mode.
+ARMS: Final = {
+    STOCK: HARDENING_OFF,
+    HARDENED: HARDENING_ON,
+    PROMPT_WAKE: HARDENING_BENCH_STOCK_PROMPT_WAKE,
+}
+# Paired ratios reported: JSON key -> (numerator arm, denominator arm).
+RATIOS: Final = {
+    "hardened_over_stock": (HARDENED, STOCK),
+    "stock_prompt_wake_over_stock": (PROMPT_WAKE, STOCK),
+    "hardened_over_stock_prompt_wake": (HARDENED, PROMPT_WAKE),
+}
 
 
 class BenchError(RuntimeError):
@@ -57,6 +93,38 @@ def parse_size(text: str) -> int:
 
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
+    """numerator[i] / denominator[i] for each round i (both arms measured in round i)."""
+    if len(numerator) != len(denominator) or not numerator:
+        raise ValueError(f"paired ratios need equal, non-empty series ({len(numerator)}, {len(denominator)})")
+    if any(value <= 0 for value in denominator):
+        raise ValueError("paired ratios need positive denominators")
+    return [top / bottom for top, bottom in zip(numerator, denominator, strict=True)]
+
+
+def ratio_summary(key: str, ratios: Sequence[float]) -> dict[str, float]:
+    """The median of paired ratios as ``key``, with its spread as ``key``_min / _max."""
+    return {
+        key: round(statistics.median(ratios), 3),
+        f"{key}_min": round(min(ratios), 3),
+        f"{key}_max": round(max(ratios), 3),
+    }
+
+
+def round_order(arms: Sequence[str], index: int) -> list[str]:
+    """The arms' order in round ``index``: as given in even rounds, reversed in odd ones,
+    so no arm always goes first or last (a round's load drift falls on both sides)."""
+    return list(arms) if index % 2 == 0 else list(reversed(arms))
+
+
+def summarize(rates: dict[str, list[float]]) -> dict[str, Any]:
+    """Each arm's median GB/s and the paired ratios' medians and spreads (rates[arm][i]: round i)."""
+    result: dict[str, Any] = {f"{arm}_gbps": round(statistics.median(rates[arm]), 3) for arm in ARMS}
+    for key, (top, bottom) in RATIOS.items():
+        result |= ratio_summary(key, paired_ratios(rates[top], rates[bottom]))
+    return result
 
 
 def raw_nixl(size: int, chunk: int, iters: int) -> dict[str, Any]:
@@ -149,63 +217,87 @@ async def _one(
     return float(moved / seconds / 1e9)
 
 
-def runtime_paths(size: int, chunk: int, iters: int) -> dict[str, list[float]]:
+def runtime_paths(size: int, chunk: int, rounds: int) -> dict[str, list[float]]:
+    """GB/s of each arm (ARMS) per round; every arm moves one request a round."""
     with Fleet() as fleet:
         pairs = {
-            mode: (
+            arm: (
                 fleet.runtime("prefill", extra=_flags(size, chunk, flag)),
                 fleet.runtime("decode", extra=_flags(size, chunk, flag)),
             )
-            for mode, flag in (("stock", "off"), ("hardened", "on"))
+            for arm, flag in ARMS.items()
         }
+        t0 = time.perf_counter()
         try:
             wait_healthy([rt for pair in pairs.values() for rt in pair], timeout=START_TIMEOUT_S)
         except (TimeoutError, RuntimeError) as err:
             raise BenchError(f"runtimes: {err}") from None
+        _progress(f"transfer: {len(pairs) * 2} runtimes healthy in {time.perf_counter() - t0:.1f}s")
 
         async def run() -> dict[str, list[float]]:
-            rates: dict[str, list[float]] = {mode: [] for mode in pairs}
+            rates: dict[str, list[float]] = {arm: [] for arm in pairs}
             async with new_session() as session:
-                for i in range(iters + 1):  # the first round warms the connections up
-                    order = list(pairs) if i % 2 == 0 else list(reversed(pairs))
-                    for mode in order:
-                        rate = await _one(session, pairs[mode], 4200 + 10 * i, size, chunk, mode)
+                for i in range(rounds + 1):  # the first round warms the connections up
+                    t1 = time.perf_counter()
+                    for arm in round_order(list(pairs), i):
+                        rate = await _one(session, pairs[arm], 4200 + 10 * i, size, chunk, arm)
                         if i:
-                            rates[mode].append(rate)
+                            rates[arm].append(rate)
+                    _progress(
+                        f"transfer: round {i}{' (warm-up)' if not i else ''} {time.perf_counter() - t1:.1f}s"
+                    )
             return rates
 
-        return asyncio.run(run())
+        try:
+            return asyncio.run(run())
+        finally:
+            # Each runtime serves on for a drain period after SIGTERM: signal all at once, so
+            # the Fleet's one-by-one stop waits out one drain, not one per process.
+            for proc in fleet.procs:
+                proc.signal(signal.SIGTERM)
 
 
 @click.command("transfer")
 @click.option("--size", default="256MiB", show_default=True)
 @click.option("--chunk", default="4MiB", show_default=True)
-@click.option("--iters", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option(
+    "--pairs",
+    "--iters",
+    "pairs",
+    type=click.IntRange(min=1),
+    default=DEFAULT_PAIRS,
+    show_default=True,
+    help="Rounds of paired requests (one per arm each), after a warm-up round.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
-def transfer(size: str, chunk: str, iters: int, as_json: bool) -> None:
-    """Stock SGLang vs hardened KV transfer (same run), and bare NIXL's best."""
+def transfer(size: str, chunk: str, pairs: int, as_json: bool) -> None:
+    """Stock SGLang vs hardened KV transfer (paired, same run), and bare NIXL's best."""
     exit_on_sigterm()
     total, piece = parse_size(size), parse_size(chunk)
     if piece <= 0 or total % piece or piece % 16:
         raise click.BadParameter("size must be a multiple of chunk, chunk a multiple of 16 bytes")
     t0 = time.perf_counter()
     try:
-        _progress(f"transfer: stock and hardened pairs, {size} in {chunk} chunks, x{iters} each, alternating")
-        rates = runtime_paths(total, piece, iters)
+        _progress(
+            f"transfer: {', '.join(ARMS)} pairs, {size} in {chunk} chunks, {pairs} rounds, order alternating"
+        )
+        rates = runtime_paths(total, piece, pairs)
     except BenchError as err:
         raise click.ClickException(str(err)) from None
-    stock, hardened = statistics.median(rates["stock"]), statistics.median(rates["hardened"])
+    _progress(
+        "transfer: GB/s per round: " + "; ".join(f"{arm} {[round(r, 3) for r in rates[arm]]}" for arm in ARMS)
+    )
+    stock = statistics.median(rates[STOCK])
     result: dict[str, Any] = {
         "size_bytes": total,
         "chunk_bytes": piece,
-        "iters": iters,
-        "stock_gbps": round(stock, 3),
-        "hardened_gbps": round(hardened, 3),
-        "hardened_over_stock": round(hardened / stock, 3),
+        "pairs": pairs,
+        "raw_iters": RAW_ITERS,
+        **summarize(rates),
     }
-    _progress(f"transfer: raw NIXL (large and batched WRITE), {size}, x{iters}")
+    _progress(f"transfer: raw NIXL (large and batched WRITE), {size}, x{RAW_ITERS}")
     try:
-        raw = raw_nixl(total, piece, iters)
+        raw = raw_nixl(total, piece, RAW_ITERS)
     except BenchError as err:  # the figures above still stand; say why this one is missing
         result |= {
             "raw_nixl_best_gbps": None,

@@ -25,6 +25,7 @@ import click
 import pdwarden_contract as c
 from pdwarden_runtime.group import GroupOptions
 from pdwarden_runtime.hardening.config import (
+    BENCH_HARDENING_MODES,
     DEFAULT_INFLIGHT_DEADLINE,
     DEFAULT_RACE_WINDOW,
     DEFAULT_TRANSFER_DEADLINE,
@@ -155,11 +156,13 @@ def _deadline(value: str) -> float | None:
 )
 @click.option(
     "--hardening",
-    type=click.Choice(HARDENING_MODES),
+    type=click.Choice((*HARDENING_MODES, *BENCH_HARDENING_MODES)),
     default="on",
     show_default=True,
     help="off: SGLang 0.5.23's NIXL classes, untouched (the control); emulated-port: an "
-    "emulation of a NIXL port with the old max() status rule and no fix (tests, demo).",
+    "emulation of a NIXL port with the old max() status rule and no fix (tests, demo); "
+    "bench-stock-prompt-wake: off, with each room's status change waking its request at "
+    "once as hardened does (pdwarden bench transfer only; synthetic engine only).",
 )
 @click.option(
     "--race-window",

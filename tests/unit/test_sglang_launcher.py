@@ -247,6 +247,13 @@ def test_runtime_fault_switching_is_refused_for_sglang() -> None:
     check_options(SimpleNamespace(allow_fault_injection=False))
 
 
+def test_bench_hardening_modes_are_refused_for_sglang() -> None:
+    with pytest.raises(SglangArgumentError, match="bench-stock-prompt-wake is a benchmark mode"):
+        check_options(SimpleNamespace(allow_fault_injection=False, hardening="bench-stock-prompt-wake"))
+    for mode in ("on", "off", "emulated-port"):
+        check_options(SimpleNamespace(allow_fault_injection=False, hardening=mode))
+
+
 def test_seam_env_puts_the_hook_first_and_keeps_user_paths() -> None:
     base = {"PYTHONPATH": f"/user/lib{os.pathsep}{SITE_DIR}", "HOME": "/root"}
     env = seam_env(base, {"engine": "sglang"}, prom_dir="/tmp/prom")

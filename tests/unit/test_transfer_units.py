@@ -7,13 +7,20 @@ import pytest
 
 from pdwarden_runtime.hardening.config import (
     ALL_FIXES,
+    BENCH_HARDENING_MODES,
+    HARDENING_BENCH_STOCK_PROMPT_WAKE,
+    HARDENING_MODES,
     NO_FIXES,
     ConfigError,
     FaultSwitch,
     HardeningConfig,
+    config_for_mode,
+    is_bench_mode,
     parse_fixes,
 )
+from pdwarden_runtime.hardening.mirror import wake_on_status_change
 from pdwarden_runtime.hardening.rooms import RoomLedger, RoomStatusMap
+from pdwarden_runtime.hardening.runtime import RoomRuntime
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.status import RoomStatusTable
 
@@ -44,6 +51,43 @@ def test_config_from_mapping_and_env() -> None:
     assert config.fault.active == "stall-transfers"
     env = HardeningConfig.from_env({"PDWARDEN_FIXES": "A,C", "PDWARDEN_TRANSFER_DEADLINE": "7"})
     assert env.fixes == frozenset({"A", "C"}) and env.transfer_deadline == 7.0
+
+
+def test_bench_stock_prompt_wake_mode_is_stock_classes_that_wake_at_once() -> None:
+    mode = HARDENING_BENCH_STOCK_PROMPT_WAKE
+    assert mode in BENCH_HARDENING_MODES and mode not in HARDENING_MODES
+    assert is_bench_mode(mode) and not any(is_bench_mode(m) for m in HARDENING_MODES)
+    for config in (config_for_mode(mode), HardeningConfig.from_mapping({"hardening": mode})):
+        assert config.stock_classes and config.stock_prompt_wake and config.fixes == NO_FIXES
+    for other in HARDENING_MODES:
+        assert not config_for_mode(other).stock_prompt_wake
+    assert config_for_mode("off").stock_classes and not HardeningConfig().stock_prompt_wake
+
+
+class _StockManager:
+    """The part of SGLang's stock manager wake_on_status_change relies on."""
+
+    def __init__(self) -> None:
+        self.request_status: dict[int, KVPoll] = {}
+        self.writes = 0
+
+    def update_status(self, bootstrap_room: int, status: KVPoll) -> None:
+        self.writes += 1
+        self.request_status[bootstrap_room] = max(self.request_status.get(bootstrap_room, status), status)
+
+
+def test_wake_on_status_change_notifies_changed_writes_only() -> None:
+    rt = RoomRuntime(HardeningConfig(inflight_deadline=None, stock_classes=True), "prefill")
+    woken: list[int] = []
+    rt.status_listeners.append(woken.append)
+    mgr = _StockManager()
+    wake_on_status_change(rt, mgr)
+    mgr.update_status(7, KVPoll.WaitingForInput)
+    mgr.update_status(7, KVPoll.Transferring)
+    mgr.update_status(7, KVPoll.Transferring)  # the worker's per-chunk repeat
+    mgr.update_status(7, KVPoll.Success)
+    assert woken == [7, 7, 7] and mgr.writes == 4  # every write still reaches the manager
+    assert mgr.request_status[7] is KVPoll.Success
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ import click
 
 import pdwarden_contract as c
 from pdwarden_runtime.group import GroupOptions
+from pdwarden_runtime.hardening.config import is_bench_mode
 
 TRANSFER_BACKEND: Final = "nixl"
 SGLANG_MODULE: Final = "sglang.launch_server"
@@ -363,6 +364,12 @@ def check_options(options: Any) -> None:
             "--allow-fault-injection is not supported with --engine sglang: the HTTP port is "
             "SGLang's own server, which has no POST /debug/fault; inject a fault from the start "
             "with --fault NAME instead (testing only)"
+        )
+    hardening = getattr(options, "hardening", None)
+    if isinstance(hardening, str) and is_bench_mode(hardening):
+        raise SglangArgumentError(
+            f"--hardening {hardening} is a benchmark mode of the synthetic engine "
+            "(pdwarden bench transfer), not supported with --engine sglang"
         )
 
 

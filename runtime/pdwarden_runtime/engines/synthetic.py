@@ -51,7 +51,7 @@ from pdwarden_runtime.engines.synthetic_pattern import (
 )
 from pdwarden_runtime.hardening import HardeningConfig, install
 from pdwarden_runtime.hardening.config import FaultSwitch
-from pdwarden_runtime.hardening.mirror import StockMirror
+from pdwarden_runtime.hardening.mirror import StockMirror, wake_on_status_change
 from pdwarden_runtime.hardening.nixl import HardenedNixlKVManager
 from pdwarden_runtime.hardening.runtime import RoomRuntime
 from pdwarden_runtime.kvpoll import KVPoll
@@ -219,6 +219,8 @@ class SyntheticEngine:
             with self.rt.threads.record_started():
                 self.mgr = manager_cls(self.pool.kv_args(), mode, None)
             self._mirror = StockMirror(self.rt, self.mgr)
+            if self.hardening.stock_prompt_wake:  # bench only (bench-stock-prompt-wake)
+                wake_on_status_change(self.rt, self.mgr)
             self._mirror.start()
             self.rt.start()
             return

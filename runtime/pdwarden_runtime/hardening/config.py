@@ -45,6 +45,12 @@ HARDENING_ON: Final = "on"
 HARDENING_OFF: Final = "off"
 HARDENING_EMULATED_PORT: Final = "emulated-port"
 HARDENING_MODES: Final = (HARDENING_ON, HARDENING_OFF, HARDENING_EMULATED_PORT)
+# Bench only, never a default (``pdwarden bench transfer``'s third arm): SGLang's classes
+# untouched as with off, but a status write that changes a room wakes the engine's request
+# waiting on it at once, as the hardened manager's writes do; with off the request learns
+# of it at the StockMirror's next copy. The synthetic engine alone takes it.
+HARDENING_BENCH_STOCK_PROMPT_WAKE: Final = "bench-stock-prompt-wake"
+BENCH_HARDENING_MODES: Final = (HARDENING_BENCH_STOCK_PROMPT_WAKE,)
 
 ENV_FIXES: Final = "PDWARDEN_FIXES"  # "A,B,C,D,E" | "all" | "none"
 ENV_HARDENING_MODE: Final = "PDWARDEN_HARDENING_MODE"  # one of HARDENING_MODES
@@ -108,6 +114,9 @@ class HardeningConfig:
     engine: str = "sglang"
     # True for --hardening off: SGLang's own classes run, install() rebinds nothing.
     stock_classes: bool = False
+    # Bench only (HARDENING_BENCH_STOCK_PROMPT_WAKE): with stock_classes, a status write that
+    # changes a room notifies the room's listeners at once (ignored without stock_classes).
+    stock_prompt_wake: bool = False
     # Called with each RoomRuntime a hardened manager creates (e.g. a metrics bridge).
     on_runtime: Callable[[RoomRuntime], None] | None = None
 
@@ -149,7 +158,8 @@ class HardeningConfig:
         mode = data.pop("hardening", None)
         if mode is not None:
             kwargs["fixes"] = _fixes_for_mode(str(mode))
-            kwargs["stock_classes"] = _is_off(str(mode))
+            kwargs["stock_classes"] = _is_stock(str(mode))
+            kwargs["stock_prompt_wake"] = _is_bench_prompt_wake(str(mode))
         if "fixes" in data:
             kwargs["fixes"] = parse_fixes(data.pop("fixes"))
         for name in ("transfer_deadline", "race_window"):
@@ -221,18 +231,40 @@ def _fixes_for_mode(mode: str) -> frozenset[str]:
     lowered = mode.strip().lower()
     if lowered in ("on", "1", "true", "yes"):
         return ALL_FIXES
-    if _is_off(mode) or lowered == HARDENING_EMULATED_PORT:
+    if _is_stock(mode) or lowered == HARDENING_EMULATED_PORT:
         return NO_FIXES
-    raise ConfigError(f"hardening mode must be one of {list(HARDENING_MODES)}, got {mode!r}")
+    raise ConfigError(
+        f"hardening mode must be one of {list(HARDENING_MODES)} "
+        f"(bench only: {list(BENCH_HARDENING_MODES)}), got {mode!r}"
+    )
 
 
 def _is_off(mode: str) -> bool:
     return mode.strip().lower() in ("off", "0", "false", "no")
 
 
+def _is_bench_prompt_wake(mode: str) -> bool:
+    return mode.strip().lower() == HARDENING_BENCH_STOCK_PROMPT_WAKE
+
+
+def _is_stock(mode: str) -> bool:
+    """SGLang's own classes run: off, or the bench-only stock arm."""
+    return _is_off(mode) or _is_bench_prompt_wake(mode)
+
+
+def is_bench_mode(mode: str) -> bool:
+    """A ``--hardening`` value for benchmarks only (BENCH_HARDENING_MODES)."""
+    return mode.strip().lower() in BENCH_HARDENING_MODES
+
+
 def config_for_mode(mode: str, **kwargs: Any) -> HardeningConfig:
-    """A HardeningConfig for a ``--hardening`` mode (see HARDENING_MODES)."""
-    return HardeningConfig(fixes=_fixes_for_mode(mode), stock_classes=_is_off(mode), **kwargs)
+    """A HardeningConfig for a ``--hardening`` mode (see HARDENING_MODES, BENCH_HARDENING_MODES)."""
+    return HardeningConfig(
+        fixes=_fixes_for_mode(mode),
+        stock_classes=_is_stock(mode),
+        stock_prompt_wake=_is_bench_prompt_wake(mode),
+        **kwargs,
+    )
 
 
 def _valid_fault(fault: str) -> str:

@@ -5,6 +5,12 @@ status write passes through pdwarden. To still serve the contract metrics (they 
 a test or the operator sees a stock pod wedge), a daemon thread copies the stock
 manager's ``request_status`` dict into a ``RoomRuntime``'s table every few milliseconds.
 It only reads SGLang's dict; a room that lives shorter than one period may be missed.
+It also wakes the engine's waiting requests (``RoomRuntime.notify``) at each copy, so with
+stock classes a request learns of its room's Success up to one period late.
+
+``wake_on_status_change`` is for the bench-only ``--hardening bench-stock-prompt-wake``:
+the stock classes still run unchanged, and a status write that changes a room also wakes
+its request at once, as the hardened manager's writes do.
 """
 
 from __future__ import annotations
@@ -65,3 +71,22 @@ class StockMirror:
         for room in table.snapshot():
             if room not in snapshot:
                 table.clear(room)
+
+
+def wake_on_status_change(runtime: RoomRuntime, mgr: Any) -> None:
+    """Bench only: after each status write through the stock manager that changed its
+    room, notify ``runtime``'s listeners at once. SGLang's method still does the write: it
+    is wrapped on this instance, the class is untouched."""
+    write = mgr.update_status  # bound to mgr: SGLang's own method
+
+    def update_status(bootstrap_room: int, status: Any) -> None:
+        before = mgr.request_status.get(bootstrap_room)
+        try:
+            write(bootstrap_room, status)
+        finally:
+            # Only a changed status can satisfy a waiter (the worker repeats Transferring
+            # once per chunk), as in the hardened manager's update_status.
+            if mgr.request_status.get(bootstrap_room) != before:
+                runtime.notify(bootstrap_room)
+
+    mgr.update_status = update_status
