@@ -217,9 +217,10 @@ def router_url(env: Env, name: str) -> str:
     return f"http://{ip}:{contract.ROUTER_HTTP_PORT}{contract.GENERATE_PATH}"
 
 
-def bring_up(env: Env, name: str, max_replicas: int) -> str:
-    """The model at one pod per role, its router answering; returns the router's URL."""
-    env.create_model(autoscaled_model(env.namespace, name, max_replicas))
+def bring_up(env: Env, name: str, max_replicas: int, body: dict[str, Any] | None = None) -> str:
+    """The model (`body`, else autoscaled_model) at one pod per role, its router answering;
+    returns the router's URL."""
+    env.create_model(body if body is not None else autoscaled_model(env.namespace, name, max_replicas))
     wait_for(
         lambda: all(
             len(env.live_ready_pods(name, r)) == 1 for r in (*contract.RUNTIME_ROLES, contract.ROLE_ROUTER)

@@ -109,16 +109,8 @@ def ensure_pki(directory: Path, ips: Sequence[str] = ()) -> Pki:
     directory.chmod(0o700)
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
 
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pdwarden-local-ca")])
-    ca_cert = (
-        _builder(ca_name, ca_name, ca_key.public_key(), now)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_key, ca_cert = _new_ca("pdwarden-local-ca", now)
+    ca_name = ca_cert.subject
     _write_key(pki.ca_key, ca_key)
     _write_cert(pki.ca_cert, ca_cert)
 
@@ -162,18 +154,24 @@ def ensure_pki(directory: Path, ips: Sequence[str] = ()) -> Pki:
     return pki
 
 
-def _front_proxy(pki: Pki, now: dt.datetime) -> None:
-    """The front proxy's CA (its key is not kept: nothing else is ever signed by it) and client."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "pdwarden-local-front-proxy-ca")])
-    ca_cert = (
-        _builder(ca_name, ca_name, ca_key.public_key(), now)
+def _new_ca(common_name: str, now: dt.datetime) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    cert = (
+        _builder(name, name, key.public_key(), now)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
         )
-        .sign(ca_key, hashes.SHA256())
+        .sign(key, hashes.SHA256())
     )
+    return key, cert
+
+
+def _front_proxy(pki: Pki, now: dt.datetime) -> None:
+    """The front proxy's CA (its key is not kept: nothing else is ever signed by it) and client."""
+    ca_key, ca_cert = _new_ca("pdwarden-local-front-proxy-ca", now)
+    ca_name = ca_cert.subject
     _write_cert(pki.front_proxy_ca_cert, ca_cert)
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (

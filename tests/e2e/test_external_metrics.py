@@ -178,16 +178,7 @@ def test_hpa_drives_a_role_through_the_operators_external_metrics_api(
     body["spec"]["prefill"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 3, "driver": "external"}
     body["spec"]["decode"] = {"replicas": 1}
     del body["spec"]["prefillDecodeRatio"]
-    env.create_model(body)
-    wait_for(
-        lambda: all(
-            len(env.live_ready_pods(name, r)) == 1 for r in (*contract.RUNTIME_ROLES, contract.ROLE_ROUTER)
-        ),
-        240,
-        "one ready prefill, decode and router pod",
-        1.0,
-        API_TRANSIENT,
-    )
+    url = autoscale.bring_up(env, name, 3, body=body)
     # through the API server, as the HPA controller reads it: the idle prefill's load
     wait_for(
         lambda: bool(_values(env, name, contract.ROLE_PREFILL)),
@@ -206,7 +197,6 @@ def test_hpa_drives_a_role_through_the_operators_external_metrics_api(
         f"/apis/autoscaling/v2/namespaces/{env.namespace}/horizontalpodautoscalers",
         _hpa(env.namespace, name, contract.ROLE_PREFILL),
     )
-    url = autoscale.router_url(env, name)
     clients = autoscale.RouterClients(url, name, 9, active=9)
     with clients:
         wait_for(

@@ -139,6 +139,17 @@ def rules_of(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [rule for doc in chart.find_objects(docs, kind) for rule in doc["rules"]]
 
 
+def granted_by(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, verb) of every grant in the rules."""
+    return {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
 def test_the_pod_policy_reaches_the_operator_as_its_allow_flags() -> None:
     [deployment] = chart.find_objects(render(NON_DEFAULT), "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -156,13 +167,7 @@ def test_rbac_is_least_privilege_and_never_reads_secrets(values: Mapping[str, st
         if "secrets" in rule["resources"]:  # the worker keys: created, never read
             assert rule["verbs"] == ["create"] and rule["resources"] == ["secrets"], rule
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
-    granted = {
-        (g, r, v)
-        for rule in rules
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    granted = granted_by(rules)
     # What reconcile and the watchdog do, through the pod's ServiceAccount.
     for needed in [
         ("pdwarden.io", "disaggregatedmodels", "watch"),
@@ -633,13 +638,7 @@ def test_rbac_grants_every_kind_of_child_the_operator_renders(scope: str) -> Non
 
     docs = [d for d in render_scope(scope) if not is_hook(d)]
     rules = rules_of(docs, "ClusterRole") + rules_of(docs, "Role")
-    granted = {
-        (g, r, v)
-        for rule in rules
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for v in rule["verbs"]
-    }
+    granted = granted_by(rules)
     for api_version, kind in render.CHILD_KINDS:
         group, _, plural = group_version_plural(api_version, kind)
         for verb in ("get", "list", "watch", "create", "patch", "delete"):
