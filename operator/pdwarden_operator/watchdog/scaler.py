@@ -56,8 +56,11 @@ class RolePod:
 class _Aim:
     decision: autoscale.RoleDecision  # desired: what this round writes (the plan's, or one pod fewer)
     victim: RolePod | None  # a scale-in's pod, marked to go first before the count drops
-    writes: bool
     pods: Sequence[RolePod] = ()
+
+    @property
+    def writes(self) -> bool:
+        return self.decision.desired != self.decision.current
 
 
 def scaling_of(spec: AutoscalingSpec) -> autoscale.RoleScaling:
@@ -169,9 +172,9 @@ class ModelScaler:
         self._roles = roles
         if not roles:
             return None
+        loads = {role: [pod_load(p) for p in pods.get(role, ())] for role in roles}
         for role in roles:  # for the cluster's autoscalers (the external metrics API)
-            loads = (pod_load(p) for p in pods.get(role, ()))
-            ROLE_LOADS.record(self.model.namespace, self.model.name, role, summarise(loads, now))
+            ROLE_LOADS.record(self.model.namespace, self.model.name, role, summarise(loads[role], now))
         scales = {role: await self._scale(role) for role in ("prefill", "decode")}
         current = {role: s.replicas for role, s in scales.items()}
         driven = {
@@ -180,19 +183,20 @@ class ModelScaler:
             if (a := spec.role(role).autoscaling) is not None and a.driver == "pdwarden"
         }
         band = spec.prefill_decode_ratio
+        ratio = autoscale.RatioBand(band.min, band.max) if band else None
         plan = autoscale.plan(
             roles=driven,
             current=current,
-            loads={role: [pod_load(p) for p in pods.get(role, ())] for role in driven},
+            loads={role: loads[role] for role in driven},
             memory=self.memory,
-            ratio=autoscale.RatioBand(band.min, band.max) if band else None,
+            ratio=ratio,
             now=now,
         )
         memory = dict(plan.memory)
         aims = {
             role: self._aim(role, decision, pods.get(role, ())) for role, decision in plan.decisions.items()
         }
-        written = await self._write(aims, scales, autoscale.RatioBand(band.min, band.max) if band else None)
+        written = await self._write(aims, scales, ratio)
         out: dict[str, Any] = {}
         for role in roles:
             autoscaling = spec.role(role).autoscaling
@@ -213,21 +217,16 @@ class ModelScaler:
             else:
                 decision = aim.decision
                 count = written.get(role)
-                if count is None:
-                    decision = replace(decision, desired=decision.current) if aim.writes else decision
-                else:
-                    decision = replace(decision, desired=count)
-                    self._announce(role, decision)
-                    self.last_scale[role] = to_rfc3339(now)
+                # unwritten (held, refused, not leading): the count stays where it is
+                decision = replace(decision, desired=decision.current if count is None else count)
                 # the step limits count what was written (a held, refused or cut change differs
                 # from what the plan recorded)
                 mem = memory[role]
                 kept = replace(mem, changes=tuple(c for c in mem.changes if c[0] != now))
                 memory[role] = autoscale.remember(kept, now, decision.desired - decision.current)
                 if count is not None:
-                    await self.post_event(
-                        "ScaledUp" if count > decision.current else "ScaledDown", decision.message, "Normal"
-                    )
+                    self.last_scale[role] = to_rfc3339(now)
+                    await self._announce(role, decision)
                 status = RoleAutoscalingStatus(
                     replicas=decision.current,
                     desired_replicas=decision.desired,
@@ -257,14 +256,13 @@ class ModelScaler:
         fewer, its victim chosen (each drains before the next goes), or nothing while a
         scale-in must wait (the decision then says why)."""
         if decision.desired >= decision.current:
-            return _Aim(decision, None, writes=decision.desired != decision.current)
+            return _Aim(decision, None)
         victim, why = scale_in_victim(pods)
         if victim is None:
             held = f"{role}: scale-in to {decision.desired} waits: {why}"
             return _Aim(
                 replace(decision, desired=decision.current, reason=autoscale.Reason.HELD, message=held),
                 None,
-                writes=False,
             )
         desired = decision.current - 1
         message = (
@@ -272,7 +270,7 @@ class ModelScaler:
             + f"; removing {victim.view.name}"
             + (" first" if desired > decision.desired else "")
         )
-        return _Aim(replace(decision, desired=desired, message=message), victim, writes=True, pods=pods)
+        return _Aim(replace(decision, desired=desired, message=message), victim, pods)
 
     async def _write(
         self, aims: Mapping[str, _Aim], scales: dict[str, kube_scale.Scale], band: autoscale.RatioBand | None
@@ -307,12 +305,14 @@ class ModelScaler:
             written[role] = count
         return written
 
-    def _announce(self, role: str, decision: autoscale.RoleDecision) -> None:
-        direction = "up" if decision.desired > decision.current else "down"
+    async def _announce(self, role: str, decision: autoscale.RoleDecision) -> None:
+        """A written count's metric, log line and Event."""
+        up = decision.desired > decision.current
         self.metrics.autoscale_decisions.labels(
-            self.model.namespace, self.model.name, role, direction, str(decision.reason)
+            self.model.namespace, self.model.name, role, "up" if up else "down", str(decision.reason)
         ).inc()
         log.info("%s/%s: %s", self.model.namespace, self.model.name, decision.message)
+        await self.post_event("ScaledUp" if up else "ScaledDown", decision.message, "Normal")
 
     async def _mark(self, victim: RolePod, pods: Sequence[RolePod]) -> None:
         """The victim is the pod the ReplicaSet removes first; no other pod keeps an older mark."""
