@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import ssl
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +28,8 @@ from pdwarden_localcluster.testing import wait_for
 from pdwarden_operator import external_metrics
 from pdwarden_operator.render import child_name
 
+from .test_helm_install import helm, helm_install
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 API = f"/apis/{external_metrics.GROUP_VERSION}"
@@ -38,57 +38,19 @@ METRIC = "pdwarden_role_inflight_requests"
 PORT = 6443  # the chart's externalMetrics.port
 
 
-def _run(
-    env: Env, *cmd: str, stdin: str | None = None, timeout: float = 300
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        list(cmd),
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "KUBECONFIG": str(env.kubeconfig)},
-        check=False,
-    )
-
-
 @pytest.fixture
 def release(env: Env) -> Iterator[str]:
     """The chart in the test's namespace, watching only it, with the external metrics API."""
     name = f"em-{env.namespace[-6:]}"
-    proc = _run(
-        env,
-        chart.find_tool("helm"),
-        "install",
-        name,
-        str(chart.CHART_DIR),
-        "-n",
-        env.namespace,
-        "--wait",
-        "--timeout",
-        "240s",
-        "--set",
-        "operator.scope=namespace",
-        "--set",
-        "externalMetrics.enabled=true",
-    )
+    values = ("--set", "operator.scope=namespace", "--set", "externalMetrics.enabled=true")
+    proc = helm_install(env.kubeconfig, "install", name, chart.CHART_DIR, env.namespace, *values)
     try:
         assert proc.returncode == 0, proc.stderr
         yield name
     finally:
         # also after a failed install: an APIService left behind with no one serving it
         # would stall every namespace deletion of the cluster (discovery fails)
-        _run(
-            env,
-            chart.find_tool("helm"),
-            "uninstall",
-            name,
-            "-n",
-            env.namespace,
-            "--wait",
-            "--timeout",
-            "120s",
-        )
+        helm(env.kubeconfig, "uninstall", name, "-n", env.namespace, "--wait", "--timeout", "120s")
 
 
 def _available(env: Env) -> bool:
