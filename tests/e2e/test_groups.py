@@ -272,7 +272,8 @@ def test_a_wedge_in_a_groups_leader_restarts_the_whole_group(kubectl: Kubectl, m
     # one entry for the group (not its pods one by one), naming the wedged rank
     assert entry["pod"] == group and entry["role"] == "prefill", entry
     assert f"rank 0 (pod {leader['metadata']['name']}) is wedged" in entry["reason"], entry
-    assert [e["pod"] for e in _remediations(kubectl, ns) if e.get("id") not in before] == [group]
+    new = [e for e in _remediations(kubectl, ns) if e.get("id") not in before]
+    assert [e["pod"] for e in new] == [group], new
 
     def replaced() -> bool:
         pods = _group_pods(kubectl, ns, group)

@@ -18,6 +18,8 @@ from pdwarden_operator.kube.access import FrontProxy, front_proxy_of
 from pdwarden_operator.watchdog.autoscale import PodLoad
 from pdwarden_operator.watchdog.role_load import RoleLoad, RoleLoads, summarise
 
+pytestmark = pytest.mark.unit
+
 MODEL, ROLE = contract.LABEL_MODEL, contract.LABEL_ROLE
 
 

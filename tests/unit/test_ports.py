@@ -6,6 +6,8 @@ import pytest
 
 from pdwarden_bench import ports
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.unit
 def test_shares_split_the_range_without_overlap(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,93 @@
+"""A second local cluster beside the shared one: a port in use is a clear error, and `up`
+after a killed run recovers while `down` leaves nothing of it (and keeps the shared one's).
+
+Exclusive: a second control plane and kubelets load the machine the other tests share."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdwarden_localcluster import network, procs, reserved_ports
+from pdwarden_localcluster.cluster import ClusterInfo, Ports, ports
+from tests.support.clusters import free_cluster_base
+
+pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+
+PDWARDEN = str(Path(sys.executable).parent / "pdwarden")
+
+
+OTHER_NODES = ["pdwarden-node-0", "pdwarden-node-1"]  # a CPU node and a GPU node
+
+
+def other_cluster_base() -> int:
+    """A port base whose every control-plane and kubelet port is free now (two nodes)."""
+    return free_cluster_base(len(OTHER_NODES))
+
+
+def _other_cluster_env(tmp_path: Path, base: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PDWARDEN_STATE_DIR": str(tmp_path / "state"),
+        "PDWARDEN_CLUSTER_PORT_BASE": str(base),
+        "PDWARDEN_CLUSTER_NODES": str(len(OTHER_NODES)),
+        "PDWARDEN_CLUSTER_CPU_NODES": "1",
+    }
+
+
+def test_a_port_in_use_is_a_clear_error(cluster: ClusterInfo, tmp_path: Path) -> None:
+    base = other_cluster_base()
+    env = _other_cluster_env(tmp_path, base)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", Ports(base).apiserver))
+        busy.listen()
+        proc = subprocess.run(
+            [PDWARDEN, "cluster", "up"], env=env, capture_output=True, text=True, timeout=120
+        )
+    assert proc.returncode == 1
+    assert f"port {Ports(base).apiserver}" in proc.stderr and "in use" in proc.stderr
+    assert not set(Ports(base).listening(len(OTHER_NODES))) & reserved_ports.reserved()  # none kept
+    assert "Traceback" not in proc.stderr
+
+
+def test_up_after_a_killed_run_recovers_and_down_leaves_nothing(cluster: ClusterInfo, tmp_path: Path) -> None:
+    base = other_cluster_base()
+    env = _other_cluster_env(tmp_path, base)
+    state = tmp_path / "state"
+    try:
+        first = subprocess.run(
+            [PDWARDEN, "cluster", "up", "--json"], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert first.returncode == 0, first.stderr
+        pids = json.loads(first.stdout)["processes"]
+        assert set(Ports(base).listening(len(OTHER_NODES))) <= reserved_ports.reserved()
+        for name in ("kube-apiserver", "kubelet"):  # a crash: no clean shutdown
+            os.kill(pids[name], signal.SIGKILL)
+        second = subprocess.run(
+            [PDWARDEN, "cluster", "up", "--json"], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert second.returncode == 0, second.stderr
+        assert "stopped leftovers" in second.stderr and "removing etcd data" in second.stderr
+        new = json.loads(second.stdout)
+        assert new["started"] is True and new["nodes"] == OTHER_NODES
+        assert not any(procs.start_time(pid) for pid in pids.values() if pid not in new["processes"].values())
+    finally:
+        down = subprocess.run(
+            [PDWARDEN, "cluster", "down"], env=env, capture_output=True, text=True, timeout=120
+        )
+    assert down.returncode == 0
+    for rec_file in (state / "pids").glob("*.json"):
+        raise AssertionError(f"pid file left behind: {rec_file}")
+    assert all(procs.start_time(pid) is None for pid in new["processes"].values())
+    assert not set(Ports(base).listening(len(OTHER_NODES))) & reserved_ports.reserved()
+    assert set(ports().listening(len(cluster.nodes))) <= reserved_ports.reserved()  # the shared one's kept
+    # no network namespace, link, route or firewall table of that cluster is left
+    assert network.leftovers(Ports(base).net) == []
+    assert network.blackhole_present()  # the running test cluster's routes still need it
