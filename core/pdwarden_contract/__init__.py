@@ -7,7 +7,7 @@ tested against them. Renaming a metric, a port or a label is one edit in one fil
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal, get_args
 
 # --- Kubernetes API group of the DisaggregatedModel resource -------------------------
 API_GROUP: Final = "pdwarden.io"
@@ -24,6 +24,16 @@ RUNTIME_ROLES: Final = (ROLE_PREFILL, ROLE_DECODE)
 # The role label of a runtime pod the watchdog drains: no Deployment selector and no router
 # discovery matches it any more; LABEL_QUARANTINED_ROLE keeps the role it served.
 ROLE_QUARANTINED: Final = "quarantined"
+
+# --- Engines and deadlines of a runtime pod (the spec's fields and the runtime's flags) ---
+# synthetic: a CPU stand-in with the same HTTP and metrics surface (no model); sglang: SGLang
+# itself with the NIXL hardening installed.
+Engine = Literal["synthetic", "sglang"]
+ENGINES: Final[tuple[Engine, ...]] = get_args(Engine)
+# Seconds a room may wait for or move KV, and a KV chunk's NIXL writes may stay in progress,
+# before the runtime fails the room (spec.transfer's defaults and the runtime's).
+DEFAULT_INFLIGHT_DEADLINE_S: Final = 300
+DEFAULT_TRANSFER_DEADLINE_S: Final = 60
 
 # --- Pod labels and annotations -----------------------------------------------------
 LABEL_MODEL: Final = "pdwarden.io/model"

@@ -366,7 +366,7 @@ class TransferSpec(_Base):
         pattern=r"^\^?[a-z0-9_]+(,[a-z0-9_]+)*$",
     )
     inflight_deadline_seconds: int = Field(
-        300,
+        contract.DEFAULT_INFLIGHT_DEADLINE_S,
         description="The runtime fails a KV room that has waited for or moved KV longer than this, "
         "counted from when it leaves Bootstrapping (queueing for bootstrap is not counted), on "
         "prefill and on decode (self-heal).",
@@ -374,7 +374,7 @@ class TransferSpec(_Base):
         le=86400,
     )
     transfer_deadline_seconds: int = Field(
-        60,
+        contract.DEFAULT_TRANSFER_DEADLINE_S,
         description=(
             "A KV chunk whose NIXL writes are not all done this long after they were posted fails "
             "its room on prefill; its NIXL handles are kept and polled until they can no longer "
@@ -906,7 +906,7 @@ class DisaggregatedModelSpec(_Base):
         min_length=1,
         max_length=512,
     )
-    engine: Literal["synthetic", "sglang"] = Field(
+    engine: contract.Engine = Field(
         "sglang",
         description="sglang serves the model; synthetic is a CPU stand-in with the same HTTP and "
         "metrics surface (demos and tests).",

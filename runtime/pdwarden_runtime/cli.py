@@ -113,7 +113,7 @@ def _deadline(value: str) -> float | None:
 
 @runtime.command("serve", context_settings={"ignore_unknown_options": False})
 @click.option("--role", type=click.Choice(c.RUNTIME_ROLES), required=True)
-@click.option("--engine", type=click.Choice(["synthetic", "sglang"]), default="synthetic", show_default=True)
+@click.option("--engine", type=click.Choice(c.ENGINES), default="synthetic", show_default=True)
 @click.option(
     "--host",
     default=lambda: os.environ.get(c.ENV_POD_IP) or "127.0.0.1",

@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 # Fault names are the contract's (tests and the demo post them to /debug/fault); re-exported.
+from pdwarden_contract import DEFAULT_INFLIGHT_DEADLINE_S, DEFAULT_TRANSFER_DEADLINE_S, FAULTS
 from pdwarden_contract import FAULT_DROP_ABORT as FAULT_DROP_ABORT
 from pdwarden_contract import FAULT_EMULATED_PORT_RACE as FAULT_EMULATED_PORT_RACE
 from pdwarden_contract import FAULT_NONE as FAULT_NONE
 from pdwarden_contract import FAULT_STALL as FAULT_STALL
 from pdwarden_contract import FAULT_STALL_KV_RECEIVE as FAULT_STALL_KV_RECEIVE
-from pdwarden_contract import FAULTS
 
 if TYPE_CHECKING:
     from pdwarden_runtime.hardening.runtime import RoomRuntime
@@ -62,8 +62,8 @@ ENV_METRICS_HOST: Final = "PDWARDEN_METRICS_HOST"
 ENV_METRICS_PORT: Final = "PDWARDEN_METRICS_PORT"
 ENV_ENGINE: Final = "PDWARDEN_ENGINE"
 
-DEFAULT_TRANSFER_DEADLINE: Final = 30.0
-DEFAULT_INFLIGHT_DEADLINE: Final = 300.0
+DEFAULT_TRANSFER_DEADLINE: Final = float(DEFAULT_TRANSFER_DEADLINE_S)
+DEFAULT_INFLIGHT_DEADLINE: Final = float(DEFAULT_INFLIGHT_DEADLINE_S)
 # How long the emulated-port race fault holds a finished chunk's status write, waiting
 # for the room's ABORT (it lets go as soon as the ABORT has been handled).
 DEFAULT_RACE_WINDOW: Final = 5.0
