@@ -34,6 +34,9 @@ from typing import Any, Final, Literal
 # The directory put first on PYTHONPATH; it holds nothing but sitecustomize.py.
 SITE_DIR: Final = Path(__file__).resolve().parent / "site"
 
+# The package whose names get_kv_class() imports for NIXL: its import arms the activation
+# (sglang_boot.activate) and it is the seam the hardening replaces names in (hardening).
+TRIGGER_MODULE: Final = "sglang.srt.disaggregation.nixl"
 ENV_HARDENING: Final = "PDWARDEN_HARDENING"  # "1" activates the seam
 ENV_HARDENING_CONFIG: Final = "PDWARDEN_HARDENING_CONFIG"  # JSON for hardening.install()
 # What a process does when activation fails: "exit" (the launcher: never serve

@@ -27,12 +27,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, Final
 
-from pdwarden_runtime.sglang_boot import ENV_HARDENING, ENV_HARDENING_CONFIG, ENV_ON_ERROR
+from pdwarden_runtime.sglang_boot import ENV_HARDENING, ENV_HARDENING_CONFIG, ENV_ON_ERROR, TRIGGER_MODULE
 
 SEAM: Final = "sitecustomize"
-# The package whose names get_kv_class() imports for NIXL (hardening.SEAM_MODULE reads it
-# from here; a literal so that arming imports nothing).
-TRIGGER_MODULE: Final = "sglang.srt.disaggregation.nixl"
 EXIT_ACTIVATION_FAILED: Final = 78  # EX_CONFIG
 
 # What happened in this process (read by the doctor's probe).
