@@ -144,7 +144,7 @@ def _deadline(value: str) -> float | None:
     default=f"{DEFAULT_INFLIGHT_DEADLINE:g}",
     show_default=True,
     help="Seconds a room may wait for or move KV (from leaving Bootstrapping) before it is "
-    "failed (D), or 'off'.",
+    "failed (the inflight_deadline fix), or 'off'.",
 )
 @click.option(
     "--transfer-deadline",
@@ -152,7 +152,7 @@ def _deadline(value: str) -> float | None:
     default=DEFAULT_TRANSFER_DEADLINE,
     show_default=True,
     help="Seconds a NIXL handle may stay in progress before the room fails and the handle is "
-    "quarantined (C).",
+    "quarantined (the transfer_deadline fix).",
 )
 @click.option(
     "--hardening",

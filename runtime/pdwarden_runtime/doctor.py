@@ -1,14 +1,16 @@
-"""`pdwarden runtime doctor --engine sglang [--json]`: is the hardening active where it matters?
+"""`pdwarden runtime doctor --engine sglang [--json]`: is the hardening active where it
+matters?
 
 In a fresh process tree started exactly like a hardened SGLang pod's (the launcher's
-environment; the ``spawn`` start method and ``multiprocessing.Process`` SGLang uses for
-its scheduler), it reports the installed sglang and nixl versions, whether pdwarden
-supports them, and whether each hardening fix (A-E) is active in the main process and in
-the spawned scheduler-like child; in that child it exercises the hardening on SGLang's real
-classes (``sglang_boot.behaviour``: a refused write to a Failed room, a stalled handle that
-fails its room without acking decode's pages, the overridden methods' signatures against
-the pinned upstream ones) and reports the pod's own configuration (the launcher's
-PDWARDEN_HARDENING_CONFIG and related environment). Exit status 0 only if everything is.
+environment; the ``spawn`` start method and ``multiprocessing.Process`` SGLang uses for its
+scheduler), it reports the installed sglang and nixl versions, whether pdwarden supports
+them, and whether each hardening fix (``hardening.config.Fix``) is active in the main
+process and in the spawned scheduler-like child; in that child it exercises the hardening on
+SGLang's real classes (``sglang_boot.behaviour``: a refused write to a Failed room, a
+stalled handle that fails its room without acking decode's pages, the overridden methods'
+signatures against the pinned upstream ones) and reports the pod's own configuration (the
+launcher's PDWARDEN_HARDENING_CONFIG and related environment). Exit status 0 only if
+everything is.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from typing import Any, Final
 
 import click
 
-from pdwarden_runtime.hardening.config import FIX_NAMES
+from pdwarden_runtime.hardening.config import Fix
 
-FIXES: Final = tuple(FIX_NAMES.values())
+FIXES: Final = tuple(fix.value for fix in Fix)
 PROCESSES: Final = ("main", "scheduler")
 PROBE_MODULE: Final = "pdwarden_runtime.sglang_boot.probe"
 DEFAULT_TIMEOUT_SECONDS: Final = 240.0

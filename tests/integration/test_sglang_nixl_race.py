@@ -248,7 +248,7 @@ def test_control_without_hardening_wedges(monkeypatch: pytest.MonkeyPatch, tmp_p
     # 15 s: well past the 5 s race window; a wedged room never concludes
     r = run_child(monkeypatch, tmp_path, config, free_port(), settle_s=15)
     assert r["seam"]["activated"] is True
-    assert r["fixes"]["A_sticky_status"] is False
+    assert r["fixes"]["sticky_status"] is False
     assert r["chunk_landed"]
     assert r["ended"] is False and r["prefill"] == "Transferring"
     assert r["prefill_inflight"] == 1

@@ -238,7 +238,7 @@ def test_hardening_config_is_accepted_by_the_hardening() -> None:
     config = HardeningConfig.from_mapping(hardening_config(options))
     assert config.inflight_deadline == 60.0 and config.transfer_deadline == 7.0
     assert config.fault.active == "drop-abort"
-    assert config.active_fixes()["A_sticky_status"] is False
+    assert config.active_fixes()["sticky_status"] is False
 
 
 def test_runtime_fault_switching_is_refused_for_sglang() -> None:

@@ -13,6 +13,7 @@ from pdwarden_runtime.hardening.config import (
     NO_FIXES,
     ConfigError,
     FaultSwitch,
+    Fix,
     HardeningConfig,
     config_for_mode,
     is_bench_mode,
@@ -49,8 +50,10 @@ def test_config_from_mapping_and_env() -> None:
     assert emulated.fixes == NO_FIXES and emulated.status_mode == "legacy" and not emulated.stock_classes
     assert config.transfer_deadline == 2.5 and config.inflight_deadline is None
     assert config.fault.active == "stall-transfers"
-    env = HardeningConfig.from_env({"PDWARDEN_FIXES": "A,C", "PDWARDEN_TRANSFER_DEADLINE": "7"})
-    assert env.fixes == frozenset({"A", "C"}) and env.transfer_deadline == 7.0
+    env = HardeningConfig.from_env(
+        {"PDWARDEN_FIXES": "sticky_status,transfer_deadline", "PDWARDEN_TRANSFER_DEADLINE": "7"}
+    )
+    assert env.fixes == {Fix.STICKY_STATUS, Fix.TRANSFER_DEADLINE} and env.transfer_deadline == 7.0
 
 
 def test_bench_stock_prompt_wake_mode_is_stock_classes_that_wake_at_once() -> None:
@@ -114,7 +117,21 @@ def test_env_errors_say_where_they_came_from() -> None:
 def test_parse_fixes_forms() -> None:
     assert parse_fixes("all") == ALL_FIXES
     assert parse_fixes("none") == frozenset()
-    assert parse_fixes(["A_sticky_status", "b"]) == frozenset({"A", "B"})
+    assert parse_fixes(["sticky_status", "No_Silent_Skip"]) == {Fix.STICKY_STATUS, Fix.NO_SILENT_SKIP}
+    assert HardeningConfig(fixes=frozenset({Fix.METRICS})).active_fixes() == {
+        "sticky_status": False,
+        "no_silent_skip": False,
+        "transfer_deadline": False,
+        "inflight_deadline": False,
+        "metrics": True,
+    }
+
+
+@pytest.mark.parametrize("raw", ["A,C", ["B"], "sticky_status,typo"])
+def test_an_unknown_fix_is_refused_with_the_known_names(raw: object) -> None:
+    """Fixes go by their names only (no letters): a typo must not turn a fix off."""
+    with pytest.raises(ConfigError, match=r"expected some of .*sticky_status"):
+        parse_fixes(raw)
 
 
 def test_fault_switch_changes_at_run_time_and_validates() -> None:

@@ -23,15 +23,15 @@ from typing import Any, Final
 
 from pdwarden_runtime.hardening.config import (
     ALL_FIXES,
-    FIX_NAMES,
     NO_FIXES,
     ConfigError,
     FaultSwitch,
+    Fix,
     HardeningConfig,
     installed_config,
     set_installed_config,
 )
-from pdwarden_runtime.sglang_boot.activate import TRIGGER_MODULE
+from pdwarden_runtime.sglang_boot import TRIGGER_MODULE
 
 SUPPORTED_SGLANG: Final = ("0.5.23",)
 SUPPORTED_NIXL: Final = ("1.5.1",)
@@ -119,19 +119,19 @@ def is_installed() -> bool:
 def active_fixes() -> dict[str, bool]:
     """Which fixes the hardened classes apply in this process (all False if not installed)."""
     if not _installed:
-        return dict.fromkeys(FIX_NAMES.values(), False)
+        return {fix.value: False for fix in Fix}
     return installed_config().active_fixes()
 
 
 __all__ = [
     "ALL_FIXES",
-    "FIX_NAMES",
     "NO_FIXES",
     "SEAM_MODULE",
     "SUPPORTED_NIXL",
     "SUPPORTED_SGLANG",
     "ConfigError",
     "FaultSwitch",
+    "Fix",
     "HardeningConfig",
     "UnsupportedVersionError",
     "active_fixes",

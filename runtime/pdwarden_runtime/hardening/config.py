@@ -11,6 +11,7 @@ import dataclasses
 import os
 import threading
 from collections.abc import Callable, Mapping
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
 # Fault names are the contract's (tests and the demo post them to /debug/fault); re-exported.
@@ -25,19 +26,22 @@ if TYPE_CHECKING:
     from pdwarden_runtime.hardening.runtime import RoomRuntime
     from pdwarden_runtime.status import Mode
 
-# The fixes, by letter: the keys of active_fixes() are their long names.
-FIX_NAMES: Final = {
-    "A": "A_sticky_status",
-    "B": "B_no_silent_skip",
-    "C": "C_transfer_deadline",
-    "D": "D_inflight_deadline",
-    "E": "E_metrics",
-}
-ALL_FIXES: Final = frozenset(FIX_NAMES)
-# No fix: only metrics (E), which observe. With the hardened classes this is the emulated
+
+class Fix(StrEnum):
+    """The hardening's fixes, named for what they do (each one: hardening/nixl.py)."""
+
+    STICKY_STATUS = "sticky_status"  # Failed and Success are terminal (off: the max() rule)
+    NO_SILENT_SKIP = "no_silent_skip"  # a chunk a worker would skip fails its room, aloud
+    TRANSFER_DEADLINE = "transfer_deadline"  # stalled handles are quarantined, never released
+    INFLIGHT_DEADLINE = "inflight_deadline"  # a room waiting or moving KV too long is failed
+    METRICS = "metrics"  # the contract's metrics, and every hook guarded
+
+
+ALL_FIXES: Final = frozenset(Fix)
+# No fix: only metrics, which observe. With the hardened classes this is the emulated
 # NIXL port (``max()`` status rule); with ``--hardening off`` the stock classes run and
 # the metrics are read from outside them.
-NO_FIXES: Final = frozenset({"E"})
+NO_FIXES: Final = frozenset({Fix.METRICS})
 # --hardening: on = every fix; off = SGLang 0.5.23's NIXL classes, untouched (the control);
 # emulated-port = pdwarden's classes with no fix and the old max() status rule: an
 # emulation of the NIXL port the emulated-port race fault reproduces (tests, the demo).
@@ -52,7 +56,7 @@ HARDENING_MODES: Final = (HARDENING_ON, HARDENING_OFF, HARDENING_EMULATED_PORT)
 HARDENING_BENCH_STOCK_PROMPT_WAKE: Final = "bench-stock-prompt-wake"
 BENCH_HARDENING_MODES: Final = (HARDENING_BENCH_STOCK_PROMPT_WAKE,)
 
-ENV_FIXES: Final = "PDWARDEN_FIXES"  # "A,B,C,D,E" | "all" | "none"
+ENV_FIXES: Final = "PDWARDEN_FIXES"  # "sticky_status,metrics" (Fix values) | "all" | "none"
 ENV_HARDENING_MODE: Final = "PDWARDEN_HARDENING_MODE"  # one of HARDENING_MODES
 ENV_TRANSFER_DEADLINE: Final = "PDWARDEN_TRANSFER_DEADLINE"
 ENV_INFLIGHT_DEADLINE: Final = "PDWARDEN_INFLIGHT_DEADLINE"
@@ -102,7 +106,7 @@ class FaultSwitch:
 class HardeningConfig:
     """What the hardened NIXL classes do. Defaults: every fix on, no fault."""
 
-    fixes: frozenset[str] = ALL_FIXES
+    fixes: frozenset[Fix] = ALL_FIXES
     transfer_deadline: float = DEFAULT_TRANSFER_DEADLINE
     inflight_deadline: float | None = DEFAULT_INFLIGHT_DEADLINE
     fault: FaultSwitch = dataclasses.field(default_factory=FaultSwitch)
@@ -121,12 +125,7 @@ class HardeningConfig:
     on_runtime: Callable[[RoomRuntime], None] | None = None
 
     def __post_init__(self) -> None:
-        unknown = set(self.fixes) - ALL_FIXES
-        if unknown:
-            raise ConfigError(
-                f"unknown hardening fix(es) {sorted(unknown)}; expected letters of {sorted(ALL_FIXES)}"
-            )
-        self.fixes = frozenset(self.fixes)
+        self.fixes = parse_fixes(list(self.fixes))
         if not self.transfer_deadline > 0:
             raise ConfigError(f"transfer deadline must be > 0 seconds, got {self.transfer_deadline!r}")
         if self.inflight_deadline is not None and not self.inflight_deadline > 0:
@@ -138,20 +137,21 @@ class HardeningConfig:
         if isinstance(self.fault, str):
             self.fault = FaultSwitch(self.fault)
 
-    def has(self, letter: str) -> bool:
-        return letter in self.fixes
+    def has(self, fix: Fix) -> bool:
+        return fix in self.fixes
 
     @property
     def status_mode(self) -> Mode:
-        return "sticky" if self.has("A") else "legacy"
+        return "sticky" if self.has(Fix.STICKY_STATUS) else "legacy"
 
     def active_fixes(self) -> dict[str, bool]:
-        return {name: letter in self.fixes for letter, name in FIX_NAMES.items()}
+        return {fix.value: fix in self.fixes for fix in Fix}
 
     # --- builders ---------------------------------------------------------------------
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> HardeningConfig:
-        """From JSON-like data: keys are the field names (``fixes`` as "A,B" or a list,
+        """From JSON-like data: keys are the field names (``fixes`` as "sticky_status,metrics"
+        or a list of Fix values,
         ``hardening``: "on"/"off" as a shorthand). Unknown keys are an error."""
         data = dict(values)
         kwargs: dict[str, Any] = {}
@@ -207,8 +207,8 @@ class HardeningConfig:
             raise ConfigError(f"{err} (from PDWARDEN_* environment variables)") from None
 
 
-def parse_fixes(raw: Any) -> frozenset[str]:
-    """ "A,B,C" | ["A", "B"] | "all" | "none" -> a set of fix letters."""
+def parse_fixes(raw: Any) -> frozenset[Fix]:
+    """ "sticky_status,metrics" | ["sticky_status", "metrics"] | "all" | "none" -> the fixes."""
     if isinstance(raw, str):
         text = raw.strip()
         if text.lower() in ("all", "on"):
@@ -220,14 +220,14 @@ def parse_fixes(raw: Any) -> frozenset[str]:
         items = [str(part).strip() for part in raw]
     else:
         raise ConfigError(f"fixes must be a comma-separated string or a list, got {raw!r}")
-    letters = {item[:1].upper() for item in items}
-    unknown = letters - ALL_FIXES
+    known = {fix.value: fix for fix in Fix}
+    unknown = sorted({item for item in items if item.lower() not in known})
     if unknown:
-        raise ConfigError(f"unknown hardening fix(es) {sorted(unknown)} in {raw!r}")
-    return frozenset(letters)
+        raise ConfigError(f"unknown hardening fix(es) {unknown} in {raw!r}; expected some of {sorted(known)}")
+    return frozenset(known[item.lower()] for item in items)
 
 
-def _fixes_for_mode(mode: str) -> frozenset[str]:
+def _fixes_for_mode(mode: str) -> frozenset[Fix]:
     lowered = mode.strip().lower()
     if lowered in ("on", "1", "true", "yes"):
         return ALL_FIXES

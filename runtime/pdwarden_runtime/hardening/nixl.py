@@ -1,31 +1,33 @@
 """SGLang's NIXL KV classes, hardened by subclassing (no SGLang code is copied).
 
-What each override adds (letters as in ``FIX_NAMES``):
+What each override adds (by ``Fix``):
 
-- A ``request_status`` is a ``RoomStatusMap`` over pdwarden's ``RoomStatusTable`` and
-  ``update_status`` writes through it: Failed and Success are terminal, refused writes
-  are counted. With A off the table runs the emulated port's ``max()`` rule (legacy).
-- B every chunk a transfer worker takes off its queue passes ``_pdw_chunk_taken``: if the
-  worker is about to skip it silently (room cleared, Failed, or its transfer info gone),
-  the room is concluded Failed and decode gets ``KV_STATUS Failed`` once no chunk of the
-  room can still write into decode's pages (``RoomLedger``). The same notice covers a
-  prefill-side abort and metadata that arrives for a room that already ended.
-  ``add_transfer_request`` for a live room that lost its transfer info fails the room
+- ``sticky_status``: ``request_status`` is a ``RoomStatusMap`` over pdwarden's
+  ``RoomStatusTable`` and ``update_status`` writes through it: Failed and Success are
+  terminal, refused writes are counted. Without it the table runs the emulated port's
+  ``max()`` rule (legacy).
+- ``no_silent_skip``: every chunk a transfer worker takes off its queue passes
+  ``_pdw_chunk_taken``: if the worker is about to skip it silently (room cleared, Failed, or
+  its transfer info gone), the room is concluded Failed and decode gets ``KV_STATUS Failed``
+  once no chunk of the room can still write into decode's pages (``RoomLedger``). The same
+  notice covers a prefill-side abort and metadata that arrives for a room that already
+  ended. ``add_transfer_request`` for a live room that lost its transfer info fails the room
   instead of dropping the chunk silently.
-- C ``_await_handles`` stops waiting for handles that stay in PROC past the transfer
-  deadline (a stalled peer) but never reports them settled: a released WRITE can still
-  land. The handles go to ``HandleQuarantine`` and the batch is reported unsettled, so
-  SGLang's own failure path fails the room for prefill (the worker moves on) and keeps
-  the chunk counted; decode's KV_STATUS and drain ACK go out only once the quarantine
-  saw every handle end (DONE, ERR, or its peer disconnected). Until then later chunks
-  for the same decode peer fail before anything is posted.
-- D the inflight tracker's deadline fails any room that has waited for or moved KV too
-  long (from leaving Bootstrapping: queueing is not a wedge). On prefill decode is told
-  like in B; on decode the engine aborts the room and holds its pages until prefill
-  acknowledges the drain. A prefill room still waiting for decode's metadata is bounded by
-  the same deadline: SGLang's bootstrap timeout (300 s) is lowered to it, so a room whose
-  decode leg is gone without a word never holds a client longer than the deadline.
-- E the table, tracker, RuntimeMetrics and thread watch live in ``RoomRuntime``
+- ``transfer_deadline``: ``_await_handles`` stops waiting for handles that stay in PROC past
+  the transfer deadline (a stalled peer) but never reports them settled: a released WRITE
+  can still land. The handles go to ``HandleQuarantine`` and the batch is reported
+  unsettled, so SGLang's own failure path fails the room for prefill (the worker moves on)
+  and keeps the chunk counted; decode's KV_STATUS and drain ACK go out only once the
+  quarantine saw every handle end (DONE, ERR, or its peer disconnected). Until then later
+  chunks for the same decode peer fail before anything is posted.
+- ``inflight_deadline``: the inflight tracker's deadline fails any room that has waited for
+  or moved KV too long (from leaving Bootstrapping: queueing is not a wedge). On prefill
+  decode is told as with ``no_silent_skip``; on decode the engine aborts the room and holds
+  its pages until prefill acknowledges the drain. A prefill room still waiting for decode's
+  metadata is bounded by the same deadline: SGLang's bootstrap timeout (300 s) is lowered to
+  it, so a room whose decode leg is gone without a word never holds a client longer than the
+  deadline.
+- ``metrics``: the table, tracker, RuntimeMetrics and thread watch live in ``RoomRuntime``
   (``mgr.pdwarden``). Every hook pdwarden adds inside SGLang's threads runs under
   ``RoomRuntime.guard``: an exception in it is logged and counted
   (``pdwarden_runtime_errors_total{where}``) and the thread goes on.
@@ -72,6 +74,7 @@ from pdwarden_runtime.hardening.config import (
     FAULT_NONE,
     FAULT_STALL,
     FAULT_STALL_KV_RECEIVE,
+    Fix,
     HardeningConfig,
     installed_config,
 )
@@ -180,7 +183,7 @@ class _WatchedQueue:
 
 
 class HardenedNixlKVManager(NixlKVManager):
-    """NixlKVManager with pdwarden's fixes A-E (see the module docstring)."""
+    """NixlKVManager with pdwarden's fixes (``Fix``; see the module docstring)."""
 
     pdwarden: RoomRuntime
 
@@ -212,7 +215,7 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_stalled_agent: StalledAgent | None = None
         self._pdw_stall_lock = threading.Lock()
         self._pdw_stall_seen = False
-        if role == ROLE_PREFILL and config.has("C"):
+        if role == ROLE_PREFILL and config.has(Fix.TRANSFER_DEADLINE):
             # Built before SGLang's workers start: they may hand it a batch at once.
             self._pdw_quarantine = HandleQuarantine(
                 read_state=self._pdw_quarantined_state,
@@ -336,13 +339,13 @@ class HardenedNixlKVManager(NixlKVManager):
 
     # --- B: failed rooms are concluded and decode is told ----------------------------
     def _pdw_room_failed(self, room: int, reason: str) -> None:
-        if self.pdwarden.role != ROLE_PREFILL or not self._pdw_config.has("B"):
+        if self.pdwarden.role != ROLE_PREFILL or not self._pdw_config.has(Fix.NO_SILENT_SKIP):
             return
         self.pdwarden.ledger.failed(room, reason)
         self._pdw_send_failure_notice(room)
 
     def _pdw_send_failure_notice(self, room: int) -> None:
-        if not self._pdw_config.has("B"):
+        if not self._pdw_config.has(Fix.NO_SILENT_SKIP):
             return
         claim = self.pdwarden.ledger.claim_failure_notice(room)
         if claim is None:
@@ -375,7 +378,7 @@ class HardenedNixlKVManager(NixlKVManager):
         self.pdwarden.table.update(room, KVPoll.WaitingForInput)  # refused, counted
         self.transfer_infos.pop(room, None)
         self.req_to_decode_prefix_len.pop(room, None)
-        if self._pdw_config.has("B"):
+        if self._pdw_config.has(Fix.NO_SILENT_SKIP):
             self.pdwarden.ledger.failed(room, "prefill room ended before decode's metadata arrived")
             self._pdw_send_failure_notice(room)
         self.pdwarden.ledger.cleared(room)
@@ -436,7 +439,7 @@ class HardenedNixlKVManager(NixlKVManager):
         room = chunk.room
         self.pdwarden.ledger.dequeued(room)
         self._pdw_fail_if_peer_stalled(room)
-        if not self._pdw_config.has("B"):
+        if not self._pdw_config.has(Fix.NO_SILENT_SKIP):
             return
         status = self.pdwarden.table.get(room)
         if status is None:
@@ -470,14 +473,14 @@ class HardenedNixlKVManager(NixlKVManager):
     def _await_handles(self, handles: list[Any], *, failure_seen: bool) -> tuple[bool, bool]:
         config = self._pdw_config
         fault = config.fault.active
-        if not config.has("C") and fault == FAULT_NONE:
+        if not config.has(Fix.TRANSFER_DEADLINE) and fault == FAULT_NONE:
             return super()._await_handles(handles, failure_seen=failure_seen)
         if not handles:
             return True, failure_seen
         chunk = getattr(self._pdw_tls, "chunk", None)
         stalled = fault == FAULT_STALL
         start = time.monotonic()
-        handle_deadline = start + config.transfer_deadline if config.has("C") else None
+        handle_deadline = start + config.transfer_deadline if config.has(Fix.TRANSFER_DEADLINE) else None
         settle_deadline = start + NIXL_ERR_SETTLE_TIMEOUT_S if failure_seen else None
         spin_until = start + _SPIN_S
         while True:
@@ -652,7 +655,7 @@ class HardenedNixlKVManager(NixlKVManager):
         """B: an ABORT for a room this prefill has not opened (decode gave up before the
         prefill request arrived) is kept, so the room fails at open; SGLang drops it and
         the room then waits out the bootstrap timeout."""
-        if not self._pdw_config.has("B") or not msg or msg[0] != ABORT_TAG:
+        if not self._pdw_config.has(Fix.NO_SILENT_SKIP) or not msg or msg[0] != ABORT_TAG:
             return
         notification = AbortNotification.from_zmq(msg)
         if notification is None:
@@ -695,7 +698,7 @@ class HardenedNixlKVManager(NixlKVManager):
         """B: SGLang drops a chunk of a room without transfer info without a word. For a
         live room whose decode metadata was seen (so not a dummy rank), that chunk would
         never be sent and the room would wait forever: fail the room instead."""
-        if not self._pdw_config.has("B") or room in self.transfer_infos:
+        if not self._pdw_config.has(Fix.NO_SILENT_SKIP) or room in self.transfer_infos:
             return
         status = self.pdwarden.table.get(room)
         if status is None or status in (KVPoll.Failed, KVPoll.Success):
@@ -866,8 +869,8 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
         if int(state) == KVPoll.Failed:
             deadline_rooms = mgr.pdwarden.decode_deadline_rooms
             if room in deadline_rooms:
-                # D on decode: the prefill may be alive and still writing. Abort it (both
-                # engines poll here) so its pages are held until it drains.
+                # inflight_deadline on decode: the prefill may be alive and still writing.
+                # Abort it (both engines poll here) so its pages are held until it drains.
                 deadline_rooms.discard(room)
                 with mgr._pdw_guard(WHERE_DEADLINE):
                     self.ensure_abort_notified()

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Final
 
 from pdwarden_contract import ROLE_DECODE, ROLE_PREFILL
-from pdwarden_runtime.hardening.config import HardeningConfig
+from pdwarden_runtime.hardening.config import Fix, HardeningConfig
 from pdwarden_runtime.hardening.held_pages import HeldPages
 from pdwarden_runtime.hardening.rooms import RoomLedger, RoomStatusMap
 from pdwarden_runtime.hardening.threads import ThreadWatch
@@ -61,7 +61,7 @@ class RoomRuntime:
         self.config = config
         self.role = role
         self.table = RoomStatusTable(mode=config.status_mode)
-        deadline = config.inflight_deadline if config.has("D") else None
+        deadline = config.inflight_deadline if config.has(Fix.INFLIGHT_DEADLINE) else None
         self.tracker = InflightTracker(self.table, deadline=deadline)
         self.threads = ThreadWatch()
         self.quarantine: HandleQuarantine | None = None
@@ -146,7 +146,7 @@ class RoomRuntime:
         if deadline is not None:
             self.reaper = self.tracker.start_reaper(interval=min(1.0, max(0.05, deadline / 10)))
             self.threads.watch(self.reaper.thread)
-        if self.config.metrics_port is not None and self.config.has("E"):
+        if self.config.metrics_port is not None and self.config.has(Fix.METRICS):
             self.metrics_server = serve_metrics(
                 self.metrics.registry, self.config.metrics_host, self.config.metrics_port
             )

@@ -88,7 +88,7 @@ def check_signatures() -> dict[str, Any]:
 
 def behaviour_checks(free_port: Callable[[], int]) -> dict[str, Any]:
     """Run the checks; never raises (an error is a failed check with its message)."""
-    from pdwarden_runtime.hardening.config import FaultSwitch, installed_config
+    from pdwarden_runtime.hardening.config import ALL_FIXES, FaultSwitch, installed_config
 
     report: dict[str, Any] = {"signatures": _guarded(check_signatures)}
     config = dataclasses.replace(
@@ -97,7 +97,7 @@ def behaviour_checks(free_port: Callable[[], int]) -> dict[str, Any]:
         fault=FaultSwitch(),
         metrics_port=None,
         stock_classes=False,
-        fixes=frozenset("ABCDE"),
+        fixes=ALL_FIXES,
         inflight_deadline=None,
     )
     try:
