@@ -7,25 +7,28 @@ a crash between the two leaves an in-flight entry that the next run resumes, not
 `apply_results` then folds the performed actions' outcomes back in. Outcomes move only
 along `outcome.TRANSITIONS`; an in-flight entry finds its remediation entry by its stable id.
 
-Guards, in order: the fleet brake (operator-wide: nothing is performed while it holds);
+A round is `STEPS` in order: settle or resume what is in flight, roll the budget window,
+adopt quarantined pods no remediation knows of, act on new wedges. A new wedge passes
+`GUARDS`, in order: the fleet brake (operator-wide: nothing is performed while it holds);
 one remediation per pod at a time (in-flight entries); the budget (`maxRemediations` per
 `budgetWindowSeconds`); the cooldown after an action (model-wide: a removed pod's peers of
 the other role need time to let go of its rooms); never more than `maxUnavailable` pods of
-one role down (not Ready, terminating, missing, or under remediation). `alert` only
-reports: no budget, no cooldown, one alert per wedge episode.
+one role down (not Ready, terminating, missing, or under remediation). `alert` only reports:
+no budget, no cooldown, one alert per wedge episode.
 
-`drain` takes several rounds, one phase each (outcome.py): quarantine the pod (a `quarantine`
-action: its role label changes, so its ReplicaSet starts a replacement and the router drops
-it); each later round, once its healthy requests are done (drain.py) and the role has its
-desired Ready pods again, or once `drainSeconds` passed, record DRAINED or DRAIN_DEADLINE
-and delete it (a `finish-drain` action), which aborts what remains. A quarantined pod with
-no open remediation (found on start-up) is adopted and finished the same way.
+`drain` takes several rounds, one phase each (outcome.py; the next step: `DRAIN_PHASES`):
+quarantine the pod (a `quarantine` action: its role label changes, so its ReplicaSet starts
+a replacement and the router drops it); each later round, once its healthy requests are done
+(drain.py) and the role has its desired Ready pods again, or once `drainSeconds` passed,
+record DRAINED or DRAIN_DEADLINE and delete it (a `finish-drain` action), which aborts what
+remains. A quarantined pod with no open remediation (found on start-up) is adopted and
+finished the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pdwarden_contract import RUNTIME_ROLES
@@ -131,23 +134,71 @@ def _replacement_ready(role: str, pods: Sequence[PodView], desired: Mapping[str,
     return serving >= desired.get(role, 0)
 
 
-def _drain_step(
-    flight: InFlight,
-    pods: Sequence[PodView],
-    desired: Mapping[str, int],
-    drained: Mapping[str, bool],
-    settings: WatchdogSpec,
-    now: float,
-) -> tuple[ActionKind | None, Outcome | None]:
+@dataclass(frozen=True)
+class _Round:
+    """What one round sees; `pods` sorted by name, so that decisions come in a stable order."""
+
+    verdicts: Mapping[str, Verdict]
+    pods: Sequence[PodView]
+    by_uid: Mapping[str, PodView]
+    settings: WatchdogSpec
+    now: float
+    desired: Mapping[str, int]
+    brake: bool
+    drained: Mapping[str, bool]
+
+
+@dataclass
+class _Draft:
+    """The plan being built: the state so far (intent recorded as it is decided), and what the
+    round will perform and report."""
+
+    state: WatchdogState
+    actions: list[Action] = field(default_factory=list)
+    notices: list[Notice] = field(default_factory=list)
+
+    def set_outcome(self, flight: InFlight, outcome: Outcome, now: float | None = None) -> None:
+        self.state = _set_outcome(self.state, flight, outcome, now)
+
+    def is_open(self, uid: str) -> bool:
+        return any(f.uid == uid for f in self.state.in_flight)
+
+
+# --- An open drain's phases: the first row whose condition holds gives the next step -----
+
+
+def _not_quarantined_yet(flight: InFlight, rnd: _Round) -> bool:
+    return flight.quarantined_at is None
+
+
+def _decided_earlier(flight: InFlight, rnd: _Round) -> bool:
+    # a phase recorded, then a crash or a failed deletion: delete again
+    return flight.last_outcome in (Outcome.DRAINED, Outcome.DRAIN_DEADLINE)
+
+
+def _drain_deadline_passed(flight: InFlight, rnd: _Round) -> bool:
+    since = flight.quarantined_at
+    return since is not None and rnd.now >= since + rnd.settings.drain_seconds
+
+
+def _drained_and_replaced(flight: InFlight, rnd: _Round) -> bool:
+    return rnd.drained.get(flight.uid, False) and _replacement_ready(flight.role, rnd.pods, rnd.desired)
+
+
+# (condition, action to perform, phase reached or None); no row holds: wait for the next round.
+DRAIN_PHASES: tuple[tuple[Callable[[InFlight, _Round], bool], ActionKind, Outcome | None], ...] = (
+    (_not_quarantined_yet, "quarantine", None),
+    (_decided_earlier, "finish-drain", None),
+    (_drain_deadline_passed, "finish-drain", Outcome.DRAIN_DEADLINE),
+    (_drained_and_replaced, "finish-drain", Outcome.DRAINED),
+)
+
+
+def _drain_step(flight: InFlight, rnd: _Round) -> tuple[ActionKind | None, Outcome | None]:
     """The next step of an open drain: (action to perform or None to wait, phase reached or None)."""
-    if flight.quarantined_at is None:
-        return "quarantine", None
-    if flight.last_outcome in (Outcome.DRAINED, Outcome.DRAIN_DEADLINE):
-        return "finish-drain", None  # decided earlier (then a crash, or the deletion failed)
-    if now >= flight.quarantined_at + settings.drain_seconds:
-        return "finish-drain", Outcome.DRAIN_DEADLINE
-    if drained.get(flight.uid, False) and _replacement_ready(flight.role, pods, desired):
-        return "finish-drain", Outcome.DRAINED
+    for holds, action, phase in DRAIN_PHASES:
+        if holds(flight, rnd):
+            return action, phase
     return None, None
 
 
@@ -181,6 +232,290 @@ def _drain_notice(flight: InFlight, phase: Outcome, settings: WatchdogSpec, now:
     return Notice(flight.pod, "DrainDeadlinePassed", message, "drain", phase)
 
 
+# --- The guards a new wedge passes before it is acted on, in order -----------------------
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A guard's refusal: the outcome recorded, the Event's reason and its message."""
+
+    outcome: Outcome
+    event_reason: str
+    message: str
+
+
+def _brake_engaged(rnd: _Round, state: WatchdogState, pod: PodView) -> Skip | None:
+    if not rnd.brake:
+        return None
+    return Skip(
+        Outcome.SKIPPED_BRAKE,
+        "FleetBrakeEngaged",
+        f"a brake is engaged (too many wedges or remediations in the namespace or the fleet); "
+        f"not acting on wedged {pod.role} pod {pod.name}",
+    )
+
+
+def _budget_spent(rnd: _Round, state: WatchdogState, pod: PodView) -> Skip | None:
+    settings = rnd.settings
+    if state.used < settings.max_remediations:
+        return None
+    return Skip(
+        Outcome.SKIPPED_BUDGET,
+        "RemediationBudgetExhausted",
+        f"budget spent: {state.used}/{settings.max_remediations} remediations in "
+        f"{settings.budget_window_seconds:g}s; not acting on wedged {pod.role} pod {pod.name}",
+    )
+
+
+def _cooling_down(rnd: _Round, state: WatchdogState, pod: PodView) -> Skip | None:
+    until = state.cooldown_until.get(pod.role, 0.0)
+    if rnd.now >= until:
+        return None
+    return Skip(
+        Outcome.SKIPPED_COOLDOWN,
+        "RemediationDeferred",
+        f"cooldown after the last remediation for {until - rnd.now:.0f}s more; wedged {pod.role} pod "
+        f"{pod.name} waits",
+    )
+
+
+def _too_many_unavailable(rnd: _Round, state: WatchdogState, pod: PodView) -> Skip | None:
+    down = _unavailable(pod.role, rnd.pods, state, rnd.desired)
+    after = len(down) + (0 if pod.uid in down else 1)
+    if after <= rnd.settings.max_unavailable:
+        return None
+    return Skip(
+        Outcome.SKIPPED_MAX_UNAVAILABLE,
+        "RemediationDeferred",
+        f"{len(down)} {pod.role} pod(s) already unavailable (maxUnavailable="
+        f"{rnd.settings.max_unavailable}); wedged pod {pod.name} waits",
+    )
+
+
+GUARDS: tuple[Callable[[_Round, WatchdogState, PodView], Skip | None], ...] = (
+    _brake_engaged,
+    _budget_spent,
+    _cooling_down,
+    _too_many_unavailable,
+)
+
+
+# --- The round's steps ----------------------------------------------------------------------
+
+
+def _settle_in_flight(rnd: _Round, draft: _Draft) -> None:
+    """Settle or resume what is already in flight."""
+    kept: list[InFlight] = []
+    for flight in draft.state.in_flight:  # (the tuple as the round found it)
+        settled = _settle(rnd, draft, flight)
+        if settled is not None:
+            kept.append(settled)
+    draft.state = replace(draft.state, in_flight=tuple(kept))
+
+
+def _settle(rnd: _Round, draft: _Draft, flight: InFlight) -> InFlight | None:
+    """One open remediation: None once it is over, else the entry kept (and its next action
+    planned, unless the brake holds it or a Retry-After has not passed)."""
+    pod = rnd.by_uid.get(flight.uid)
+    gone = pod is None or pod.terminating
+    if flight.action == "alert":
+        verdict = rnd.verdicts.get(flight.uid)
+        over = gone or (verdict is not None and verdict.cleared)  # the alert episode is over
+        return None if over else flight
+    if gone:
+        if flight.last_outcome in RETRYING:
+            draft.set_outcome(flight, Outcome.POD_GONE)
+        return None
+    if flight.last_outcome == Outcome.ERROR and flight.attempts >= MAX_ATTEMPTS:
+        draft.set_outcome(flight, Outcome.FAILED)
+        draft.notices.append(
+            Notice(
+                flight.pod,
+                "RemediationFailed",
+                f"gave up {flight.action} of {flight.role} pod {flight.pod} after {flight.attempts} attempts",
+                flight.action,
+                Outcome.FAILED,
+            )
+        )
+        return None
+    held = rnd.brake or (flight.not_before is not None and rnd.now < flight.not_before)
+    # a drain deleted and not yet gone, or a restart or eviction done: wait for the pod to go
+    if held or flight.last_outcome not in RETRYING:
+        return flight
+    if flight.action != "drain":
+        draft.actions.append(_resumed(flight, "evict" if flight.action == "evict" else "restart"))
+        return flight
+    step, phase = _drain_step(flight, rnd)
+    if phase is not None:
+        draft.set_outcome(flight, phase, rnd.now)
+        flight = replace(flight, last_outcome=phase)
+        draft.notices.append(_drain_notice(flight, phase, rnd.settings, rnd.now))
+    if step is not None:
+        draft.actions.append(_resumed(flight, step))
+    return flight
+
+
+def _roll_budget_window(rnd: _Round, draft: _Draft) -> None:
+    """A new budget window once the last one has passed."""
+    state = draft.state
+    if state.window_start is not None and rnd.now - state.window_start >= rnd.settings.budget_window_seconds:
+        draft.state = replace(state, window_start=None, used=0, exhausted=False)
+
+
+def _adopt_quarantined(rnd: _Round, draft: _Draft) -> None:
+    """Quarantined pods no open remediation knows of (an interrupted drain whose status was
+    lost): adopted, so that they are finished, never leaked. Already charged: no budget."""
+    for pod in rnd.pods:
+        if not pod.quarantined or pod.terminating or draft.is_open(pod.uid):
+            continue
+        since = pod.quarantined_at if pod.quarantined_at is not None else rnd.now
+        reason = "quarantined pod found with no open remediation"
+        flight = InFlight(
+            pod.name,
+            pod.uid,
+            pod.role,
+            "drain",
+            since,
+            draft.state.next_id,
+            reason,
+            attempts=1,
+            last_outcome=Outcome.QUARANTINED,
+            quarantined_at=since,
+        )
+        entry = Remediation(
+            0,
+            pod.name,
+            pod.role,
+            reason,
+            "drain",
+            since,
+            Outcome.QUARANTINED,
+            phases=((Outcome.QUARANTINED, rnd.now),),
+        )
+        draft.state = replace(draft.state, in_flight=(*draft.state.in_flight, flight)).with_remediation(entry)
+        draft.notices.append(
+            Notice(
+                pod.name,
+                "QuarantinedPodAdopted",
+                f"{pod.role} pod {pod.name} is quarantined with no open remediation: finishing its drain",
+                "drain",
+                None,
+            )
+        )
+
+
+def _act_on_new_wedges(rnd: _Round, draft: _Draft) -> None:
+    """Each wedged pod with no open remediation: alerted, refused by the first guard that
+    holds, or acted on (budget charged, cooldown set, intent recorded)."""
+    for pod in rnd.pods:
+        verdict = rnd.verdicts.get(pod.uid)
+        if verdict is None or not verdict.wedged or pod.terminating or pod.quarantined:
+            continue
+        if draft.is_open(pod.uid):
+            continue
+        if rnd.settings.action == "alert":
+            _alert(rnd, draft, pod, verdict)
+            continue
+        skip = next((found for guard in GUARDS if (found := guard(rnd, draft.state, pod)) is not None), None)
+        if skip is not None:
+            _refuse(rnd, draft, pod, verdict, skip)
+        else:
+            _start(rnd, draft, pod, verdict)
+
+
+def _alert(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict) -> None:
+    """`alert` only reports: no budget, no cooldown, one alert per wedge episode."""
+    now = rnd.now
+    flight = InFlight(
+        pod.name,
+        pod.uid,
+        pod.role,
+        "alert",
+        now,
+        draft.state.next_id,
+        verdict.reason,
+        attempts=1,
+        last_outcome=Outcome.ALERTED,
+    )
+    draft.state = replace(draft.state, in_flight=(*draft.state.in_flight, flight)).with_remediation(
+        Remediation(0, pod.name, pod.role, verdict.reason, "alert", now, Outcome.ALERTED)
+    )
+    draft.actions.append(Action("alert", pod.name, pod.uid, pod.role, verdict.reason, now))
+
+
+def _refuse(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict, skip: Skip) -> None:
+    """Record a guard's refusal, each kind once per pod (not every round)."""
+    if skip.outcome is Outcome.SKIPPED_BUDGET and not draft.state.exhausted:
+        draft.state = replace(draft.state, exhausted=True)
+    last = _last_remediation(draft.state, pod.name)
+    if last is not None and last.outcome == skip.outcome:
+        return
+    action = rnd.settings.action
+    draft.state = draft.state.with_remediation(
+        Remediation(0, pod.name, pod.role, verdict.reason, action, rnd.now, skip.outcome)
+    )
+    draft.notices.append(
+        Notice(pod.name, skip.event_reason, f"{skip.message} ({verdict.reason})", action, skip.outcome)
+    )
+
+
+def _start(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict) -> None:
+    """Charge the budget, set the cooldown and record the intent, then plan the first action."""
+    settings, now, state = rnd.settings, rnd.now, draft.state
+    # A multi-node group is restarted whole (gangs.py): its ranks are not drained one by one,
+    # so `drain` acts on a group as `evict` does.
+    group = pod.uid.startswith(GROUP_UID_PREFIX)
+    action = "evict" if settings.action == "drain" and group else settings.action
+    used = state.used + 1
+    state = replace(
+        state,
+        window_start=state.window_start if state.window_start is not None else now,
+        used=used,
+        exhausted=used >= settings.max_remediations,
+        cooldown_until={role: now + settings.cooldown_seconds for role in RUNTIME_ROLES},
+        in_flight=(
+            *state.in_flight,
+            InFlight(pod.name, pod.uid, pod.role, action, now, state.next_id, verdict.reason),
+        ),
+    ).with_remediation(
+        Remediation(
+            0,
+            pod.name,
+            pod.role,
+            verdict.reason,
+            action,
+            now,
+            Outcome.PENDING,
+            phases=((Outcome.PENDING, now),) if action == "drain" else (),
+        )
+    )
+    draft.state = state
+    first: ActionKind = "quarantine" if action == "drain" else "evict" if action == "evict" else "restart"
+    draft.actions.append(
+        Action(first, pod.name, pod.uid, pod.role, verdict.reason, now, remediation_id=state.next_id - 1)
+    )
+    if state.exhausted:
+        draft.notices.append(
+            Notice(
+                None,
+                "RemediationBudgetExhausted",
+                f"remediation budget spent: {used}/{settings.max_remediations} in "
+                f"{settings.budget_window_seconds:g}s; further wedges are only reported",
+                settings.action,
+                None,
+            )
+        )
+
+
+# The round's steps, in order: each reads the round and extends the draft.
+STEPS: tuple[Callable[[_Round, _Draft], None], ...] = (
+    _settle_in_flight,
+    _roll_budget_window,
+    _adopt_quarantined,
+    _act_on_new_wedges,
+)
+
+
 def plan(
     *,
     verdicts: Mapping[str, Verdict],
@@ -195,235 +530,20 @@ def plan(
     """Decide this round's actions. `verdicts` is keyed by pod UID; `desired` is replicas per role;
     `brake`: the fleet brake is engaged, so nothing is performed (open remediations wait);
     `drained`: per quarantined pod's UID, whether its healthy requests are done (drain.py)."""
-    drained = drained or {}
-    now = float(int(now))  # whole seconds: the status stores RFC 3339 to the second
-    by_uid = {p.uid: p for p in pods}
-    actions: list[Action] = []
-    notices: list[Notice] = []
-
-    # 1. Settle or resume what is already in flight.
-    kept: list[InFlight] = []
-    for flight in state.in_flight:
-        pod = by_uid.get(flight.uid)
-        gone = pod is None or pod.terminating
-        if flight.action == "alert":
-            verdict = verdicts.get(flight.uid)
-            if gone or (verdict is not None and verdict.cleared):
-                continue  # the alert episode is over
-            kept.append(flight)
-            continue
-        if gone:
-            if flight.last_outcome in RETRYING:
-                state = _set_outcome(state, flight, Outcome.POD_GONE)
-            continue
-        if flight.last_outcome == Outcome.ERROR and flight.attempts >= MAX_ATTEMPTS:
-            state = _set_outcome(state, flight, Outcome.FAILED)
-            notices.append(
-                Notice(
-                    flight.pod,
-                    "RemediationFailed",
-                    f"gave up {flight.action} of {flight.role} pod {flight.pod} "
-                    f"after {flight.attempts} attempts",
-                    flight.action,
-                    Outcome.FAILED,
-                )
-            )
-            continue
-        waiting = flight.not_before is not None and now < flight.not_before
-        if flight.action == "drain":
-            # deleted and not yet gone: nothing more to do but wait for it
-            settled = flight.last_outcome not in RETRYING
-            step, phase = (
-                (None, None)
-                if brake or waiting or settled
-                else _drain_step(flight, pods, desired, drained, settings, now)
-            )
-            if phase is not None:
-                state = _set_outcome(state, flight, phase, now)
-                flight = replace(flight, last_outcome=phase)
-                notices.append(_drain_notice(flight, phase, settings, now))
-            kept.append(flight)
-            if step is not None:
-                actions.append(_resumed(flight, step))
-            continue
-        kept.append(flight)
-        if flight.last_outcome in RETRYING and not brake and not waiting:
-            actions.append(_resumed(flight, "evict" if flight.action == "evict" else "restart"))
-    state = replace(state, in_flight=tuple(kept))
-
-    # 2. The budget window.
-    if state.window_start is not None and now - state.window_start >= settings.budget_window_seconds:
-        state = replace(state, window_start=None, used=0, exhausted=False)
-
-    # 3. Quarantined pods no open remediation knows of (an interrupted drain whose status was
-    # lost): adopted, so that they are finished, never leaked. Already charged: no budget.
-    for pod in sorted(pods, key=lambda p: p.name):
-        if not pod.quarantined or pod.terminating or any(f.uid == pod.uid for f in state.in_flight):
-            continue
-        since = pod.quarantined_at if pod.quarantined_at is not None else now
-        reason = "quarantined pod found with no open remediation"
-        state = replace(
-            state,
-            in_flight=(
-                *state.in_flight,
-                InFlight(
-                    pod.name,
-                    pod.uid,
-                    pod.role,
-                    "drain",
-                    since,
-                    state.next_id,
-                    reason,
-                    attempts=1,
-                    last_outcome=Outcome.QUARANTINED,
-                    quarantined_at=since,
-                ),
-            ),
-        ).with_remediation(
-            Remediation(
-                0,
-                pod.name,
-                pod.role,
-                reason,
-                "drain",
-                since,
-                Outcome.QUARANTINED,
-                phases=((Outcome.QUARANTINED, now),),
-            )
-        )
-        notices.append(
-            Notice(
-                pod.name,
-                "QuarantinedPodAdopted",
-                f"{pod.role} pod {pod.name} is quarantined with no open remediation: finishing its drain",
-                "drain",
-                None,
-            )
-        )
-
-    # 4. New wedges.
-    for pod in sorted(pods, key=lambda p: p.name):
-        verdict = verdicts.get(pod.uid)
-        if verdict is None or not verdict.wedged or pod.terminating or pod.quarantined:
-            continue
-        if any(f.uid == pod.uid for f in state.in_flight):
-            continue
-        if settings.action == "alert":
-            flight = InFlight(
-                pod.name,
-                pod.uid,
-                pod.role,
-                "alert",
-                now,
-                state.next_id,
-                verdict.reason,
-                attempts=1,
-                last_outcome=Outcome.ALERTED,
-            )
-            state = replace(state, in_flight=(*state.in_flight, flight)).with_remediation(
-                Remediation(0, pod.name, pod.role, verdict.reason, "alert", now, Outcome.ALERTED)
-            )
-            actions.append(Action("alert", pod.name, pod.uid, pod.role, verdict.reason, now))
-            continue
-
-        skip: tuple[Outcome, str, str] | None = None
-        if brake:
-            skip = (
-                Outcome.SKIPPED_BRAKE,
-                "FleetBrakeEngaged",
-                f"a brake is engaged (too many wedges or remediations in the namespace or the fleet); "
-                f"not acting on wedged {pod.role} pod {pod.name}",
-            )
-        elif state.used >= settings.max_remediations:
-            skip = (
-                Outcome.SKIPPED_BUDGET,
-                "RemediationBudgetExhausted",
-                f"budget spent: {state.used}/{settings.max_remediations} remediations in "
-                f"{settings.budget_window_seconds:g}s; not acting on wedged {pod.role} pod {pod.name}",
-            )
-            if not state.exhausted:
-                state = replace(state, exhausted=True)
-        elif now < state.cooldown_until.get(pod.role, 0.0):
-            wait = state.cooldown_until[pod.role] - now
-            skip = (
-                Outcome.SKIPPED_COOLDOWN,
-                "RemediationDeferred",
-                f"cooldown after the last remediation for {wait:.0f}s more; wedged {pod.role} pod "
-                f"{pod.name} waits",
-            )
-        else:
-            down = _unavailable(pod.role, pods, state, desired)
-            after = len(down) + (0 if pod.uid in down else 1)
-            if after > settings.max_unavailable:
-                skip = (
-                    Outcome.SKIPPED_MAX_UNAVAILABLE,
-                    "RemediationDeferred",
-                    f"{len(down)} {pod.role} pod(s) already unavailable (maxUnavailable="
-                    f"{settings.max_unavailable}); wedged pod {pod.name} waits",
-                )
-        if skip is not None:
-            outcome, event_reason, message = skip
-            last = _last_remediation(state, pod.name)
-            if last is None or last.outcome != outcome:  # report each kind of refusal once per pod
-                state = state.with_remediation(
-                    Remediation(0, pod.name, pod.role, verdict.reason, settings.action, now, outcome)
-                )
-                notices.append(
-                    Notice(pod.name, event_reason, f"{message} ({verdict.reason})", settings.action, outcome)
-                )
-            continue
-
-        # A multi-node group is restarted whole (gangs.py): its ranks are not drained one by one,
-        # so `drain` acts on a group as `evict` does.
-        group = pod.uid.startswith(GROUP_UID_PREFIX)
-        action = "evict" if settings.action == "drain" and group else settings.action
-        window_start = state.window_start if state.window_start is not None else now
-        used = state.used + 1
-        state = replace(
-            state,
-            window_start=window_start,
-            used=used,
-            exhausted=used >= settings.max_remediations,
-            cooldown_until={role: now + settings.cooldown_seconds for role in RUNTIME_ROLES},
-            in_flight=(
-                *state.in_flight,
-                InFlight(pod.name, pod.uid, pod.role, action, now, state.next_id, verdict.reason),
-            ),
-        ).with_remediation(
-            Remediation(
-                0,
-                pod.name,
-                pod.role,
-                verdict.reason,
-                action,
-                now,
-                Outcome.PENDING,
-                phases=((Outcome.PENDING, now),) if action == "drain" else (),
-            )
-        )
-        actions.append(
-            Action(
-                "quarantine" if action == "drain" else action,
-                pod.name,
-                pod.uid,
-                pod.role,
-                verdict.reason,
-                now,
-                remediation_id=state.next_id - 1,
-            )
-        )
-        if state.exhausted:
-            notices.append(
-                Notice(
-                    None,
-                    "RemediationBudgetExhausted",
-                    f"remediation budget spent: {used}/{settings.max_remediations} in "
-                    f"{settings.budget_window_seconds:g}s; further wedges are only reported",
-                    settings.action,
-                    None,
-                )
-            )
-    return Plan(state=state, actions=tuple(actions), notices=tuple(notices))
+    rnd = _Round(
+        verdicts=verdicts,
+        pods=sorted(pods, key=lambda p: p.name),
+        by_uid={p.uid: p for p in pods},
+        settings=settings,
+        now=float(int(now)),  # whole seconds: the status stores RFC 3339 to the second
+        desired=desired,
+        brake=brake,
+        drained=drained or {},
+    )
+    draft = _Draft(state)
+    for step in STEPS:
+        step(rnd, draft)
+    return Plan(state=draft.state, actions=tuple(draft.actions), notices=tuple(draft.notices))
 
 
 def _unavailable(
