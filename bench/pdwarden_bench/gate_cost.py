@@ -35,7 +35,9 @@ from pdwarden_bench.runtime_procs import (
 from pdwarden_runtime.worker_key import auth_headers
 
 
-def _bodies(n: int, seed: int) -> list[dict[str, Any]]:
+def short_requests(n: int, seed: int) -> list[dict[str, Any]]:
+    """``n`` seeded short requests (8 to 64 prompt tokens, 2 new): each costs little compute,
+    so a round's figures are mostly the per-request path (also `pdwarden bench serving`'s)."""
     rng = random.Random(seed)
     return [
         {
@@ -46,33 +48,45 @@ def _bodies(n: int, seed: int) -> list[dict[str, Any]]:
     ]
 
 
-async def _round(
-    url: str, bodies: list[dict[str, Any]], concurrency: int, headers: dict[str, str]
+async def send_round(
+    url: str,
+    bodies: list[dict[str, Any]],
+    concurrency: int,
+    headers: dict[str, str] | None = None,
+    timeout: float = 60.0,
 ) -> tuple[list[float], int, float]:
-    """(latencies in s of the answered requests, failures, wall seconds)."""
+    """(latencies in s of the answered requests, failures, wall seconds): ``concurrency``
+    clients send ``bodies``; a non-200 answer, an error or no answer within ``timeout`` s
+    is a failure (counted, so one bad request does not end the benchmark)."""
     latencies: list[float] = []
     failed = 0
     queue = list(bodies)
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60), headers=headers) as session:
+    limit = aiohttp.ClientTimeout(total=timeout)
+    async with aiohttp.ClientSession(timeout=limit, headers=headers or {}) as session:
 
         async def client() -> None:
             nonlocal failed
             while queue:
                 body = queue.pop()
                 t0 = time.perf_counter()
-                async with session.post(url, json=body) as resp:
-                    await resp.read()
-                    if resp.status == 200:
-                        latencies.append(time.perf_counter() - t0)
-                    else:
-                        failed += 1
+                try:
+                    async with session.post(url, json=body) as resp:
+                        await resp.read()
+                        ok = resp.status == 200
+                except (aiohttp.ClientError, TimeoutError, OSError):
+                    ok = False
+                if ok:
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    failed += 1
 
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
         return latencies, failed, time.perf_counter() - start
 
 
-def _percentile(values: list[float], q: float) -> float:
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile, nearest rank at or above ``q`` of the sorted values (NaN if none)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
@@ -92,14 +106,14 @@ def run(rounds: int, requests: int, concurrency: int, seed: int) -> dict[str, An
         }
         for router, headers in arms.values():
             wait_router(router, timeout=240, headers=headers)
-        bodies = _bodies(requests, seed)
+        bodies = short_requests(requests, seed)
         figures: dict[str, dict[str, Any]] = {
             arm: {"latencies": [], "failed": 0, "seconds": 0.0, "rps": []} for arm in arms
         }
         for _ in range(rounds):
             for arm, (router, headers) in arms.items():
                 lat, failed, seconds = asyncio.run(
-                    _round(f"{router.url}{c.GENERATE_PATH}", bodies, concurrency, headers)
+                    send_round(f"{router.url}{c.GENERATE_PATH}", bodies, concurrency, headers)
                 )
                 f = figures[arm]
                 f["latencies"] += lat
@@ -115,8 +129,8 @@ def run(rounds: int, requests: int, concurrency: int, seed: int) -> dict[str, An
     }
     for arm, f in figures.items():
         result[arm] = {
-            "latency_p50_ms": round(1000 * _percentile(f["latencies"], 0.5), 2),
-            "latency_p99_ms": round(1000 * _percentile(f["latencies"], 0.99), 2),
+            "latency_p50_ms": round(1000 * percentile(f["latencies"], 0.5), 2),
+            "latency_p99_ms": round(1000 * percentile(f["latencies"], 0.99), 2),
             "requests_per_second": round(len(f["latencies"]) / f["seconds"], 1),
             "requests_failed": f["failed"],
         }

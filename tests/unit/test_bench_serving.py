@@ -1,0 +1,140 @@
+"""`pdwarden bench serving`'s pure parts: the paired round order, the workload, each arm's
+percentiles and rate, the paired rate ratio; the JSON keys its docstring names."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import pdwarden_bench.serving as serving
+from pdwarden_bench.gate_cost import percentile, short_requests
+from pdwarden_bench.serving import (
+    ARMS,
+    HARDENED,
+    PROMPT_WAKE,
+    RATIO,
+    STOCK,
+    RoundFigures,
+    arm_summary,
+    schedule,
+    summarize,
+)
+from pdwarden_runtime.hardening.config import (
+    HARDENING_BENCH_STOCK_PROMPT_WAKE,
+    HARDENING_OFF,
+    HARDENING_ON,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def _round(rps: float, latencies: tuple[float, ...] = (0.01,), failed: int = 0) -> RoundFigures:
+    """A round whose answered requests came at ``rps`` per second."""
+    return RoundFigures(latencies, failed, len(latencies) / rps)
+
+
+PROMPT_WAKE_RATIO = "hardened_over_stock_prompt_wake_rps"
+
+
+def test_the_arms_are_hardened_stock_and_stock_woken_at_once() -> None:
+    assert ARMS == {
+        HARDENED: HARDENING_ON,
+        STOCK: HARDENING_OFF,
+        PROMPT_WAKE: HARDENING_BENCH_STOCK_PROMPT_WAKE,
+    }
+
+
+def test_schedule_warms_up_then_alternates_abc_cba() -> None:
+    abc, cba = [HARDENED, STOCK, PROMPT_WAKE], [PROMPT_WAKE, STOCK, HARDENED]
+    assert schedule(3) == [(i, arm) for i, order in enumerate((abc, cba, abc, cba)) for arm in order]
+
+
+@pytest.mark.parametrize("pairs", [1, 2, 5, 8])
+def test_every_measured_round_runs_each_arm_once_and_neither_always_goes_first(pairs: int) -> None:
+    measured = [(i, arm) for i, arm in schedule(pairs) if i]
+    for i in range(1, pairs + 1):
+        assert sorted(arm for r, arm in measured if r == i) == sorted(ARMS)
+    firsts = [arm for r, arm in measured[:: len(ARMS)]]
+    assert abs(firsts.count(HARDENED) - firsts.count(PROMPT_WAKE)) <= 1
+
+
+def test_the_workload_is_seeded_and_short() -> None:
+    bodies = short_requests(50, seed=7)
+    assert bodies == short_requests(50, seed=7)
+    assert bodies != short_requests(50, seed=8)
+    assert all(8 <= len(b["input_ids"]) <= 64 for b in bodies)
+    assert all(b["sampling_params"]["max_new_tokens"] <= 4 for b in bodies)
+
+
+def test_percentile_is_the_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1 .. 100
+    assert percentile(values, 0.5) == 51.0
+    assert percentile(values, 0.99) == 100.0
+    assert percentile([3.0], 0.99) == 3.0
+    assert math.isnan(percentile([], 0.5))
+
+
+def test_arm_summary_pools_latencies_and_takes_the_median_round_rate() -> None:
+    rounds = [
+        RoundFigures((0.010, 0.020), 0, 1.0),  # 2 req/s
+        RoundFigures((0.030,), 1, 0.25),  # 4 req/s
+        RoundFigures((0.040, 0.050, 0.060), 0, 0.5),  # 6 req/s
+    ]
+    assert arm_summary(rounds) == {
+        "latency_p50_ms": 40.0,
+        "latency_p99_ms": 60.0,
+        "requests_per_second": 4.0,
+        "requests_failed": 1,
+        "requests": 7,
+    }
+
+
+def test_arm_summary_of_rounds_that_answered_nothing_has_no_percentiles() -> None:
+    summary = arm_summary([RoundFigures((), 3, 1.0)])
+    assert summary["latency_p50_ms"] is None and summary["latency_p99_ms"] is None
+    assert summary["requests_per_second"] == 0.0 and summary["requests_failed"] == 3
+
+
+def test_summarize_reports_the_paired_ratio_not_the_ratio_of_medians() -> None:
+    # Round 2 is slow for both arms (machine load): within each round hardened is 5% slower,
+    # which the ratio of the medians (200 / 100 = 2.0) would hide.
+    figures = {
+        HARDENED: [_round(95.0), _round(47.5), _round(190.0)],
+        STOCK: [_round(100.0), _round(50.0), _round(200.0)],
+        PROMPT_WAKE: [_round(95.0), _round(50.0), _round(200.0)],
+    }
+    result = summarize(figures)
+    assert result[RATIO] == 0.95 and result[f"{RATIO}_min"] == 0.95 and result[f"{RATIO}_max"] == 0.95
+    assert (result[f"{PROMPT_WAKE_RATIO}_min"], result[PROMPT_WAKE_RATIO]) == (0.95, 0.95)
+    assert result[f"{PROMPT_WAKE_RATIO}_max"] == 1.0
+    assert result[HARDENED]["requests_per_second"] == 95.0
+    assert result[STOCK]["requests_per_second"] == 100.0
+
+
+def test_summarize_gives_the_ratio_s_spread() -> None:
+    figures = {
+        HARDENED: [_round(90.0), _round(110.0), _round(100.0)],
+        STOCK: [_round(100.0), _round(100.0), _round(100.0)],
+        PROMPT_WAKE: [_round(100.0), _round(100.0), _round(100.0)],
+    }
+    result = summarize(figures)
+    assert (result[f"{RATIO}_min"], result[RATIO], result[f"{RATIO}_max"]) == (0.9, 1.0, 1.1)
+
+
+def test_summarize_has_no_ratio_when_a_stock_round_answered_nothing() -> None:
+    figures = {HARDENED: [_round(100.0)], STOCK: [RoundFigures((), 5, 1.0)], PROMPT_WAKE: [_round(50.0)]}
+    result = summarize(figures)
+    assert result[RATIO] is None and result[f"{RATIO}_min"] is None and result[f"{RATIO}_max"] is None
+    assert result[STOCK]["requests_failed"] == 5
+    assert result[PROMPT_WAKE_RATIO] == 2.0  # the other ratio stands
+
+
+def test_the_docstring_names_every_json_key() -> None:
+    result = summarize({arm: [_round(1.0)] for arm in ARMS})
+    keys = {key for key in result if key not in ARMS} | set(ARMS) | set(result[HARDENED])
+    keys |= {"benchmark", "pairs", "requests_per_round", "concurrency", "seed", "seconds"}
+    doc = " ".join((serving.__doc__ or "").split())
+    for key in keys:
+        assert key.removesuffix("_min").removesuffix("_max") in doc, key
+    assert "_min and _max" in doc
