@@ -1,8 +1,10 @@
 """One model's watchdog: its rounds, one per scrape interval, while kopf_handlers.py keeps
 its task running.
 
-A round: list the model's runtime pods -> scrape them -> wedge rule per pod -> ladder plan ->
-persist the intent (status) -> perform -> persist outcomes and conditions -> metrics.
+A round observes, plans, then acts. Observe: the model's runtime pods (and which are gone)
+-> scrape them -> wedge rule and blame per pod. Plan: the ladder's (pure). Act: the gone pods
+published and ranks labelled -> the brake's Event -> persist the intent (status) -> perform
+-> the autoscaler -> persist outcomes and conditions -> metrics.
 """
 
 from __future__ import annotations
@@ -139,9 +141,9 @@ class ModelWatchdog:
             )
         self.histories.set_keep_seconds(settings.stuck_after_seconds + 3 * settings.scrape_interval_seconds)
 
+        # Observe: the pods, which of the model's pods are gone, their metrics, verdicts.
         pod_objs = await self._own_pods(await POD_CACHE.pods(ns, name, kube_pods.list_namespace_runtime_pods))
-        await self._label_ranks(pod_objs)
-        await self._track_gone_pods(pod_objs)
+        await self._observe_gone_pods(pod_objs)
         views = {}
         targets = []
         paired = []
@@ -194,8 +196,10 @@ class ModelWatchdog:
         brake = BRAKE.evaluate(ns)
         if brake.scope == "startup":
             log.info("%s/%s: not acting yet: %s", ns, name, brake.reason)
+            await self._keep_pods_described(pod_objs)
             return settings.scrape_interval_seconds
-        await self._announce_brake(brake)
+        # Plan (pure), then act: what the pods need said about them, the brake's Event, the
+        # intent, the plan's actions, the autoscaler, the status.
         plan = ladder.plan(
             verdicts=verdicts,
             pods=list(views.values()),
@@ -208,6 +212,8 @@ class ModelWatchdog:
         )
         wedged = [views[uid].name for uid, v in verdicts.items() if v.state == VerdictState.WEDGED]
         unobserved = [views[uid].name for uid, v in verdicts.items() if v.state == VerdictState.UNOBSERVED]
+        await self._keep_pods_described(pod_objs)
+        await self._announce_brake(brake)
 
         if any(not a.resumed for a in plan.actions):
             # Intent first: the budget, cooldown and in-flight entry are durable before any pod
@@ -287,13 +293,14 @@ class ModelWatchdog:
                     )
         return own
 
-    async def _track_gone_pods(self, pod_objs: list[dict[str, Any]]) -> None:
-        """Publish the model's runtime pods whose processes are gone (gone_pods.py), for the
-        decodes holding pages for them. A failure is logged and tried again next round."""
+    async def _observe_gone_pods(self, pod_objs: list[dict[str, Any]]) -> None:
+        """Which of the model's runtime pods are gone (gone_pods.py): the published list read
+        once, a pod missing from the listing confirmed gone by the API server. A failure is
+        logged and tried again next round."""
         ns, name = self.model.namespace, self.model.name
-        cm_name = render.gone_pods_name(name)
         try:
             if self.gone is None:
+                cm_name = render.gone_pods_name(name)
                 document = await kube_configmaps.read_key(ns, cm_name, contract.GONE_PODS_KEY)
                 self.gone = GonePods(from_json(document))
             listed = [s for obj in pod_objs if (s := seen(obj)) is not None]
@@ -301,11 +308,25 @@ class ModelWatchdog:
                 p.uid for p in self.gone.missing(listed) if await kube_configmaps.pod_gone(ns, p.name, p.uid)
             ]
             self._gone_unwritten |= self.gone.observe(listed, confirmed, time.time())
-            if self._gone_unwritten:
-                owner = render.Owner(name=name, namespace=ns, uid=self.model.uid)
-                await kube_configmaps.write(render.gone_pods_configmap(owner, to_json(self.gone.entries())))
-                self._gone_unwritten = False
         except Exception as exc:  # never the round's failure: judging and remediating go on
+            log.warning("%s/%s: reading the gone runtime pods: %s", ns, name, exc)
+
+    async def _keep_pods_described(self, pod_objs: list[dict[str, Any]]) -> None:
+        """What the round learnt about the pods, written where others read it: the gone pods
+        published for the decodes holding pages for them, each group pod's rank label. Neither
+        is the round's failure: a failed write is logged and done again next round."""
+        await self._publish_gone_pods()
+        await self._label_ranks(pod_objs)
+
+    async def _publish_gone_pods(self) -> None:
+        ns, name = self.model.namespace, self.model.name
+        if self.gone is None or not self._gone_unwritten:
+            return
+        try:
+            owner = render.Owner(name=name, namespace=ns, uid=self.model.uid)
+            await kube_configmaps.write(render.gone_pods_configmap(owner, to_json(self.gone.entries())))
+            self._gone_unwritten = False
+        except Exception as exc:
             log.warning("%s/%s: publishing the gone runtime pods: %s", ns, name, exc)
 
     async def _label_ranks(self, pod_objs: list[dict[str, Any]]) -> None:
