@@ -37,6 +37,15 @@ from typing import Any, Final
 import click
 
 import pdwarden_contract as c
+from pdwarden_bench.arms import (
+    ARM_MODES,
+    HARDENED,
+    PROMPT_WAKE,
+    STOCK,
+    paired_ratios,
+    ratio_summary,
+    round_order,
+)
 from pdwarden_bench.gate_cost import percentile, send_round, short_requests
 from pdwarden_bench.runtime_procs import (
     Fleet,
@@ -46,23 +55,10 @@ from pdwarden_bench.runtime_procs import (
     wait_healthy,
     wait_router,
 )
-from pdwarden_bench.transfer import paired_ratios, ratio_summary, round_order
 from pdwarden_localcluster.testing import WaitTimeout
-from pdwarden_runtime.hardening.config import (
-    HARDENING_BENCH_STOCK_PROMPT_WAKE,
-    HARDENING_OFF,
-    HARDENING_ON,
-)
 
-HARDENED: Final = "hardened"
-STOCK: Final = "stock"
-PROMPT_WAKE: Final = "stock_prompt_wake"
-# The arms: name in the JSON -> the runtime's --hardening mode (even rounds run in this order).
-ARMS: Final = {
-    HARDENED: HARDENING_ON,
-    STOCK: HARDENING_OFF,
-    PROMPT_WAKE: HARDENING_BENCH_STOCK_PROMPT_WAKE,
-}
+# The arms, in their order in even rounds: name in the JSON -> the runtime's --hardening mode.
+ARMS: Final = {arm: ARM_MODES[arm] for arm in (HARDENED, STOCK, PROMPT_WAKE)}
 RATIO: Final = "hardened_over_stock_rps"
 # Each paired ratio: key -> (numerator arm, denominator arm).
 RATIOS: Final = {

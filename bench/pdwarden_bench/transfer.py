@@ -33,19 +33,22 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any, Final
 
 import click
 
+from pdwarden_bench.arms import (
+    ARM_MODES,
+    HARDENED,
+    PROMPT_WAKE,
+    STOCK,
+    paired_ratios,
+    ratio_summary,
+    round_order,
+)
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
 from pdwarden_bench.ports import free_port
 from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, wait_healthy
-from pdwarden_runtime.hardening.config import (
-    HARDENING_BENCH_STOCK_PROMPT_WAKE,
-    HARDENING_OFF,
-    HARDENING_ON,
-)
 
 _UNITS = {
     "": 1,
@@ -63,15 +66,8 @@ START_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 90.0
 DEFAULT_PAIRS: Final = 16
 RAW_ITERS: Final = 3
-STOCK: Final = "stock"
-HARDENED: Final = "hardened"
-PROMPT_WAKE: Final = "stock_prompt_wake"
-# The arms: name in the JSON -> the runtime's --hardening mode.
-ARMS: Final = {
-    STOCK: HARDENING_OFF,
-    HARDENED: HARDENING_ON,
-    PROMPT_WAKE: HARDENING_BENCH_STOCK_PROMPT_WAKE,
-}
+# The arms, in their order in even rounds: name in the JSON -> the runtime's --hardening mode.
+ARMS: Final = {arm: ARM_MODES[arm] for arm in (STOCK, HARDENED, PROMPT_WAKE)}
 # Paired ratios reported: JSON key -> (numerator arm, denominator arm).
 RATIOS: Final = {
     "hardened_over_stock": (HARDENED, STOCK),
@@ -93,30 +89,6 @@ def parse_size(text: str) -> int:
 
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def paired_ratios(numerator: Sequence[float], denominator: Sequence[float]) -> list[float]:
-    """numerator[i] / denominator[i] for each round i (both arms measured in round i)."""
-    if len(numerator) != len(denominator) or not numerator:
-        raise ValueError(f"paired ratios need equal, non-empty series ({len(numerator)}, {len(denominator)})")
-    if any(value <= 0 for value in denominator):
-        raise ValueError("paired ratios need positive denominators")
-    return [top / bottom for top, bottom in zip(numerator, denominator, strict=True)]
-
-
-def ratio_summary(key: str, ratios: Sequence[float]) -> dict[str, float]:
-    """The median of paired ratios as ``key``, with its spread as ``key``_min / _max."""
-    return {
-        key: round(statistics.median(ratios), 3),
-        f"{key}_min": round(min(ratios), 3),
-        f"{key}_max": round(max(ratios), 3),
-    }
-
-
-def round_order(arms: Sequence[str], index: int) -> list[str]:
-    """The arms' order in round ``index``: as given in even rounds, reversed in odd ones,
-    so no arm always goes first or last (a round's load drift falls on both sides)."""
-    return list(arms) if index % 2 == 0 else list(reversed(arms))
 
 
 def summarize(rates: dict[str, list[float]]) -> dict[str, Any]:

@@ -6,12 +6,10 @@ from __future__ import annotations
 import pytest
 
 import pdwarden_bench.transfer as transfer
+from pdwarden_bench.arms import paired_ratios, ratio_summary, round_order
 from pdwarden_bench.transfer import (
     ARMS,
     RATIOS,
-    paired_ratios,
-    ratio_summary,
-    round_order,
     summarize,
 )
 from pdwarden_runtime.hardening.config import BENCH_HARDENING_MODES, HARDENING_OFF, HARDENING_ON
