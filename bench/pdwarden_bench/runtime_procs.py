@@ -295,7 +295,7 @@ def start_router(
         "--worker-startup-check-interval",
         "1",
         *ROUTER_RESILIENCE_ARGS,
-        *(["--api-key", api_key] if api_key is not None else []),
+        *([f"--api-key={api_key}"] if api_key is not None else []),  # one token: it may start with "-"
     ]
     if worker_key_file is not None:
         gate = pdwarden_argv("runtime", "router", "--host", host, "--port", str(port))

@@ -127,8 +127,10 @@ class Gate:
 
 
 def router_command(router_args: Sequence[str], key: str) -> list[str]:
-    """smg's command with the key as its --api-key (only this process ever shows it)."""
-    return [*router_args, "--api-key", key]
+    """smg's command with the key as its --api-key (only this process ever shows it). One
+    token, `--api-key=KEY`: a key that starts with "-" (a urlsafe key does, one time in 64)
+    would otherwise be read as an option and smg would refuse to start."""
+    return [*router_args, f"--api-key={key}"]
 
 
 async def run(host: str, port: int, router_port: int, key: str, router_args: Sequence[str]) -> int:

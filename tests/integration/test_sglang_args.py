@@ -63,3 +63,12 @@ def test_sglang_parses_the_launch_plan_as_intended(parser: argparse.ArgumentPars
     assert ns.enable_metrics is True
     assert ns.tp_size == 2 and plan.tp_size == 2
     assert ns.model_path == "/models/m"
+
+
+@pytest.mark.parametrize("key", ["plain-key_0", "-starts-with-a-dash", "--looks-like-a-flag"])
+def test_sglang_reads_any_worker_key_as_its_api_key(parser: argparse.ArgumentParser, key: str) -> None:
+    """A urlsafe key starts with "-" one time in 64: it must still be the value, not an option."""
+    from pdwarden_runtime.engines.sglang_engine import worker_key_args
+
+    ns = parser.parse_args(["--model-path", "/models/m", *worker_key_args(key, [])])
+    assert ns.api_key == key

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pdwarden_runtime.engines.sglang_engine import SglangArgumentError, worker_key_args
-from pdwarden_runtime.router_gate import downstream_headers, upstream_headers
+from pdwarden_runtime.router_gate import downstream_headers, router_command, upstream_headers
 from pdwarden_runtime.worker_key import WorkerKeyError, authorized, is_open, read_key_file
 
 pytestmark = pytest.mark.unit
@@ -66,11 +66,11 @@ def test_the_key_file_is_one_word_of_enough_characters(tmp_path: Path) -> None:
 
 def test_sglang_gets_the_key_as_its_api_key_and_a_users_own_is_refused() -> None:
     assert worker_key_args(None, ["--api-key", "mine"]) == []  # without the model's key: the user's
-    assert worker_key_args(KEY, ["--tp", "2"]) == ["--api-key", KEY]
+    assert worker_key_args(KEY, ["--tp", "2"]) == [f"--api-key={KEY}"]
     for given in (["--api-key", "mine"], ["--api-key=mine"], ["--api-k", "mine"]):
         with pytest.raises(SglangArgumentError, match="worker key"):
             worker_key_args(KEY, given)
-    assert worker_key_args(KEY, ["--admin-api-key", "admin"]) == ["--api-key", KEY]
+    assert worker_key_args(KEY, ["--admin-api-key", "admin"]) == [f"--api-key={KEY}"]
 
 
 def test_the_gate_presents_the_key_in_place_of_the_clients_and_keeps_end_to_end_headers() -> None:
@@ -89,3 +89,13 @@ def test_the_gate_presents_the_key_in_place_of_the_clients_and_keeps_end_to_end_
     }
     answer = [("Content-Type", "text/event-stream"), ("Transfer-Encoding", "chunked"), ("X-A", "1")]
     assert downstream_headers(dict(answer)) == [("Content-Type", "text/event-stream"), ("X-A", "1")]
+
+
+@pytest.mark.parametrize("key", ["plain-key_0", "-starts-with-a-dash", "--looks-like-a-flag"])
+def test_smg_reads_any_worker_key_as_its_api_key(key: str) -> None:
+    """The router gate's smg command through smg's own parser: a urlsafe key starts with "-"
+    one time in 64, and smg must still take it as the value (it once refused to start)."""
+    from smg.launch_router import parse_router_args
+
+    cmd = router_command(["--pd-disaggregation", "--host", "127.0.0.1", "--port", "29001"], key)
+    assert parse_router_args(cmd).api_key == key

@@ -98,7 +98,7 @@ def worker_key_args(key: str | None, user_args: Sequence[str]) -> list[str]:
                 f"SGLang argument {name}: the model's worker key is SGLang's {API_KEY_FLAG} (the "
                 "operator mounts it and the router presents it); leave it out"
             )
-    return [API_KEY_FLAG, key]
+    return [f"{API_KEY_FLAG}={key}"]  # one token: a key may start with "-"
 
 
 @dataclass(frozen=True)
