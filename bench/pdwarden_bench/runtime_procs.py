@@ -25,6 +25,7 @@ from typing import Any
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_operator.render import ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
+from pdwarden_runtime.router_gate import router_command
 from pdwarden_runtime.worker_key import auth_headers, read_key_file
 
 # A small KV geometry for `pdwarden runtime serve`: two layers of 64 KiB pages, 16 tokens a
@@ -295,8 +296,9 @@ def start_router(
         "--worker-startup-check-interval",
         "1",
         *ROUTER_RESILIENCE_ARGS,
-        *([f"--api-key={api_key}"] if api_key is not None else []),  # one token: it may start with "-"
     ]
+    if api_key is not None:
+        argv = router_command(argv, api_key)  # the gate's own way of giving smg a key
     if worker_key_file is not None:
         gate = pdwarden_argv("runtime", "router", "--host", host, "--port", str(port))
         gate += ["--router-port", str(smg_port)]

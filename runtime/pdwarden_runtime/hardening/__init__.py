@@ -119,7 +119,7 @@ def is_installed() -> bool:
 def active_fixes() -> dict[str, bool]:
     """Which fixes the hardened classes apply in this process (all False if not installed)."""
     if not _installed:
-        return {fix.value: False for fix in Fix}
+        return HardeningConfig(fixes=frozenset()).active_fixes()
     return installed_config().active_fixes()
 
 
