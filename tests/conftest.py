@@ -63,18 +63,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 "move this test to an exclusive module of its own"
             )
 
-    def rank(item: pytest.Item) -> int:
-        if _module_marked(item, "exclusive"):
-            return 0
-        for position, name in enumerate(("slow", "e2e"), start=1):
-            if item.get_closest_marker(name) is not None:
-                return position
-        return 3
-
-    module_rank: dict[object, int] = {}  # a module's place: that of its first-placed test
-    for item in items:
-        module_rank[item.path] = min(rank(item), module_rank.get(item.path, 3))
-    items.sort(key=lambda item: module_rank[item.path])
+    exclusive = {item.path for item in items if _module_marked(item, "exclusive")}
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    e2e = {item.path for item in items if item.get_closest_marker("e2e") is not None}
+    order = (exclusive, slow, e2e)
+    items.sort(key=lambda item: next((i for i, paths in enumerate(order) if item.path in paths), len(order)))
 
 
 @pytest.fixture(scope="module", autouse=True)
