@@ -61,13 +61,24 @@ class Cache:
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
-            self.models.pop(key, None)
-            self.children.pop(key, None)
-            self.locks.pop(key, None)
-            self.settled.pop(key, None)
-            self.dirty.discard(key)
+            self.forget(key)
         else:
             self.models[key] = slim(body)
+
+    def forget(self, key: ModelKey) -> None:
+        """A model that is gone: nothing of it stays."""
+        self.models.pop(key, None)
+        self.children.pop(key, None)
+        self.locks.pop(key, None)
+        self.settled.pop(key, None)
+        self.dirty.discard(key)
+
+    def forget_namespace(self, namespace: str) -> list[ModelKey]:
+        """Every model of a namespace being deleted; returns the ones it knew."""
+        gone = [key for key in {*self.models, *self.children} if key[0] == namespace]
+        for key in gone:
+            self.forget(key)
+        return gone
 
     def child_event(
         self, api_version: str, kind: str, event_type: str | None, body: Mapping[str, Any]

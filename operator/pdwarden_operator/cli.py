@@ -37,7 +37,12 @@ def _optional_module(name: str) -> ModuleType | None:
 
 @operator.command()
 @click.option(
-    "--namespace", "-n", "namespaces", multiple=True, help="Watch only these namespaces (repeatable)."
+    "--namespace",
+    "-n",
+    "namespaces",
+    multiple=True,
+    help="Watch only these namespaces (repeatable). A pattern ('team-*') needs namespaces "
+    "list and watch cluster-wide: the operator then learns of namespace deletions itself.",
 )
 @click.option("--all-namespaces", "-A", is_flag=True, help="Watch every namespace (the default without -n).")
 @click.option(

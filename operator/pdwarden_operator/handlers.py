@@ -19,9 +19,10 @@ from typing import Any
 import kopf
 
 import pdwarden_contract as contract
-from pdwarden_operator import reconcile, render
+from pdwarden_operator import namespace_deletions, reconcile, render
 from pdwarden_operator.cache import CHILDREN
 from pdwarden_operator.kube import apply as kube_apply
+from pdwarden_operator.kube import model_status as kube_model_status
 from pdwarden_operator.kube.client import get_client, group_version_plural
 
 log = logging.getLogger("pdwarden.handlers")
@@ -82,7 +83,7 @@ def is_glob(namespace: str) -> bool:
 
 def watch_scope(namespaces: list[str]) -> None:
     """The namespaces the operator watches (none: all of them), before kopf runs."""
-    globbed = any(is_glob(ns) for ns in namespaces)
+    globbed = namespace_deletions.watch(namespaces, is_glob)
     scope: list[str | None] = [*namespaces] if namespaces else [None]
     _prefill_scope[:] = [] if globbed else scope
 
@@ -157,7 +158,8 @@ async def reconcile_model(body: kopf.Body, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def model_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    cache.model_event(event.get("type"), body)
+    gone = namespace_deletions.being_deleted(body.metadata.namespace or "")
+    cache.model_event("DELETED" if gone else event.get("type"), body)
 
 
 def _register_child_watch(group: str, version: str, plural: str, api_version: str, kind: str) -> None:
@@ -172,6 +174,15 @@ for _kind in CHILD_KINDS:
     _register_child_watch(*_kind)
 
 
+def _forget_namespace(namespace: str) -> None:
+    for key in cache.forget_namespace(namespace):
+        _failures.pop(key, None)
+        log.info("%s/%s: forgotten: its namespace is being deleted", *key)
+
+
+namespace_deletions.subscribe(_forget_namespace)
+
+
 async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
     async with sem, cache.lock(key):
         body = cache.models.get(key)
@@ -182,6 +193,13 @@ async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
         except reconcile.InvalidSpec:
             return  # status already says so; the next spec change reconciles
         except reconcile.RetryLater as exc:
+            uid = str((body.get("metadata") or {}).get("uid") or "")
+            if not await kube_model_status.still_exists(*key, uid):
+                # its deletion never came as an event (a deleted namespace kopf stopped watching)
+                log.info("%s/%s: forgotten: the model is gone", *key)
+                cache.forget(key)
+                _failures.pop(key, None)
+                return
             failures = _failures[key] = _failures.get(key, 0) + 1
             delay = min(RETRY_MAX_S, exc.delay * 2 ** (failures - 1))
             log.warning("%s/%s: %s (retry %d in %.0fs)", key[0], key[1], exc, failures, delay)

@@ -133,16 +133,28 @@ class OperatorMetrics:
             list(_MODEL),
             registry=r,
         )
+        # every metric labelled with a model: dropped together when the model is gone
+        self.per_model: tuple[Counter | Gauge | Histogram, ...] = (
+            self.wedged_pods,
+            self.unobserved_pods,
+            self.abandoned_rooms,
+            self.remediations,
+            self.scrape_errors,
+            self.scrape_duration,
+            self.budget_exhausted,
+            self.autoscale_replicas,
+            self.autoscale_recommended,
+            self.autoscale_saturated,
+            self.autoscale_decisions,
+            self.ratio_unkeepable,
+        )
 
     def forget_model(self, namespace: str, model: str) -> None:
-        """Drop a deleted model's gauges so they do not report stale values."""
-        self.forget_autoscaling(namespace, model)
-        for gauge in (self.wedged_pods, self.unobserved_pods, self.abandoned_rooms):
-            for role in RUNTIME_ROLES:
-                with contextlib.suppress(KeyError):
-                    gauge.remove(namespace, model, role)
-        with contextlib.suppress(KeyError):
-            self.budget_exhausted.remove(namespace, model)
+        """Drop every series of a model that is gone: a gauge would report a stale value (an
+        alert firing for a model that no longer exists), and counters of deleted models would
+        only grow the page."""
+        for metric in self.per_model:
+            metric.remove_by_labels({"namespace": namespace, "model": model})
 
     def forget_autoscaling(self, namespace: str, model: str, roles: tuple[str, ...] = RUNTIME_ROLES) -> None:
         """Drop the autoscaling gauges of `roles` (no longer autoscaled, or the model gone)."""

@@ -142,3 +142,17 @@ def test_a_pod_stalled_after_earlier_progress_counts_too() -> None:
     ]
     verdict = judge_pod(obs, 60)
     assert verdict.state == "ok" and verdict.troubled
+
+
+def test_a_namespaces_brake_series_goes_with_its_last_model() -> None:
+    metrics = OperatorMetrics(CollectorRegistry())
+    brake = Brakes(LIMITS, PER_NS, metrics=metrics)
+    name = "pdwarden_operator_namespace_brake_engaged"
+    for model in ("m1", "m2"):
+        brake.report(("a", model), 0)
+    brake.evaluate("a")
+    assert metrics.registry.get_sample_value(name, {"namespace": "a"}) == 0
+    brake.forget(("a", "m1"))
+    assert metrics.registry.get_sample_value(name, {"namespace": "a"}) == 0, "m2 is still there"
+    brake.forget(("a", "m2"))
+    assert metrics.registry.get_sample_value(name, {"namespace": "a"}) is None

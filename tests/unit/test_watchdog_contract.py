@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import pdwarden_contract as contract
@@ -105,3 +107,28 @@ def test_operator_metric_names_follow_the_contract() -> None:
     assert 'action="restart"' in text and 'outcome="deleted"' in text
     m.forget_model("ns", "m")
     assert "pdwarden_operator_wedged_pods{" not in generate_latest(m.registry).decode()
+
+
+def test_a_gone_models_series_all_leave_the_page_and_no_other_models() -> None:
+    """Every metric labelled with a model is in `per_model`, and forgetting a model drops its
+    series from each of them (counters and histograms too), not another model's."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    m = OperatorMetrics()
+    labelled = [
+        metric
+        for metric in vars(m).values()
+        if isinstance(metric, MetricWrapperBase) and {"namespace", "model"} <= set(metric._labelnames)
+    ]
+    assert {id(x) for x in labelled} == {id(x) for x in m.per_model}
+    for model in ("gone", "kept"):
+        for metric in labelled:
+            child: Any = metric.labels(**{n: model if n == "model" else "x" for n in metric._labelnames})
+            child.observe(1) if hasattr(child, "observe") else child.inc()
+    m.forget_model("x", "gone")
+    models = {s.labels.get("model") for family in m.registry.collect() for s in family.samples}
+    assert "gone" not in models and "kept" in models
+    kept = {
+        family.name for family in m.registry.collect() if any(s.labels.get("model") for s in family.samples)
+    }
+    assert len(kept) == len(labelled)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pdwarden_contract as contract
-from pdwarden_operator.kube.client import get_client, resource_path
+from pdwarden_operator.kube.client import KubeApiError, get_client, resource_path
 
 DM_API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
 
@@ -24,3 +24,18 @@ async def patch_status(
     if resource_version is not None:
         body["metadata"] = {"resourceVersion": resource_version}
     await get_client().request("PATCH", path, body=body, content_type="application/merge-patch+json")
+
+
+async def still_exists(namespace: str, name: str, uid: str) -> bool:
+    """Whether the model with this UID still exists; True when the API server cannot tell.
+
+    For a model whose writes fail with 404 while no deletion event came: kopf stops watching a
+    namespace that matched a pattern as soon as its deletion starts, before the models in it
+    are deleted. A model of the same name with another UID is another model.
+    """
+    try:
+        path = resource_path(DM_API_VERSION, contract.KIND, namespace, name)
+        current = await get_client().request("GET", path)
+    except KubeApiError as exc:
+        return not exc.not_found
+    return bool((current.get("metadata") or {}).get("uid") == uid)

@@ -23,6 +23,7 @@ fault stall together, and the first one to cross its threshold must already see 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -186,6 +187,12 @@ class Brakes:
         self._actions.pop(key, None)
         self._expected.discard(key)
         self._reported.discard(key)
+        namespace = key[0]
+        known = (*self._troubled, *self._actions, *self._expected, *self._reported)
+        if not any(ns == namespace for ns, _ in known):
+            # the namespace's last model: its brake series goes with it
+            with contextlib.suppress(KeyError):
+                self._metrics.namespace_brake_engaged.remove(namespace)
 
     def record_action(self, key: Key) -> None:
         self._actions.setdefault(key, deque()).append(self._clock())

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 import pdwarden_contract as contract
+from pdwarden_operator import namespace_deletions
 from pdwarden_operator.cache import slim
 from pdwarden_operator.kube.pods import RUNTIME_PODS_SELECTOR
 from pdwarden_operator.status_writer import WRITER
@@ -25,33 +27,68 @@ from pdwarden_operator.watchdog.role_load import ROLE_LOADS
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 
+log = logging.getLogger("pdwarden.watchdog")
+
 _bodies: dict[Key, Mapping[str, Any]] = {}
 _tasks: dict[Key, asyncio.Task[None]] = {}
 
 
-def _stop(key: Key) -> None:
+_uids: dict[Key, str] = {}  # the model each running watchdog watches
+
+
+def _forget(key: Key) -> asyncio.Task[None] | None:
+    """Everything kept for the model at `key`; returns its watchdog's task."""
     _bodies.pop(key, None)
+    _uids.pop(key, None)
     WRITER.forget(*key)
     BRAKE.forget(key)
     ROLE_LOADS.forget(*key)
-    task = _tasks.pop(key, None)
+    return _tasks.pop(key, None)
+
+
+def _stop(key: Key) -> None:
+    task = _forget(key)
     if task is not None:
         task.cancel()
+
+
+async def _watch(key: Key, watchdog: ModelWatchdog) -> None:
+    await watchdog.run(lambda: _bodies.get(key))
+    # The watchdog ended by itself: its model is gone, though no event said so (kopf stops
+    # watching a deleted namespace that matched a pattern). Nothing of it may stay behind.
+    if _tasks.get(key) is asyncio.current_task():
+        _forget(key)
+
+
+def _stop_namespace(namespace: str) -> None:
+    for key in [k for k in _tasks if k[0] == namespace]:
+        log.info("%s/%s: watchdog stopped: its namespace is being deleted", *key)
+        _stop(key)
+
+
+namespace_deletions.subscribe(_stop_namespace)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL, id="watchdog_track")
 async def track_model(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     key: Key = (body.metadata.namespace or "", body.metadata.name or "")
-    if event.get("type") == "DELETED" or body.metadata.get("deletionTimestamp"):
+    if (
+        event.get("type") == "DELETED"
+        or body.metadata.get("deletionTimestamp")
+        or namespace_deletions.being_deleted(key[0])
+    ):
         _stop(key)
         return
+    uid = body.metadata.uid or ""
+    if key in _uids and _uids[key] != uid:
+        _stop(key)  # deleted and created again, the deletion unseen: the old watchdog ends
     _bodies[key] = slim(body)  # the watchdog reads spec, status and metadata only
     task = _tasks.get(key)
     if task is None or task.done():
-        watchdog = ModelWatchdog(key[0], key[1], body.metadata.uid or "")
+        _uids[key] = uid
         BRAKE.expect(key)  # the brakes hold until this model has reported once
         _tasks[key] = asyncio.create_task(
-            watchdog.run(lambda: _bodies.get(key)), name=f"watchdog-{key[0]}-{key[1]}"
+            _watch(key, ModelWatchdog(key[0], key[1], uid)), name=f"watchdog-{key[0]}-{key[1]}"
         )
 
 

@@ -23,6 +23,7 @@ from pdwarden_operator import render, replicas
 from pdwarden_operator.cache import CHILDREN
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube import configmaps as kube_configmaps
+from pdwarden_operator.kube import model_status as kube_model_status
 from pdwarden_operator.kube import pods as kube_pods
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
@@ -105,6 +106,10 @@ class ModelWatchdog:
                     interval = await self.round(body)
                 except asyncio.CancelledError:
                     raise
+                except KubeApiError as exc:
+                    if exc.not_found and await self._model_gone():
+                        return
+                    log.exception("%s/%s: watchdog round failed", self.model.namespace, self.model.name)
                 except Exception:  # one bad round (API down, ...) must not end the watchdog
                     log.exception("%s/%s: watchdog round failed", self.model.namespace, self.model.name)
                 await asyncio.sleep(max(0.5, interval - (time.monotonic() - started)))
@@ -112,6 +117,14 @@ class ModelWatchdog:
             if self.scraper is not None:
                 await self.scraper.close()
             self.metrics.forget_model(self.model.namespace, self.model.name)
+
+    async def _model_gone(self) -> bool:
+        """Whether this watchdog's model is gone (a round's write found nothing)."""
+        ns, name = self.model.namespace, self.model.name
+        if await kube_model_status.still_exists(ns, name, self.model.uid):
+            return False
+        log.warning("%s/%s: watchdog stopped: the model (uid %s) is gone", ns, name, self.model.uid)
+        return True
 
     async def round(self, body: Mapping[str, Any]) -> float:
         """One scrape-judge-act round; returns the scrape interval to wait."""

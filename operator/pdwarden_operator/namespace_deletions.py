@@ -1,0 +1,64 @@
+"""Namespace deletions, for an operator that watches namespace patterns (`-n 'team-*'`).
+
+kopf stops watching a namespace that matched a pattern as soon as its deletion starts, before
+the namespace controller deletes what is in it: the models there are never seen deleted. So
+with patterns the operator watches namespaces itself (kopf needs to list and watch them for the
+patterns anyway, so its RBAC already allows it) and tells the reconciler and the watchdog when
+one is being deleted. Without patterns kopf keeps each namespace's watch and delivers every
+deletion; nothing here runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+
+_subscribers: list[Callable[[str], None]] = []
+_registered = False
+# Namespaces whose deletion has started and is not done: a model event from one of them that
+# kopf delivers after the namespace's (its watch is stopping) must not bring the model back.
+_deleting: set[str] = set()
+
+
+def subscribe(forget: Callable[[str], None]) -> None:
+    """`forget(namespace)` is called once a namespace's deletion has started (idempotent: it may
+    be called again for the same namespace)."""
+    _subscribers.append(forget)
+
+
+def deleting(event_type: str | None, namespace: Mapping[str, Any]) -> bool:
+    """Whether a namespace event says its deletion has started (or is done)."""
+    return event_type == "DELETED" or bool((namespace.get("metadata") or {}).get("deletionTimestamp"))
+
+
+async def _namespace_event(event: kopf.RawEvent, **_: Any) -> None:
+    obj = event.get("object")
+    if not isinstance(obj, Mapping):
+        return
+    name = str((obj.get("metadata") or {}).get("name") or "")
+    if event.get("type") == "DELETED" or not deleting(event.get("type"), obj):
+        _deleting.discard(name)  # done (its models long gone), or a namespace of that name again
+    else:
+        _deleting.add(name)
+    if not deleting(event.get("type"), obj):
+        return
+    for forget in _subscribers:
+        forget(name)
+
+
+def being_deleted(namespace: str) -> bool:
+    """Whether the namespace's deletion has started (as the namespace watch last said)."""
+    return namespace in _deleting
+
+
+def watch(namespaces: list[str], is_pattern: Callable[[str], bool]) -> bool:
+    """Register the namespace watch when `namespaces` holds a pattern, before kopf runs;
+    returns whether it did."""
+    global _registered
+    if _registered or not any(is_pattern(ns) for ns in namespaces):
+        return _registered
+    kopf.on.event("", "v1", "namespaces", id="pdwarden_namespace_deletions")(_namespace_event)
+    _registered = True
+    return True

@@ -1,0 +1,180 @@
+"""A model's watchdog ends with its model, whichever way the operator learns it is gone: a
+deletion event, its namespace's deletion (with namespace patterns kopf delivers no deletion
+for the models inside), a model of the same name with another UID, or a round's write that
+finds the model gone. Nothing kept for the model stays behind."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, cast
+
+import kopf
+import pytest
+
+from pdwarden_operator import namespace_deletions
+from pdwarden_operator.cache import Cache
+from pdwarden_operator.kube import model_status
+from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.watchdog import kopf_handlers, model_watchdog
+from pdwarden_operator.watchdog.model_watchdog import ModelWatchdog
+
+pytestmark = pytest.mark.unit
+OWNER_API = "pdwarden.io/v1alpha1"
+
+
+def _body(namespace: str, name: str, uid: str) -> kopf.Body:
+    return kopf.Body(cast(Any, {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}}))
+
+
+# the handlers as plain coroutines (kopf types its decorated handlers with every kwarg it passes)
+_track = cast(Callable[[Any, kopf.Body], Awaitable[None]], kopf_handlers.track_model)
+
+
+async def _namespace_event(event: dict[str, Any]) -> None:
+    await namespace_deletions._namespace_event(cast(Any, event))
+
+
+class _Watchdogs:
+    """Stands in for ModelWatchdog in the kopf wiring: records which models run, and ends a
+    model's run when told (as the real one does when its model is gone)."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, str, str]] = []
+        self.end: dict[str, asyncio.Event] = {}
+
+    def __call__(self, namespace: str, name: str, uid: str) -> Any:
+        self.started.append((namespace, name, uid))
+        end = self.end.setdefault(uid, asyncio.Event())
+
+        class _Run:
+            async def run(self, _latest: Any) -> None:
+                await end.wait()
+
+        return _Run()
+
+
+@pytest.fixture
+def watchdogs(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Watchdogs]:
+    fake = _Watchdogs()
+    monkeypatch.setattr(kopf_handlers, "ModelWatchdog", fake)
+    yield fake
+    for key in list(kopf_handlers._tasks):
+        kopf_handlers._stop(key)
+    namespace_deletions._deleting.clear()
+
+
+async def _settle() -> None:
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_a_model_recreated_under_the_same_name_gets_a_watchdog_of_its_own(
+    watchdogs: _Watchdogs,
+) -> None:
+    await _track({"type": "ADDED"}, _body("ns", "m", "uid-1"))
+    first = kopf_handlers._tasks[("ns", "m")]
+    await _track({"type": "MODIFIED"}, _body("ns", "m", "uid-1"))
+    assert kopf_handlers._tasks[("ns", "m")] is first, "one watchdog per model"
+    # deleted and created again while the deletion went unseen
+    await _track({"type": "ADDED"}, _body("ns", "m", "uid-2"))
+    await _settle()
+    assert first.cancelled()
+    assert watchdogs.started == [("ns", "m", "uid-1"), ("ns", "m", "uid-2")]
+
+
+async def test_a_watchdog_that_ends_by_itself_leaves_nothing_behind(watchdogs: _Watchdogs) -> None:
+    await _track({"type": "ADDED"}, _body("ns", "m", "uid-1"))
+    assert ("ns", "m") in kopf_handlers._bodies
+    watchdogs.end["uid-1"].set()  # its model is gone
+    await _settle()
+    assert ("ns", "m") not in kopf_handlers._tasks and ("ns", "m") not in kopf_handlers._bodies
+    # a model created later under the name is watched again
+    await _track({"type": "ADDED"}, _body("ns", "m", "uid-2"))
+    assert ("ns", "m", "uid-2") in watchdogs.started and not kopf_handlers._tasks[("ns", "m")].done()
+
+
+async def test_a_namespace_being_deleted_stops_its_models_watchdogs_only(watchdogs: _Watchdogs) -> None:
+    for ns, name in (("doomed", "a"), ("doomed", "b"), ("kept", "a")):
+        await _track({"type": "ADDED"}, _body(ns, name, f"{ns}-{name}"))
+    tasks = dict(kopf_handlers._tasks)
+    terminating = {"metadata": {"name": "doomed", "deletionTimestamp": "2026-12-03T16:00:00Z"}}
+    await _namespace_event({"type": "MODIFIED", "object": terminating})
+    await _settle()
+    assert set(kopf_handlers._tasks) == {("kept", "a")}
+    assert tasks[("doomed", "a")].cancelled() and tasks[("doomed", "b")].cancelled()
+    # a model event kopf delivers after the namespace's does not bring a watchdog back
+    await _track({"type": "MODIFIED"}, _body("doomed", "a", "doomed-a"))
+    assert ("doomed", "a") not in kopf_handlers._tasks
+    # once the namespace is gone, a namespace of that name is a new one
+    await _namespace_event({"type": "DELETED", "object": terminating})
+    await _namespace_event({"type": "ADDED", "object": {"metadata": {"name": "doomed"}}})
+    await _track({"type": "ADDED"}, _body("doomed", "a", "doomed-a2"))
+    assert ("doomed", "a", "doomed-a2") in watchdogs.started
+    # a namespace merely changed is not a deletion
+    await _namespace_event({"type": "MODIFIED", "object": {"metadata": {"name": "kept"}}})
+    assert set(kopf_handlers._tasks) == {("kept", "a"), ("doomed", "a")}
+
+
+def test_what_counts_as_a_namespace_being_deleted() -> None:
+    assert namespace_deletions.deleting("DELETED", {"metadata": {"name": "x"}})
+    assert namespace_deletions.deleting(
+        "MODIFIED", {"metadata": {"deletionTimestamp": "2026-12-03T16:00:00Z"}}
+    )
+    assert not namespace_deletions.deleting("MODIFIED", {"metadata": {"name": "x"}})
+    assert not namespace_deletions.deleting("ADDED", {})
+
+
+def test_the_reconcilers_cache_forgets_a_namespace_being_deleted() -> None:
+    cache = Cache()
+    for ns, name in (("doomed", "a"), ("kept", "b")):
+        body = {"metadata": {"namespace": ns, "name": name, "uid": name}}
+        cache.model_event("ADDED", body)
+        child = {
+            "metadata": {
+                "namespace": ns,
+                "name": f"{name}-decode",
+                "ownerReferences": [
+                    {
+                        "apiVersion": "pdwarden.io/v1alpha1",
+                        "kind": "DisaggregatedModel",
+                        "name": name,
+                        "controller": True,
+                    }
+                ],
+            }
+        }
+        cache.child_event("apps/v1", "Deployment", "ADDED", child)
+    cache.note_settled(("doomed", "a"), "settled")
+    assert cache.forget_namespace("doomed") == [("doomed", "a")]
+    assert set(cache.models) == {("kept", "b")} and set(cache.children) == {("kept", "b")}
+    assert ("doomed", "a") not in cache.settled and cache.take_dirty() == [("kept", "b")]
+
+
+@pytest.mark.parametrize("exists", [False, True])
+async def test_a_round_that_finds_its_model_gone_ends_the_watchdog(
+    monkeypatch: pytest.MonkeyPatch, exists: bool
+) -> None:
+    """A 404 from a round's write ends the watchdog only when the model is confirmed gone (a
+    404 for anything else, or a model that is still there, is one failed round)."""
+    monkeypatch.setattr(model_watchdog, "FIRST_ROUND_MIN_S", 0.0)
+    monkeypatch.setattr(model_watchdog, "FIRST_ROUND_MAX_S", 0.0)
+    asked: list[tuple[str, str, str]] = []
+
+    async def still_exists(namespace: str, name: str, uid: str) -> bool:
+        asked.append((namespace, name, uid))
+        return exists
+
+    monkeypatch.setattr(model_status, "still_exists", still_exists)
+
+    async def round_(self: ModelWatchdog, body: Any) -> float:
+        raise KubeApiError(404, "NotFound", "not found", method="PATCH", path="/status")
+
+    monkeypatch.setattr(ModelWatchdog, "round", round_)
+    watchdog = ModelWatchdog("ns", "m", "uid-1")
+    task = asyncio.create_task(watchdog.run(lambda: {"metadata": {}}))
+    await asyncio.sleep(0.2)  # one round (a failed round waits its interval before the next)
+    ended = task.done()
+    task.cancel()
+    assert asked == [("ns", "m", "uid-1")]
+    assert ended is not exists
