@@ -101,7 +101,7 @@ def summarize(rates: dict[str, list[float]]) -> dict[str, Any]:
 
 def raw_nixl(size: int, chunk: int, iters: int) -> dict[str, Any]:
     port = free_port()
-    base = [sys.executable, "-m", "pdwarden_runtime.transfer.raw_nixl"]
+    base = [sys.executable, "-m", "pdwarden_bench.raw_nixl"]
     limit = ["--timeout", str(RAW_TIMEOUT_S)]
     # The target outlives the initiator's limit, so it is there to confirm the bytes.
     target = subprocess.Popen(

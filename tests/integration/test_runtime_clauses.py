@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from pdwarden_bench.ports import free_port
 from tests.support.child_result import last_json_result
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 
 INFLIGHT_DEADLINE = 2.0
 
@@ -28,7 +30,7 @@ def _run(scenarios: str, hardening: str) -> subprocess.Popen[str]:
         [
             sys.executable,
             "-m",
-            "pdwarden_runtime.transfer.scenarios",
+            "tests.support.transfer_scenarios",
             scenarios,
             "--hardening",
             hardening,
@@ -42,6 +44,7 @@ def _run(scenarios: str, hardening: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        cwd=ROOT,  # where `tests` is importable
     )
 
 

@@ -1,8 +1,9 @@
 """The hardening in SGLang's real NIXL classes, in-process (prefill + decode managers,
 real NIXL over UCX on DRAM): each fix shown failing without it and holding with it.
 
-The scenarios run in a subprocess (``pdwarden_runtime.transfer.scenarios``, which the runtime
-doctor uses too): SGLang's NIXL threads never exit, and its runtime context is process-wide.
+The scenarios run in a subprocess (``tests.support.transfer_scenarios``, on the loopback pair
+the runtime doctor uses too): SGLang's NIXL threads never exit, and its runtime context is
+process-wide.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def results() -> dict[str, dict]:
             [
                 sys.executable,
                 "-m",
-                "pdwarden_runtime.transfer.scenarios",
+                "tests.support.transfer_scenarios",
                 ORDER,
                 "--hardening",
                 mode,

@@ -101,7 +101,7 @@ def behaviour_checks(free_port: Callable[[], int]) -> dict[str, Any]:
         inflight_deadline=None,
     )
     try:
-        from pdwarden_runtime.transfer.scenarios import Pair
+        from pdwarden_runtime.transfer.loopback_pair import Pair
 
         pair = Pair(free_port(), config)
     except Exception as err:
@@ -143,7 +143,7 @@ def _sticky_failed(pair: Any) -> dict[str, Any]:
 def _stalled_no_ack(pair: Any) -> dict[str, Any]:
     from pdwarden_contract import FAULT_STALL
     from pdwarden_runtime.kvpoll import KVPoll
-    from pdwarden_runtime.transfer.scenarios import wait_for
+    from pdwarden_runtime.transfer.loopback_pair import poll_until
 
     room = 910002
     pair.config.fault.set(FAULT_STALL)
@@ -151,12 +151,12 @@ def _stalled_no_ack(pair: Any) -> dict[str, Any]:
         sender, recv, _dst = pair.open_room(room, 4)
         src = pair.p_pool.take_pages(4)
         sender.send(src)
-        failed = wait_for(lambda: int(sender.poll()) == KVPoll.Failed, CHECK_DEADLINE_S + 10)
+        failed = poll_until(lambda: int(sender.poll()) == KVPoll.Failed, CHECK_DEADLINE_S + 10)
         quarantined = pair.prefill.pdwarden.quarantined_handles()
-        told_early = wait_for(lambda: int(recv.poll()) in (KVPoll.Failed, KVPoll.Success), 0.5)
+        told_early = poll_until(lambda: int(recv.poll()) in (KVPoll.Failed, KVPoll.Success), 0.5)
     finally:
         pair.config.fault.set("none")
-    told_after = wait_for(lambda: int(recv.poll()) == KVPoll.Failed, 10)
+    told_after = poll_until(lambda: int(recv.poll()) == KVPoll.Failed, 10)
     problems = []
     if not failed:
         problems.append("the stalled room did not fail at the transfer deadline")
@@ -187,7 +187,7 @@ def _held_pages_need_proof(pair: Any) -> dict[str, Any]:
     from pdwarden_contract import FAULT_STALL
     from pdwarden_runtime.kvpoll import KVPoll
     from pdwarden_runtime.sglang_boot import NEVER_S
-    from pdwarden_runtime.transfer.scenarios import wait_for
+    from pdwarden_runtime.transfer.loopback_pair import poll_until
 
     room = 910003
     decode = pair.decode
@@ -197,14 +197,14 @@ def _held_pages_need_proof(pair: Any) -> dict[str, Any]:
         sender, recv, dst = pair.open_room(room, 4)
         src = pair.p_pool.take_pages(4)
         sender.send(src)
-        failed = wait_for(lambda: int(sender.poll()) == KVPoll.Failed, CHECK_DEADLINE_S + 10)
+        failed = poll_until(lambda: int(sender.poll()) == KVPoll.Failed, CHECK_DEADLINE_S + 10)
         recv.abort()  # its client left: decode holds the pages for the stalled writer
         held = decode.pdwarden.held_pages.is_held(room)
         time.sleep(1.0)
         freed_early = bool(decode.is_abort_release_safe(room, 1))
     finally:
         pair.config.fault.set("none")
-    freed_after = wait_for(lambda: bool(decode.is_abort_release_safe(room, 1)), 10)
+    freed_after = poll_until(lambda: bool(decode.is_abort_release_safe(room, 1)), 10)
     decode.clear_deferred_abort_state(room)
     recv.clear()
     pair.d_pool.give_pages(dst)

@@ -1,11 +1,10 @@
-"""In-process scenarios on SGLang's real NIXL classes (hardened or not), for tests.
+"""In-process transfer scenarios on SGLang's real NIXL classes (hardened, or the emulated
+port), for the tests: each drives rooms of a loopback pair (``pdwarden_runtime.transfer.
+loopback_pair``) through SGLang's sender/receiver API exactly as SGLang's schedulers do, and
+the run prints one JSON line with what happened. Run as a subprocess from the repository root
+(SGLang's threads never exit):
 
-A prefill and a decode KV manager live in one process (each with its own NIXL agent,
-memory and threads, talking over loopback ZMQ/UCX as two pods would); each scenario drives
-rooms through SGLang's sender/receiver API exactly as SGLang's schedulers do, and prints
-one JSON line with what happened. Run as a subprocess (SGLang's threads never exit):
-
-    python -m pdwarden_runtime.transfer.scenarios roundtrip,race,stall --hardening on --port 31500
+    python -m tests.support.transfer_scenarios roundtrip,race,stall --hardening on --port 31500
 """
 
 from __future__ import annotations
@@ -18,89 +17,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
-from pdwarden_runtime.hardening import HardeningConfig, install
+from pdwarden_runtime.hardening import HardeningConfig
 from pdwarden_runtime.hardening.config import ALL_FIXES, FAULT_EMULATED_PORT_RACE, NO_FIXES, FaultSwitch
 from pdwarden_runtime.kvpoll import KVPoll
-from pdwarden_runtime.transfer import nixl_progress
-from pdwarden_runtime.transfer.context import publish_sglang_context
-from pdwarden_runtime.transfer.kvpool import KVPool, PoolShape
-
-HOST = "127.0.0.1"
-
-
-class Pair:
-    """A hardened prefill manager, a hardened decode manager, and SGLang's bootstrap server."""
-
-    def __init__(self, port: int, config: HardeningConfig) -> None:
-        install(config)
-        publish_sglang_context(host=HOST, bootstrap_port=port)
-        nixl_progress.install()
-        from sglang.srt.disaggregation.utils import (
-            DisaggregationMode,
-            KVClassType,
-            TransferBackend,
-            get_kv_class,
-        )
-
-        def cls(kind: Any) -> Any:
-            return get_kv_class(TransferBackend.NIXL, kind)
-
-        self.sender_cls = cls(KVClassType.SENDER)
-        self.receiver_cls = cls(KVClassType.RECEIVER)
-        self.boot = cls(KVClassType.BOOTSTRAP_SERVER)(host=HOST, port=port)
-        shape = PoolShape(layers=2, pages=256, page_bytes=4096)
-        self.p_pool, self.d_pool = KVPool(shape), KVPool(shape)
-        self.prefill = cls(KVClassType.MANAGER)(self.p_pool.kv_args(), DisaggregationMode.PREFILL, None)
-        self.decode = cls(KVClassType.MANAGER)(self.d_pool.kv_args(), DisaggregationMode.DECODE, None)
-        self.addr = f"{HOST}:{port}"
-        deadline = time.time() + 30
-        while not self.decode.try_ensure_parallel_info(self.addr):
-            if time.time() > deadline:
-                raise RuntimeError("decode never saw the prefill's bootstrap info")
-            time.sleep(0.1)
-        self.config = config
-
-    def open_room(self, room: int, pages: int) -> tuple[Any, Any, np.ndarray]:
-        recv = self.receiver_cls(self.decode, self.addr, room)
-        recv.init(prefill_dp_rank=0)
-        sender = self.sender_cls(self.prefill, self.addr, room)
-        dst = self.d_pool.take_pages(pages)
-        recv.send_metadata(dst, aux_index=room % 64)
-        wait_for(lambda: sender.poll() != KVPoll.Bootstrapping, 10)
-        sender.init(pages, aux_index=room % 64)
-        return sender, recv, dst
-
-    def rooms_summary(self) -> dict[str, Any]:
-        rt = self.prefill.pdwarden
-        return {
-            "prefill_rooms": {str(r): KVPoll(s).name for r, s in rt.table.snapshot().items()},
-            "decode_rooms": {
-                str(r): KVPoll(s).name for r, s in self.decode.pdwarden.table.snapshot().items()
-            },
-            "refused": {f"{getattr(a, 'name', a)}->{b.name}": n for (a, b), n in rt.table.refused().items()},
-            "outcomes": {k: v for k, v in rt.tracker.outcomes().items() if v},
-            "transfer_infos": len(self.prefill.transfer_infos),
-            "staging_outstanding": len(self.prefill._staging_outstanding),
-            "handle_deadlines": rt.handle_deadlines,
-            "failure_notices": rt.failure_notices,
-            "skips_concluded": rt.silent_skips_concluded,
-        }
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    """Poll `predicate` until it holds or `timeout` seconds pass; whether it held."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
-
-
-def terminal(value: Any) -> bool:
-    return int(value) in (KVPoll.Success, KVPoll.Failed)
+from pdwarden_runtime.transfer.loopback_pair import Pair, poll_until, terminal
 
 
 def scenario_roundtrip(pair: Pair) -> dict[str, Any]:
@@ -113,7 +33,7 @@ def scenario_roundtrip(pair: Pair) -> dict[str, Any]:
         pair.p_pool.aux_view(room % 64).fill_(40 + i)
         sender.send(src[:4])
         sender.send(src[4:])
-        wait_for(lambda s=sender, r=recv: bool(terminal(s.poll()) and terminal(r.poll())), 10)  # type: ignore[misc]
+        poll_until(lambda s=sender, r=recv: bool(terminal(s.poll()) and terminal(r.poll())), 10)  # type: ignore[misc]
         ok = (
             int(pair.d_pool.buffers[0].view(256, 4096)[dst[0]][0]) == 7 + i
             and int(pair.d_pool.aux_view(room % 64)[0]) == 40 + i
@@ -140,9 +60,9 @@ def scenario_race(pair: Pair) -> dict[str, Any]:
     time.sleep(0.3)
     recv.abort()  # decode aborts: ABORT -> prefill's bootstrap thread
     sender.send(src[4:])  # the last chunk
-    wait_for(lambda: terminal(sender.poll()), 3.0)
+    poll_until(lambda: terminal(sender.poll()), 3.0)
     prefill_state = KVPoll(sender.poll()).name
-    decode_told = wait_for(
+    decode_told = poll_until(
         lambda: pair.decode.pdwarden.table.get(room) is not None and room in pair.decode.failure_records, 1.0
     )
     return {
@@ -163,7 +83,7 @@ def scenario_stall(pair: Pair) -> dict[str, Any]:
     sender, recv, _dst = pair.open_room(room, 4)
     src = pair.p_pool.take_pages(4)
     sender.send(src)
-    concluded = wait_for(lambda: terminal(sender.poll()), pair.config.transfer_deadline + 5)
+    concluded = poll_until(lambda: terminal(sender.poll()), pair.config.transfer_deadline + 5)
     stalled = {
         "prefill": KVPoll(sender.poll()).name,
         "decode": KVPoll(recv.poll()).name,
@@ -171,19 +91,19 @@ def scenario_stall(pair: Pair) -> dict[str, Any]:
         "concluded": concluded,
     }
     # while the handle may still write (quarantined), decode must not hear its pages are free
-    wait_for(lambda: terminal(recv.poll()), 1.0)
+    poll_until(lambda: terminal(recv.poll()), 1.0)
     stalled["decode_while_quarantined"] = KVPoll(recv.poll()).name
     stalled["quarantined"] = _quarantined(pair)
     pair.config.fault.set("none")  # the handle settles: now decode is told
-    wait_for(lambda: terminal(recv.poll()), 5)
+    poll_until(lambda: terminal(recv.poll()), 5)
     stalled["decode_after"] = KVPoll(recv.poll()).name
-    wait_for(lambda: _quarantined(pair) == 0, 5)
+    poll_until(lambda: _quarantined(pair) == 0, 5)
     stalled["quarantined_after"] = _quarantined(pair)
     # the next room goes to the same worker (same decode endpoint -> same queue shard)
     nxt, nrecv, _ndst = pair.open_room(room + 1, 4)
     nsrc = pair.p_pool.take_pages(4)
     nxt.send(nsrc)
-    wait_for(lambda: terminal(nxt.poll()) and terminal(nrecv.poll()), 5)
+    poll_until(lambda: terminal(nxt.poll()) and terminal(nrecv.poll()), 5)
     return {
         "stalled_room": stalled,
         "next_room": {"prefill": KVPoll(nxt.poll()).name, "decode": KVPoll(nrecv.poll()).name},
@@ -201,10 +121,10 @@ def scenario_prefill_abort(pair: Pair) -> dict[str, Any]:
     sender, recv, _dst = pair.open_room(room, 8)
     src = pair.p_pool.take_pages(8)
     sender.send(src[:4])
-    wait_for(lambda: pair.prefill.pdwarden.ledger.idle(room), 2)
+    poll_until(lambda: pair.prefill.pdwarden.ledger.idle(room), 2)
     time.sleep(0.1)
     sender.abort()
-    told = wait_for(lambda: terminal(recv.poll()), 2.0)
+    told = poll_until(lambda: terminal(recv.poll()), 2.0)
     return {
         "decode_told": told,
         "decode_status": KVPoll(recv.poll()).name,
@@ -217,7 +137,7 @@ def _roundtrip_once(pair: Pair, room: int) -> dict[str, str]:
     sender, recv, dst = pair.open_room(room, 4)
     src = pair.p_pool.take_pages(4)
     sender.send(src)
-    wait_for(lambda: terminal(sender.poll()) and terminal(recv.poll()), 10)
+    poll_until(lambda: terminal(sender.poll()) and terminal(recv.poll()), 10)
     result = {"prefill": KVPoll(sender.poll()).name, "decode": KVPoll(recv.poll()).name}
     sender.clear()
     recv.clear()
@@ -269,8 +189,8 @@ def scenario_enqueue_popped(pair: Pair) -> dict[str, Any]:
     pair.prefill.transfer_infos.pop(room, None)
     src = pair.p_pool.take_pages(4)
     sender.send(src)
-    concluded = wait_for(lambda: terminal(sender.poll()), 3)
-    decode_told = wait_for(lambda: terminal(recv.poll()), 3)
+    concluded = poll_until(lambda: terminal(sender.poll()), 3)
+    decode_told = poll_until(lambda: terminal(recv.poll()), 3)
     return {
         "concluded": concluded,
         "prefill": KVPoll(sender.poll()).name,
@@ -293,7 +213,7 @@ def scenario_dead_worker(pair: Pair) -> dict[str, Any]:
     before = {"alive": threads.alive(), "expected": threads.expected()}
     queue = pair.prefill.transfer_queues[0]
     getattr(queue, "_inner", queue).put(_PoisonChunk())
-    wait_for(lambda: "nixl_transfer_worker" in threads.dead(), 5)
+    poll_until(lambda: "nixl_transfer_worker" in threads.dead(), 5)
     return {"before": before, "dead": {k: list(v) for k, v in threads.dead().items()}}
 
 
@@ -308,7 +228,7 @@ def scenario_prefill_vanished(pair: Pair) -> dict[str, Any]:
     t0 = time.time()
     _sender, recv, _dst = pair.open_room(room, 4)
     deadline = pair.config.inflight_deadline or 0.0
-    concluded = wait_for(lambda: terminal(recv.poll()), deadline + 10)
+    concluded = poll_until(lambda: terminal(recv.poll()), deadline + 10)
     return {
         "concluded": concluded,
         "decode": KVPoll(recv.poll()).name,
@@ -329,7 +249,7 @@ def scenario_abort_before_metadata(pair: Pair) -> dict[str, Any]:
     sender = pair.sender_cls(pair.prefill, pair.addr, room)
     t0 = time.monotonic()
     recv.abort()
-    failed = wait_for(lambda: sender.poll() == KVPoll.Failed, 3)
+    failed = poll_until(lambda: sender.poll() == KVPoll.Failed, 3)
     return {
         "failed": failed,
         "seconds": round(time.monotonic() - t0, 2),
@@ -347,7 +267,7 @@ def scenario_early_abort(pair: Pair) -> dict[str, Any]:
     recv.abort()
     time.sleep(0.3)  # the ABORT reaches the prefill's bootstrap thread first
     sender = pair.sender_cls(pair.prefill, pair.addr, room)
-    failed = wait_for(lambda: sender.poll() == KVPoll.Failed, 2)
+    failed = poll_until(lambda: sender.poll() == KVPoll.Failed, 2)
     return {
         "failed": failed,
         "prefill": KVPoll(sender.poll()).name,
@@ -362,7 +282,7 @@ def scenario_bootstrap_deadline(pair: Pair) -> dict[str, Any]:
     sender = pair.sender_cls(pair.prefill, pair.addr, room)
     t0 = time.monotonic()
     bound = (pair.config.inflight_deadline or 0.0) + 5
-    failed = wait_for(lambda: sender.poll() == KVPoll.Failed, bound)
+    failed = poll_until(lambda: sender.poll() == KVPoll.Failed, bound)
     return {
         "failed": failed,
         "seconds": round(time.monotonic() - t0, 2),

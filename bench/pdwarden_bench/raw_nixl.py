@@ -10,8 +10,8 @@ the WRITEs unfinished. The initiator writes ``size`` bytes per iteration in two 
 descriptors), and prints one JSON line. Every wait is bounded by ``--timeout``: on expiry
 the process prints an error line and exits, it never hangs.
 
-    python -m pdwarden_runtime.transfer.raw_nixl target --port P --size N
-    python -m pdwarden_runtime.transfer.raw_nixl initiator --port P --size N --chunk C --iters K
+    python -m pdwarden_bench.raw_nixl target --port P --size N
+    python -m pdwarden_bench.raw_nixl initiator --port P --size N --chunk C --iters K
 """
 
 from __future__ import annotations
