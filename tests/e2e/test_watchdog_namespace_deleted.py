@@ -9,13 +9,10 @@ deleted, so their deletion never reaches the operator as an event.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import API_TRANSIENT, Env, http_json, open_env
+from pdwarden_bench.cluster_env import API_TRANSIENT, Env, http_json
 from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_bench.promtext import samples
 from pdwarden_localcluster.testing import Kubectl, wait_for
@@ -24,14 +21,10 @@ from ._operator_helpers import idle_model, operator_module_fixtures
 
 pytestmark = pytest.mark.e2e
 
+# `env` (tests/e2e/conftest.py) takes this module's `namespace`: one under the operator's pattern
 kubectl, operator, namespace = operator_module_fixtures("pdwe-nsgone-", metrics=True)
 
 WATCHDOG = {"stuckAfterSeconds": 20, "scrapeIntervalSeconds": 2}
-
-
-@pytest.fixture
-def env(cluster, namespace: str, tmp_path: Path) -> Iterator[Env]:  # type: ignore[no-untyped-def]
-    yield from open_env(Path(cluster.kubeconfig), namespace, tmp_path)
 
 
 def _series(op: OperatorProcess, namespace: str) -> list[str]:
