@@ -83,7 +83,8 @@ def is_glob(namespace: str) -> bool:
 
 def watch_scope(namespaces: list[str]) -> None:
     """The namespaces the operator watches (none: all of them), before kopf runs."""
-    globbed = namespace_deletions.watch(namespaces, is_glob)
+    namespace_deletions.watch(namespaces, is_glob)
+    globbed = any(is_glob(ns) for ns in namespaces)
     scope: list[str | None] = [*namespaces] if namespaces else [None]
     _prefill_scope[:] = [] if globbed else scope
 

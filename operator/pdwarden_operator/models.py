@@ -1006,6 +1006,111 @@ class RoleAutoscalingStatus(_Base):
     last_scale_time: str | None = Field(None, description="When pdwarden last changed the count (RFC 3339).")
 
 
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def _null_clears(description: str) -> Any:
+    """A status field written as null when unset: the status is a JSON merge patch, whose null
+    removes a value stored before (and a null inside a list entry is kept as null)."""
+    return Field(None, description=description, json_schema_extra={"nullable": True})
+
+
+def _absent_when_unset(description: str) -> Any:
+    return Field(None, description=description, exclude_if=_is_none)
+
+
+class _StatusPart(_Base):
+    """A part of the status the watchdog writes and reads back. Reading is tolerant of fields
+    another version wrote (ignored); writing goes through these models, so nothing undeclared
+    is written (the API server would prune it)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class BudgetStatus(_StatusPart):
+    """The remediation budget: maxRemediations per window."""
+
+    window_start: str | None = _null_clears("When the current window began (RFC 3339); null: none open.")
+    used: int = Field(default=0, ge=0, description="Remediations charged to the window.")
+    limit: int = Field(default=0, ge=0, description="spec.watchdog.maxRemediations.")
+    exhausted: bool = Field(default=False, description="The window's budget is spent.")
+
+
+class InFlightStatus(_StatusPart):
+    """A remediation decided (its intent written first) and not yet known to be finished."""
+
+    pod: str = Field(description="The pod acted on.")
+    uid: str = Field(default="", description="That pod's UID (a pod of the same name later is another pod).")
+    role: str = Field(description="prefill or decode.")
+    action: WatchdogAction = Field(description="alert, restart, evict or drain.")
+    started_at: str = Field(description="When the remediation was decided (RFC 3339).")
+    remediation_id: int = Field(description="The status.remediations entry it updates.")
+    reason: str = Field(default="", description="Why the pod was judged wedged.")
+    attempts: int = Field(default=0, ge=0, description="Calls made so far (0: only the intent written).")
+    last_outcome: str = Field(default="pending", description="The last call's outcome.")
+    not_before: str | None = _null_clears("A 429's Retry-After: not tried again before then (RFC 3339).")
+    quarantined_at: str | None = _absent_when_unset(
+        "Drain: when the pod left its Deployment's selector (RFC 3339)."
+    )
+
+
+class FleetBrakeStatus(_StatusPart):
+    """Whether a brake (the fleet's, or the model's namespace's) holds this model's remediations."""
+
+    engaged: bool = Field(description="A brake holds every remediation of this model.")
+    scope: str | None = _absent_when_unset("fleet or namespace (while engaged).")
+    reason: str | None = _absent_when_unset("The counts that engaged it (while engaged).")
+
+
+class WatchdogStatus(_StatusPart):
+    """What the watchdog found and must remember across restarts."""
+
+    last_scrape: str | None = _null_clears(
+        "The last round (RFC 3339): written when a finding changes, alone at most once a minute."
+    )
+    wedged_pods: list[str] = Field(default_factory=list, description="Pods judged wedged now.")
+    unobserved_pods: list[str] = Field(
+        default_factory=list, description="Pods whose /metrics could not be scraped or parsed."
+    )
+    budget: BudgetStatus = Field(default_factory=BudgetStatus, description="The remediation budget.")
+    budget_exhausted: bool | None = _absent_when_unset(
+        "The budget is spent and the action is not alert (remediation held until the window ends)."
+    )
+    cooldown_until: dict[str, str] = Field(
+        default_factory=dict, description="Per role, no new remediation before this time (RFC 3339)."
+    )
+    next_id: int = Field(default=1, ge=1, description="The id the next status.remediations entry gets.")
+    in_flight: list[InFlightStatus] = Field(
+        default_factory=list, description="Remediations decided and not finished (a restart resumes them)."
+    )
+    fleet_brake: FleetBrakeStatus | None = _absent_when_unset(
+        "The brakes as this model's last round saw them."
+    )
+
+
+class RemediationPhase(_StatusPart):
+    """One phase a drain went through."""
+
+    phase: str = Field(description="The outcome the phase reached.")
+    time: str = Field(description="When (RFC 3339).")
+
+
+class RemediationStatus(_StatusPart):
+    """One watchdog decision; `id` is stable for the entry's lifetime."""
+
+    id: int = Field(description="Stable while the entry is kept.")
+    pod: str = Field(description="The pod judged wedged.")
+    role: str = Field(description="prefill or decode.")
+    reason: str = Field(description="Why it was judged wedged.")
+    action: str = Field(description="What the watchdog did, or would do (alert).")
+    time: str = Field(description="When it was decided (RFC 3339).")
+    outcome: str = Field(
+        description="Where it stands: pending, deleted, evicted, quarantined, skipped-..., error."
+    )
+    phases: list[RemediationPhase] | None = _absent_when_unset("A drain's phases, each with its time.")
+
+
 class AutoscalingStatus(_Base):
     """The autoscaler's view: desired against current per role, and why."""
 
@@ -1032,22 +1137,14 @@ class DisaggregatedModelStatus(_Base):
     prefill: ReplicaStatus | None = Field(None, description="Prefill replicas (pods, or groups).")
     decode: ReplicaStatus | None = Field(None, description="Decode replicas (pods, or groups).")
     router: ReplicaStatus | None = Field(None, description="Router Deployment replicas.")
-    watchdog: dict[str, Any] | None = Field(
-        None,
-        description="Watchdog state: lastScrape, wedgedPods, unobservedPods, budget {windowStart, used}, "
-        "cooldownUntil, inFlight (each naming its remediationId; a drain's quarantinedAt), nextId, "
-        "fleetBrake. "
-        "Written when a finding changes; lastScrape alone is refreshed at most "
-        "once a minute. Absent until a runtime pod is Ready.",
+    watchdog: WatchdogStatus | None = Field(
+        None, description="The watchdog's findings and state. Absent until a runtime pod is Ready."
     )
     autoscaling: AutoscalingStatus | None = Field(
         None, description="Autoscaled roles: desired against current replicas, and why."
     )
-    remediations: list[dict[str, Any]] | None = Field(
-        None,
-        description="The last remediations: id (stable), pod, role, reason, action, time, outcome; "
-        "a drain's also phases (each phase with its time).",
-        max_length=MAX_REMEDIATIONS_KEPT,
+    remediations: list[RemediationStatus] | None = Field(
+        None, description="The last remediations, oldest first.", max_length=MAX_REMEDIATIONS_KEPT
     )
 
 

@@ -53,12 +53,9 @@ def being_deleted(namespace: str) -> bool:
     return namespace in _deleting
 
 
-def watch(namespaces: list[str], is_pattern: Callable[[str], bool]) -> bool:
-    """Register the namespace watch when `namespaces` holds a pattern, before kopf runs;
-    returns whether it did."""
+def watch(namespaces: list[str], is_pattern: Callable[[str], bool]) -> None:
+    """Register the namespace watch, before kopf runs, when `namespaces` holds a pattern."""
     global _registered
-    if _registered or not any(is_pattern(ns) for ns in namespaces):
-        return _registered
-    kopf.on.event("", "v1", "namespaces", id="pdwarden_namespace_deletions")(_namespace_event)
-    _registered = True
-    return True
+    if not _registered and any(is_pattern(ns) for ns in namespaces):
+        kopf.on.event("", "v1", "namespaces", id="pdwarden_namespace_deletions")(_namespace_event)
+        _registered = True

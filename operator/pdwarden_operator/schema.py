@@ -31,6 +31,7 @@ _KEEP = (
     "minProperties",
     "maxProperties",
     "uniqueItems",
+    "nullable",
 )
 
 

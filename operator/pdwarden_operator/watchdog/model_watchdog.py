@@ -27,7 +27,7 @@ from pdwarden_operator.kube import model_status as kube_model_status
 from pdwarden_operator.kube import pods as kube_pods
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
-from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
+from pdwarden_operator.models import DisaggregatedModelSpec, FleetBrakeStatus, parse_spec
 from pdwarden_operator.status_writer import WRITER
 from pdwarden_operator.watchdog import blame, gangs, ladder
 from pdwarden_operator.watchdog.brake import BRAKE, BrakeState
@@ -399,15 +399,15 @@ class ModelWatchdog:
             wedged_pods=wedged,
             unobserved_pods=unobserved,
             max_remediations=spec.watchdog.max_remediations,
+            budget_exhausted=state.exhausted and spec.watchdog.action != "alert",
+            # the reason only while engaged: the counts behind it change with every model's round
+            fleet_brake=(
+                FleetBrakeStatus(engaged=True, scope=self._brake.scope, reason=self._brake.reason)
+                if self._brake.engaged
+                else FleetBrakeStatus(engaged=False)
+            ),
         )
-        findings["watchdog"]["budgetExhausted"] = state.exhausted and spec.watchdog.action != "alert"
         findings["autoscaling"] = self._autoscaling
-        # the reason only while engaged: the counts behind it change with every model's round
-        findings["watchdog"]["fleetBrake"] = (
-            {"engaged": True, "scope": self._brake.scope, "reason": self._brake.reason}
-            if self._brake.engaged
-            else {"engaged": False}
-        )
         return findings
 
     async def _announce_brake(self, brake: BrakeState) -> None:

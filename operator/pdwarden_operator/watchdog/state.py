@@ -9,9 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
-from pdwarden_operator.models import MAX_REMEDIATIONS_KEPT, WATCHDOG_ACTIONS
+from pydantic import BaseModel, ValidationError
+
+from pdwarden_operator.models import (
+    MAX_REMEDIATIONS_KEPT,
+    BudgetStatus,
+    FleetBrakeStatus,
+    InFlightStatus,
+    RemediationPhase,
+    RemediationStatus,
+    WatchdogAction,
+    WatchdogStatus,
+)
 from pdwarden_operator.timestamps import from_rfc3339, to_rfc3339
 from pdwarden_operator.watchdog.outcome import Outcome, parse
 
@@ -23,7 +34,7 @@ class InFlight:
     pod: str
     uid: str
     role: str
-    action: str
+    action: WatchdogAction
     started_at: float
     remediation_id: int  # the `status.remediations` entry this remediation updates
     reason: str = ""
@@ -74,103 +85,123 @@ class WatchdogState:
         return next((e for e in self.remediations if e.id == remediation_id), None)
 
 
-def _entries(value: Any) -> Sequence[Mapping[str, Any]]:
-    if not isinstance(value, list):
-        return ()
-    return [item for item in value if isinstance(item, Mapping)]
+_Part = TypeVar("_Part", bound=BaseModel)
 
 
-def _phases(value: Any) -> tuple[tuple[Outcome, float], ...]:
-    out = []
-    for item in _entries(value):
-        when = from_rfc3339(item.get("time"))
-        if when is not None:
-            out.append((parse(item.get("phase"), Outcome.ERROR), when))
-    return tuple(out)
+def _valid(model: type[_Part], value: Any) -> _Part | None:
+    """`value` read as `model`, or None when it does not fit (a malformed stored part is
+    dropped, never fatal)."""
+    try:
+        return model.model_validate(value)
+    except ValidationError:
+        return None
 
 
-def _remediation_to_status(r: Remediation) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "id": r.id,
-        "pod": r.pod,
-        "role": r.role,
-        "reason": r.reason,
-        "action": r.action,
-        "time": to_rfc3339(r.time),
-        "outcome": r.outcome.value,
-    }
-    if r.phases:
-        entry["phases"] = [{"phase": p.value, "time": to_rfc3339(t)} for p, t in r.phases]
-    return entry
+def _each(model: type[_Part], value: Any) -> list[_Part]:
+    """The entries of a stored list that fit `model`."""
+    items = value if isinstance(value, list) else []
+    return [part for item in items if (part := _valid(model, item)) is not None]
+
+
+def _in_flight(item: InFlightStatus) -> InFlight | None:
+    started = from_rfc3339(item.started_at)
+    if started is None:
+        return None
+    return InFlight(
+        pod=item.pod,
+        uid=item.uid,
+        role=item.role,
+        action=item.action,
+        started_at=started,
+        remediation_id=item.remediation_id,
+        reason=item.reason,
+        attempts=item.attempts,
+        last_outcome=parse(item.last_outcome),
+        not_before=from_rfc3339(item.not_before),
+        quarantined_at=from_rfc3339(item.quarantined_at),
+    )
+
+
+def _remediation(item: RemediationStatus) -> Remediation | None:
+    when = from_rfc3339(item.time)
+    if when is None:
+        return None
+    phases = [(parse(p.phase, Outcome.ERROR), from_rfc3339(p.time)) for p in item.phases or ()]
+    return Remediation(
+        id=item.id,
+        pod=item.pod,
+        role=item.role,
+        reason=item.reason,
+        action=item.action,
+        time=when,
+        outcome=parse(item.outcome, Outcome.ERROR),
+        phases=tuple((phase, t) for phase, t in phases if t is not None),
+    )
 
 
 def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
-    """Read the persisted state from a DisaggregatedModel's status (missing parts -> defaults)."""
-    status = status or {}
-    wd = status.get("watchdog") if isinstance(status.get("watchdog"), Mapping) else {}
-    assert isinstance(wd, Mapping)
-    budget = wd.get("budget") if isinstance(wd.get("budget"), Mapping) else {}
-    assert isinstance(budget, Mapping)
-    used = budget.get("used")
-    cooldowns: dict[str, float] = {}
-    raw_cooldowns = wd.get("cooldownUntil")
-    if isinstance(raw_cooldowns, Mapping):
-        for role, when in raw_cooldowns.items():
-            parsed = from_rfc3339(when)
-            if parsed is not None:
-                cooldowns[str(role)] = parsed
-    in_flight: list[InFlight] = []
-    for item in _entries(wd.get("inFlight")):
-        started = from_rfc3339(item.get("startedAt"))
-        rid = item.get("remediationId")
-        if started is None or not all(isinstance(item.get(k), str) for k in ("pod", "role", "action")):
-            continue
-        if item["action"] not in WATCHDOG_ACTIONS or not isinstance(rid, int):
-            continue
-        attempts = item.get("attempts")
-        in_flight.append(
-            InFlight(
-                pod=item["pod"],
-                uid=str(item.get("uid") or ""),
-                role=item["role"],
-                action=item["action"],
-                started_at=started,
-                remediation_id=rid,
-                reason=str(item.get("reason") or ""),
-                attempts=attempts if isinstance(attempts, int) and attempts >= 0 else 0,
-                last_outcome=parse(item.get("lastOutcome")),
-                not_before=from_rfc3339(item.get("notBefore")),
-                quarantined_at=from_rfc3339(item.get("quarantinedAt")),
-            )
-        )
-    remediations: list[Remediation] = []
-    for item in _entries(status.get("remediations")):
-        when = from_rfc3339(item.get("time"))
-        rid = item.get("id")
-        if when is None or not isinstance(rid, int):
-            continue
-        remediations.append(
-            Remediation(
-                id=rid,
-                pod=str(item.get("pod", "")),
-                role=str(item.get("role", "")),
-                reason=str(item.get("reason", "")),
-                action=str(item.get("action", "")),
-                time=when,
-                outcome=parse(item.get("outcome"), Outcome.ERROR),
-                phases=_phases(item.get("phases")),
-            )
-        )
-    next_id = wd.get("nextId")
+    """Read the persisted state from a DisaggregatedModel's status (missing or malformed parts
+    -> defaults; a malformed list entry is dropped)."""
+    status = status if isinstance(status, Mapping) else {}
+    stored = status.get("watchdog") if isinstance(status.get("watchdog"), Mapping) else {}
+    # the parts one by one: one bad entry must not cost the others
+    parts = {k: v for k, v in (stored or {}).items() if k not in ("budget", "inFlight", "cooldownUntil")}
+    wd = _valid(WatchdogStatus, parts) or WatchdogStatus()
+    budget = _valid(BudgetStatus, (stored or {}).get("budget")) or BudgetStatus()
+    raw_cooldowns = (stored or {}).get("cooldownUntil")
+    cooldowns = {
+        str(role): when
+        for role, value in (raw_cooldowns.items() if isinstance(raw_cooldowns, Mapping) else ())
+        if (when := from_rfc3339(value)) is not None
+    }
+    in_flight = [
+        f for item in _each(InFlightStatus, (stored or {}).get("inFlight")) if (f := _in_flight(item))
+    ]
+    remediations = [
+        r for item in _each(RemediationStatus, status.get("remediations")) if (r := _remediation(item))
+    ]
     known = max([r.id for r in remediations] + [f.remediation_id for f in in_flight] + [0])
     return WatchdogState(
-        window_start=from_rfc3339(budget.get("windowStart")),
-        used=used if isinstance(used, int) and used >= 0 else 0,
-        exhausted=bool(budget.get("exhausted", False)),
+        window_start=from_rfc3339(budget.window_start),
+        used=budget.used,
+        exhausted=budget.exhausted,
         cooldown_until=cooldowns,
         in_flight=tuple(in_flight),
         remediations=tuple(remediations[-MAX_REMEDIATIONS_KEPT:]),
-        next_id=max(next_id if isinstance(next_id, int) else 1, known + 1),
+        next_id=max(wd.next_id, known + 1),
+    )
+
+
+def _time(t: float | None) -> str | None:
+    return to_rfc3339(t) if t is not None else None
+
+
+def _in_flight_status(f: InFlight) -> InFlightStatus:
+    return InFlightStatus(
+        pod=f.pod,
+        uid=f.uid,
+        role=f.role,
+        action=f.action,
+        started_at=to_rfc3339(f.started_at),
+        remediation_id=f.remediation_id,
+        reason=f.reason,
+        attempts=f.attempts,
+        last_outcome=f.last_outcome.value,
+        not_before=_time(f.not_before),
+        quarantined_at=_time(f.quarantined_at),
+    )
+
+
+def _remediation_status(r: Remediation) -> RemediationStatus:
+    return RemediationStatus(
+        id=r.id,
+        pod=r.pod,
+        role=r.role,
+        reason=r.reason,
+        action=r.action,
+        time=to_rfc3339(r.time),
+        outcome=r.outcome.value,
+        phases=[RemediationPhase(phase=p.value, time=to_rfc3339(t)) for p, t in r.phases] or None,
     )
 
 
@@ -181,43 +212,29 @@ def state_to_status(
     wedged_pods: Sequence[str],
     unobserved_pods: Sequence[str],
     max_remediations: int,
+    budget_exhausted: bool | None = None,
+    fleet_brake: FleetBrakeStatus | None = None,
 ) -> dict[str, Any]:
     """The status patch body for the watchdog's parts (`watchdog`, `remediations`)."""
+    watchdog = WatchdogStatus(
+        last_scrape=_time(last_scrape),
+        wedged_pods=sorted(wedged_pods),
+        unobserved_pods=sorted(unobserved_pods),
+        budget=BudgetStatus(
+            window_start=_time(state.window_start),
+            used=state.used,
+            limit=max_remediations,
+            exhausted=state.exhausted,
+        ),
+        budget_exhausted=budget_exhausted,
+        cooldown_until={role: to_rfc3339(t) for role, t in sorted(state.cooldown_until.items())},
+        next_id=state.next_id,
+        in_flight=[_in_flight_status(f) for f in state.in_flight],
+        fleet_brake=fleet_brake,
+    )
     return {
-        "watchdog": {
-            "lastScrape": to_rfc3339(last_scrape) if last_scrape is not None else None,
-            "wedgedPods": sorted(wedged_pods),
-            "unobservedPods": sorted(unobserved_pods),
-            "budget": {
-                "windowStart": to_rfc3339(state.window_start) if state.window_start is not None else None,
-                "used": state.used,
-                "limit": max_remediations,
-                "exhausted": state.exhausted,
-            },
-            "cooldownUntil": {role: to_rfc3339(t) for role, t in sorted(state.cooldown_until.items())},
-            "nextId": state.next_id,
-            "inFlight": [
-                {
-                    "pod": f.pod,
-                    "uid": f.uid,
-                    "role": f.role,
-                    "action": f.action,
-                    "startedAt": to_rfc3339(f.started_at),
-                    "remediationId": f.remediation_id,
-                    "reason": f.reason,
-                    "attempts": f.attempts,
-                    "lastOutcome": f.last_outcome.value,
-                    "notBefore": to_rfc3339(f.not_before) if f.not_before is not None else None,
-                    **(
-                        {"quarantinedAt": to_rfc3339(f.quarantined_at)}
-                        if f.quarantined_at is not None
-                        else {}
-                    ),
-                }
-                for f in state.in_flight
-            ],
-        },
-        "remediations": [_remediation_to_status(r) for r in state.remediations],
+        "watchdog": watchdog.model_dump(by_alias=True),
+        "remediations": [_remediation_status(r).model_dump(by_alias=True) for r in state.remediations],
     }
 
 
