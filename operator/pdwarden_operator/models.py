@@ -2,15 +2,18 @@
 
 Field names are camelCase on the wire (aliases) and snake_case in Python. Every field has a
 description (it becomes `kubectl explain` text), sensible defaults and bounds. Cross-field
-rules are written twice on purpose: as CEL (`x-kubernetes-validations`, enforced by the API
-server at `kubectl apply`) and as pydantic validators (enforced again when the operator
-reads a body, so an object that slipped past an older CRD still fails with a clear error).
+rules are `Rule`s, each written once: its CEL (`x-kubernetes-validations`, enforced by the API
+server at `kubectl apply`) and the same check on the parsed model (enforced again when the
+operator reads a body, so an object stored under an older CRD still fails, with the message
+the API server would give).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, get_args
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, Self, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
@@ -58,8 +61,40 @@ def _rules(*entries: dict[str, str]) -> dict[str, Any]:
     return {"x-kubernetes-validations": list(entries)}
 
 
+@dataclass(frozen=True)
+class Rule:
+    """A rule across a model's fields, once: `cel` for the API server (over the object as the
+    wire has it), `holds` for the operator (over the parsed model), one message for both."""
+
+    cel: str
+    message: str
+    holds: Callable[[Any], bool]
+    field_path: str | None = None  # where the API server reports a break, e.g. ".minReplicas"
+
+
+def _schema_rules(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """A model's `RULES` in its schema, as x-kubernetes-validations."""
+    rules: tuple[Rule, ...] = getattr(model, "RULES", ())
+    if rules:
+        schema["x-kubernetes-validations"] = [cel(r.cel, r.message, r.field_path) for r in rules]
+
+
 class _Base(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        json_schema_extra=_schema_rules,
+    )
+    RULES: ClassVar[tuple[Rule, ...]] = ()
+
+    @model_validator(mode="after")
+    def _rules_hold(self) -> Self:
+        broken = [rule.message for rule in self.RULES if not rule.holds(self)]
+        if broken:
+            raise ValueError("; ".join(broken))
+        return self
 
 
 # Kubernetes quantity syntax (resource.Quantity): a number and an SI, binary or exponent suffix.
@@ -92,47 +127,50 @@ ResourceMap = Annotated[
     Field(
         max_length=8,  # bounds the CEL cost of the quantity rule
         json_schema_extra=_rules(
-            cel(
-                f"!('{GPU_RESOURCE}' in self)",
-                f"do not set {GPU_RESOURCE} here: use the role's `gpus` field",
-            ),
             cel("self.all(k, isQuantity(string(self[k])))", "every value must be a Kubernetes quantity"),
         ),
     ),
 ]
 
 
+def _no_gpus_in(part: str) -> Callable[[Any], bool]:
+    return lambda resources: GPU_RESOURCE not in (getattr(resources, part) or {})
+
+
 class ResourceRequirements(_Base):
     """CPU and memory for each pod of a role. GPUs are set with the role's `gpus` field."""
+
+    RULES = tuple(
+        Rule(
+            f"!has(self.{part}) || !('{GPU_RESOURCE}' in self.{part})",
+            f"do not set {GPU_RESOURCE} here: use the role's `gpus` field",
+            _no_gpus_in(part),
+            f".{part}",
+        )
+        for part in ("requests", "limits")
+    )
 
     requests: ResourceMap | None = Field(
         None, description="Minimum resources per pod, e.g. {cpu: 4, memory: 32Gi}."
     )
     limits: ResourceMap | None = Field(None, description="Maximum resources per pod, e.g. {memory: 64Gi}.")
 
-    @model_validator(mode="after")
-    def _no_gpus(self) -> ResourceRequirements:
-        for part in (self.requests, self.limits):
-            if part and GPU_RESOURCE in part:
-                raise ValueError(f"do not set {GPU_RESOURCE} in resources: use the role's `gpus` field")
-        return self
-
 
 class EnvVar(_Base):
     """An environment variable for the role's container."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "has(self.value) != has(self.valueFrom)",
-                "exactly one of value and valueFrom must be set",
-            ),
-            cel(
-                "!(self.name in " + str(list(RESERVED_ENV)).replace("'", '"') + ")",
-                "this variable is set by pdwarden and cannot be overridden",
-                ".name",
-            ),
-        )
+    RULES = (
+        Rule(
+            "has(self.value) != has(self.valueFrom)",
+            "exactly one of value and valueFrom must be set",
+            lambda e: (e.value is None) != (e.value_from is None),
+        ),
+        Rule(
+            "!(self.name in " + str(list(RESERVED_ENV)).replace("'", '"') + ")",
+            "this variable is set by pdwarden and cannot be overridden",
+            lambda e: e.name not in RESERVED_ENV,
+            ".name",
+        ),
     )
 
     name: str = Field(
@@ -147,14 +185,6 @@ class EnvVar(_Base):
         description="Source of the value, as in a Pod's env[].valueFrom "
         "(secretKeyRef, configMapKeyRef, fieldRef).",
     )
-
-    @model_validator(mode="after")
-    def _one_source(self) -> EnvVar:
-        if (self.value is None) == (self.value_from is None):
-            raise ValueError(f"env {self.name}: exactly one of value and valueFrom must be set")
-        if self.name in RESERVED_ENV:
-            raise ValueError(f"env {self.name}: this variable is set by pdwarden and cannot be overridden")
-        return self
 
 
 def _no_owned_fields(main: str) -> Any:
@@ -191,10 +221,12 @@ class ModelCache(_Base):
     """Where downloaded weights are kept. Neither claimName nor hostPath: an emptyDir, which
     survives container restarts but not a new pod."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel("!(has(self.claimName) && has(self.hostPath))", "set at most one of claimName and hostPath")
-        )
+    RULES = (
+        Rule(
+            "!(has(self.claimName) && has(self.hostPath))",
+            "set at most one of claimName and hostPath",
+            lambda c: c.claim_name is None or c.host_path is None,
+        ),
     )
 
     claim_name: str | None = Field(
@@ -214,12 +246,6 @@ class ModelCache(_Base):
     size_limit: Quantity | None = Field(
         None, description="Size limit of the emptyDir cache.", json_schema_extra=_QUANTITY_RULE
     )
-
-    @model_validator(mode="after")
-    def _one(self) -> ModelCache:
-        if self.claim_name is not None and self.host_path is not None:
-            raise ValueError("set at most one of claimName and hostPath")
-        return self
 
 
 class HuggingFaceSource(_Base):
@@ -257,21 +283,21 @@ class ModelRef(_Base):
     """Which model to serve, and where its weights come from (at most one of huggingFace,
     persistentVolumeClaim and hostPath; none: `path` is given to SGLang as it is)."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "[has(self.huggingFace), has(self.persistentVolumeClaim), has(self.hostPath)]"
-                ".filter(x, x).size() <= 1",
-                "set at most one of huggingFace, persistentVolumeClaim and hostPath",
-            ),
-            cel(
-                "!(has(self.persistentVolumeClaim) || has(self.hostPath)) || "
-                "(!self.path.startsWith('/') && !self.path.matches('(^|/)[.][.](/|$)'))",
-                "with persistentVolumeClaim or hostPath, path is relative to the volume "
-                "(mounted at /models), without '..'",
-                ".path",
-            ),
-        )
+    RULES = (
+        Rule(
+            "[has(self.huggingFace), has(self.persistentVolumeClaim), has(self.hostPath)]"
+            ".filter(x, x).size() <= 1",
+            "set at most one of huggingFace, persistentVolumeClaim and hostPath",
+            lambda m: [m.hugging_face, m.persistent_volume_claim, m.host_path].count(None) >= 2,
+        ),
+        Rule(
+            "!(has(self.persistentVolumeClaim) || has(self.hostPath)) || "
+            "(!self.path.startsWith('/') && !self.path.matches('(^|/)[.][.](/|$)'))",
+            "with persistentVolumeClaim or hostPath, path is relative to the volume "
+            "(mounted at /models), without '..'",
+            lambda m: not m.volume or (not m.path.startswith("/") and ".." not in m.path.split("/")),
+            ".path",
+        ),
     )
 
     path: str = Field(
@@ -296,19 +322,6 @@ class ModelRef(_Base):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
     )
 
-    @model_validator(mode="after")
-    def _storage(self) -> ModelRef:
-        sources = [self.hugging_face, self.persistent_volume_claim, self.host_path]
-        if sum(x is not None for x in sources) > 1:
-            raise ValueError("set at most one of huggingFace, persistentVolumeClaim and hostPath")
-        if (self.persistent_volume_claim or self.host_path) and (
-            self.path.startswith("/") or ".." in self.path.split("/")
-        ):
-            raise ValueError(
-                "path: with persistentVolumeClaim or hostPath, path is relative to the volume, without '..'"
-            )
-        return self
-
     @property
     def volume(self) -> bool:
         """Whether the weights are on a volume mounted at /models."""
@@ -320,11 +333,19 @@ class RdmaSpec(_Base):
     devices SGLang's NIXL backend uses. Adds the IPC_LOCK capability (memory registration),
     which the baseline and restricted Pod Security levels refuse."""
 
+    RULES = (
+        Rule(
+            f"self.resourceName != '{GPU_RESOURCE}'",
+            "GPUs are set with the role's gpus",
+            lambda r: r.resource_name != GPU_RESOURCE,
+            ".resourceName",
+        ),
+    )
+
     resource_name: str = Field(
         description="The RDMA device plugin's resource, e.g. rdma/ib or rdma/rdma_shared_device_a.",
         max_length=253,
         pattern=EXTENDED_RESOURCE_PATTERN,
-        json_schema_extra=_rules(cel(f"self != '{GPU_RESOURCE}'", "GPUs are set with the role's gpus")),
     )
     count: int = Field(1, description="Devices of that resource per pod.", ge=1, le=64)
     ib_devices: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]+$", max_length=64)]] = Field(
@@ -333,29 +354,23 @@ class RdmaSpec(_Base):
         max_length=16,
     )
 
-    @model_validator(mode="after")
-    def _not_gpus(self) -> RdmaSpec:
-        if self.resource_name == GPU_RESOURCE:
-            raise ValueError("transfer.rdma.resourceName: GPUs are set with the role's gpus")
-        return self
-
 
 class TransferSpec(_Base):
     """How KV caches move from prefill to decode, and the runtime's self-heal deadlines."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "self.transferDeadlineSeconds <= self.inflightDeadlineSeconds",
-                "transferDeadlineSeconds must not exceed inflightDeadlineSeconds",
-                ".transferDeadlineSeconds",
-            ),
-            cel(
-                "self.hostNetwork || self.hostPortOffset == 0",
-                "hostPortOffset needs hostNetwork",
-                ".hostPortOffset",
-            ),
-        )
+    RULES = (
+        Rule(
+            "self.transferDeadlineSeconds <= self.inflightDeadlineSeconds",
+            "transferDeadlineSeconds must not exceed inflightDeadlineSeconds",
+            lambda t: t.transfer_deadline_seconds <= t.inflight_deadline_seconds,
+            ".transferDeadlineSeconds",
+        ),
+        Rule(
+            "self.hostNetwork || self.hostPortOffset == 0",
+            "hostPortOffset needs hostNetwork",
+            lambda t: t.host_network or t.host_port_offset == 0,
+            ".hostPortOffset",
+        ),
     )
 
     backend: Literal["nixl"] = Field("nixl", description="KV transfer backend. Only nixl is supported.")
@@ -400,14 +415,6 @@ class TransferSpec(_Base):
         le=30000,
     )
 
-    @model_validator(mode="after")
-    def _deadlines(self) -> TransferSpec:
-        if self.transfer_deadline_seconds > self.inflight_deadline_seconds:
-            raise ValueError("transfer.transferDeadlineSeconds must not exceed inflightDeadlineSeconds")
-        if self.host_port_offset and not self.host_network:
-            raise ValueError("transfer.hostPortOffset needs hostNetwork")
-        return self
-
     def port(self, base: int) -> int:
         """A runtime port as the pods use it (shifted with hostNetwork)."""
         return base + self.host_port_offset
@@ -431,13 +438,14 @@ class AutoscalingTarget(_Base):
     pods meets every target set (the highest ratio decides). A wedged pod's queue is not demand:
     the watchdog remediates it."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "has(self.inflightPerPod) || has(self.queueAgeSeconds) || has(self.kvPagesInUse)",
-                "set at least one of inflightPerPod, queueAgeSeconds and kvPagesInUse",
-            )
-        )
+    RULES = (
+        Rule(
+            "has(self.inflightPerPod) || has(self.queueAgeSeconds) || has(self.kvPagesInUse)",
+            "set at least one of inflightPerPod, queueAgeSeconds and kvPagesInUse",
+            lambda t: any(
+                x is not None for x in (t.inflight_per_pod, t.queue_age_seconds, t.kv_pages_in_use)
+            ),
+        ),
     )
 
     inflight_per_pod: float | None = Field(
@@ -461,12 +469,6 @@ class AutoscalingTarget(_Base):
         le=1e9,
     )
 
-    @model_validator(mode="after")
-    def _some(self) -> AutoscalingTarget:
-        if self.inflight_per_pod is None and self.queue_age_seconds is None and self.kv_pages_in_use is None:
-            raise ValueError("set at least one of inflightPerPod, queueAgeSeconds and kvPagesInUse")
-        return self
-
 
 def _policy(stabilization: int, step: int, period: int, description: str) -> Any:
     values: dict[str, Any] = {"stabilizationSeconds": stabilization, "maxStep": step, "periodSeconds": period}
@@ -481,14 +483,13 @@ class AutoscalingSpec(_Base):
     """pdwarden scales the role between minReplicas and maxReplicas on its pods' load (or lets an
     autoscaler of yours drive the role's Deployment through its scale subresource)."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "self.minReplicas <= self.maxReplicas",
-                "minReplicas must not exceed maxReplicas",
-                ".minReplicas",
-            )
-        )
+    RULES = (
+        Rule(
+            "self.minReplicas <= self.maxReplicas",
+            "minReplicas must not exceed maxReplicas",
+            lambda a: a.min_replicas <= a.max_replicas,
+            ".minReplicas",
+        ),
     )
 
     min_replicas: int = Field(1, description="Fewest pods.", ge=1, le=512)
@@ -507,28 +508,14 @@ class AutoscalingSpec(_Base):
     scale_up: ScalePolicy = _policy(30, 2, 60, "How fast pods are added.")
     scale_down: ScalePolicy = _policy(300, 1, 120, "How fast pods are removed (each drains first).")
 
-    @model_validator(mode="after")
-    def _bounds(self) -> AutoscalingSpec:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError("minReplicas must not exceed maxReplicas")
-        return self
-
 
 class RatioBand(_Base):
     """Prefill pods per decode pod, kept inside [min, max] whenever replicas change."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(cel("self.min <= self.max", "min must not exceed max", ".min"))
-    )
+    RULES = (Rule("self.min <= self.max", "min must not exceed max", lambda b: b.min <= b.max, ".min"),)
 
     min: float = Field(description="Fewest prefill pods per decode pod, e.g. 0.5.", gt=0, le=64)
     max: float = Field(description="Most prefill pods per decode pod, e.g. 2.", gt=0, le=64)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> RatioBand:
-        if self.min > self.max:
-            raise ValueError("min must not exceed max")
-        return self
 
 
 AUTOSCALING_GROUPS_MESSAGE = "autoscaling scales single-pod replicas only (nodesPerReplica 1)"
@@ -537,26 +524,33 @@ AUTOSCALING_GROUPS_MESSAGE = "autoscaling scales single-pod replicas only (nodes
 class RoleSpec(_Base):
     """One side of the disaggregated pair (prefill or decode): a Deployment of runtime pods."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "self.tensorParallel <= (self.gpus > 0 ? self.gpus : 1) * self.nodesPerReplica",
-                "tensorParallel must not exceed the GPUs of one replica "
-                "(gpus x nodesPerReplica; gpus counts as 1 without GPUs)",
-                ".tensorParallel",
-            ),
-            cel(
-                "self.nodesPerReplica == 1 || self.tensorParallel % self.nodesPerReplica == 0",
-                "with nodesPerReplica > 1, tensorParallel must be a multiple of nodesPerReplica "
-                "(SGLang gives every node tensorParallel / nodesPerReplica ranks)",
-                ".tensorParallel",
-            ),
-            cel(
-                "!has(self.autoscaling) || self.nodesPerReplica == 1",
-                AUTOSCALING_GROUPS_MESSAGE,
-                ".autoscaling",
-            ),
-        )
+    RULES = (
+        Rule(
+            f"self.tensorParallel in {list(TENSOR_PARALLEL_SIZES)}",
+            "tensorParallel must be a power of two between 1 and 64",
+            lambda r: r.tensor_parallel in TENSOR_PARALLEL_SIZES,
+            ".tensorParallel",
+        ),
+        Rule(
+            "self.tensorParallel <= (self.gpus > 0 ? self.gpus : 1) * self.nodesPerReplica",
+            "tensorParallel must not exceed the GPUs of one replica "
+            "(gpus x nodesPerReplica; gpus counts as 1 without GPUs)",
+            lambda r: r.tensor_parallel <= max(r.gpus, 1) * r.nodes_per_replica,
+            ".tensorParallel",
+        ),
+        Rule(
+            "self.nodesPerReplica == 1 || self.tensorParallel % self.nodesPerReplica == 0",
+            "with nodesPerReplica > 1, tensorParallel must be a multiple of nodesPerReplica "
+            "(SGLang gives every node tensorParallel / nodesPerReplica ranks)",
+            lambda r: r.nodes_per_replica == 1 or r.tensor_parallel % r.nodes_per_replica == 0,
+            ".tensorParallel",
+        ),
+        Rule(
+            "!has(self.autoscaling) || self.nodesPerReplica == 1",
+            AUTOSCALING_GROUPS_MESSAGE,
+            lambda r: r.autoscaling is None or r.nodes_per_replica == 1,
+            ".autoscaling",
+        ),
     )
 
     replicas: int = Field(
@@ -580,9 +574,6 @@ class RoleSpec(_Base):
         "gpus x nodesPerReplica.",
         ge=1,
         le=64,
-        json_schema_extra=_rules(
-            cel(f"self in {list(TENSOR_PARALLEL_SIZES)}", "must be a power of two between 1 and 64")
-        ),
     )
     gpus: int = Field(0, description="GPUs per pod, requested as nvidia.com/gpu. 0: CPU only.", ge=0, le=64)
     # A field of its own: a podTemplate's `tolerations: null` is pruned on its way through the
@@ -635,20 +626,11 @@ class RoleSpec(_Base):
         return None if re.fullmatch(r"\+?0*(\.0*)?[A-Za-z]*", size) else size
 
     @model_validator(mode="after")
-    def _tensor_parallel(self) -> RoleSpec:
+    def _env_names_unique(self) -> RoleSpec:
+        # the API server's side of this is the env list's map type (keyed by name)
         names = [e.name for e in self.env]
         if len(names) != len(set(names)):
             raise ValueError("env names must be unique")
-        if self.tensor_parallel not in TENSOR_PARALLEL_SIZES:
-            raise ValueError("tensorParallel must be a power of two between 1 and 64")
-        if self.tensor_parallel > max(self.gpus, 1) * self.nodes_per_replica:
-            raise ValueError(
-                "tensorParallel must not exceed the GPUs of one replica (gpus x nodesPerReplica)"
-            )
-        if self.nodes_per_replica > 1 and self.tensor_parallel % self.nodes_per_replica:
-            raise ValueError("with nodesPerReplica > 1, tensorParallel must be a multiple of nodesPerReplica")
-        if self.autoscaling is not None and self.nodes_per_replica != 1:
-            raise ValueError(AUTOSCALING_GROUPS_MESSAGE)
         return self
 
     @property
@@ -660,15 +642,14 @@ class RoleSpec(_Base):
 class RouterSpec(_Base):
     """SGLang's router (smg) in front: discovers prefill and decode pods and routes requests."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "self.nodesPerReplica == 1",
-                "the router runs as single pods: nodesPerReplica must be 1 (only prefill and decode "
-                "replicas span several nodes)",
-                ".nodesPerReplica",
-            )
-        )
+    RULES = (
+        Rule(
+            "self.nodesPerReplica == 1",
+            "the router runs as single pods: nodesPerReplica must be 1 (only prefill and decode "
+            "replicas span several nodes)",
+            lambda r: r.nodes_per_replica == 1,
+            ".nodesPerReplica",
+        ),
     )
 
     replicas: int = Field(1, description="Number of router pods.", ge=0, le=64)
@@ -695,12 +676,6 @@ class RouterSpec(_Base):
     )
     pod_template: RouterPodTemplate | None = Field(None)
 
-    @model_validator(mode="after")
-    def _single_pods(self) -> RouterSpec:
-        if self.nodes_per_replica != 1:
-            raise ValueError("nodesPerReplica: the router runs as single pods: nodesPerReplica must be 1")
-        return self
-
 
 # The runtime's self-heal comes first (default inflightDeadlineSeconds 300): the operator's
 # threshold sits a minute above it, so a wedge the operator sees is one the runtime could not heal.
@@ -711,24 +686,25 @@ MIN_COOLDOWN_S = 60
 class WatchdogSpec(_Base):
     """How the operator finds and remediates wedged pods (inflight queue with no progress)."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "self.stuckAfterSeconds >= 2 * self.scrapeIntervalSeconds",
-                "stuckAfterSeconds must be at least two scrape intervals (a wedge needs two scrapes)",
-                ".stuckAfterSeconds",
-            ),
-            cel(
-                "self.budgetWindowSeconds >= self.stuckAfterSeconds",
-                "budgetWindowSeconds must be at least stuckAfterSeconds",
-                ".budgetWindowSeconds",
-            ),
-            cel(
-                "self.action != 'drain' || self.drainSeconds >= 2 * self.scrapeIntervalSeconds",
-                "drainSeconds must be at least two scrape intervals when action is drain (the default)",
-                ".drainSeconds",
-            ),
-        )
+    RULES = (
+        Rule(
+            "self.stuckAfterSeconds >= 2 * self.scrapeIntervalSeconds",
+            "stuckAfterSeconds must be at least two scrape intervals (a wedge needs two scrapes)",
+            lambda w: w.stuck_after_seconds >= 2 * w.scrape_interval_seconds,
+            ".stuckAfterSeconds",
+        ),
+        Rule(
+            "self.budgetWindowSeconds >= self.stuckAfterSeconds",
+            "budgetWindowSeconds must be at least stuckAfterSeconds",
+            lambda w: w.budget_window_seconds >= w.stuck_after_seconds,
+            ".budgetWindowSeconds",
+        ),
+        Rule(
+            "self.action != 'drain' || self.drainSeconds >= 2 * self.scrapeIntervalSeconds",
+            "drainSeconds must be at least two scrape intervals when action is drain (the default)",
+            lambda w: w.action != "drain" or w.drain_seconds >= 2 * w.scrape_interval_seconds,
+            ".drainSeconds",
+        ),
     )
 
     stuck_after_seconds: int = Field(
@@ -783,19 +759,6 @@ class WatchdogSpec(_Base):
     def scrape_timeout_seconds(self) -> float:
         """Per-request timeout: a slow pod must not delay the round past its interval."""
         return max(0.5, min(5.0, self.scrape_interval_seconds / 2))
-
-    @model_validator(mode="after")
-    def _intervals(self) -> WatchdogSpec:
-        if self.stuck_after_seconds < 2 * self.scrape_interval_seconds:
-            raise ValueError("watchdog.stuckAfterSeconds must be at least two scrape intervals")
-        if self.budget_window_seconds < self.stuck_after_seconds:
-            raise ValueError("watchdog.budgetWindowSeconds must be at least stuckAfterSeconds")
-        if self.action == "drain" and self.drain_seconds < 2 * self.scrape_interval_seconds:
-            raise ValueError(
-                "watchdog.drainSeconds must be at least two scrape intervals "
-                "when action is drain (the default)"
-            )
-        return self
 
 
 class NetworkPolicySpec(_Base):
@@ -866,37 +829,39 @@ RATIO_WITHOUT_AUTOSCALING_MESSAGE = "prefillDecodeRatio needs autoscaling on pre
 class DisaggregatedModelSpec(_Base):
     """Desired state: one model served by prefill and decode pods behind SGLang's router (smg)."""
 
-    model_config = ConfigDict(
-        json_schema_extra=_rules(
-            cel(
-                "self.prefill.replicas == 0 || self.decode.replicas == 0 || self.router.replicas > 0",
-                "router.replicas must be at least 1 when prefill and decode have replicas",
-                ".router.replicas",
-            ),
-            cel(
-                "self.watchdog.stuckAfterSeconds > self.transfer.inflightDeadlineSeconds",
-                LADDER_MESSAGE,
-                ".watchdog.stuckAfterSeconds",
-            ),
-            cel(
-                "!has(self.prefill.autoscaling) || !has(self.prefill.autoscaling.target) "
-                "|| !has(self.prefill.autoscaling.target.kvPagesInUse)",
-                KV_PAGES_PREFILL_MESSAGE,
-                ".prefill.autoscaling.target.kvPagesInUse",
-            ),
-            cel(
-                "!has(self.decode.autoscaling) || !has(self.decode.autoscaling.target) "
-                "|| !has(self.decode.autoscaling.target.queueAgeSeconds)",
-                QUEUE_AGE_DECODE_MESSAGE,
-                ".decode.autoscaling.target.queueAgeSeconds",
-            ),
-            cel(
-                "!has(self.prefillDecodeRatio) || has(self.prefill.autoscaling) "
-                "|| has(self.decode.autoscaling)",
-                RATIO_WITHOUT_AUTOSCALING_MESSAGE,
-                ".prefillDecodeRatio",
-            ),
-        )
+    RULES = (
+        Rule(
+            "self.prefill.replicas == 0 || self.decode.replicas == 0 || self.router.replicas > 0",
+            "router.replicas must be at least 1 when prefill and decode have replicas",
+            lambda s: s.prefill.replicas == 0 or s.decode.replicas == 0 or s.router.replicas > 0,
+            ".router.replicas",
+        ),
+        Rule(
+            "self.watchdog.stuckAfterSeconds > self.transfer.inflightDeadlineSeconds",
+            LADDER_MESSAGE,
+            lambda s: s.watchdog.stuck_after_seconds > s.transfer.inflight_deadline_seconds,
+            ".watchdog.stuckAfterSeconds",
+        ),
+        Rule(
+            "!has(self.prefill.autoscaling) || !has(self.prefill.autoscaling.target) "
+            "|| !has(self.prefill.autoscaling.target.kvPagesInUse)",
+            KV_PAGES_PREFILL_MESSAGE,
+            lambda s: s.prefill.autoscaling is None or s.prefill.autoscaling.target.kv_pages_in_use is None,
+            ".prefill.autoscaling.target.kvPagesInUse",
+        ),
+        Rule(
+            "!has(self.decode.autoscaling) || !has(self.decode.autoscaling.target) "
+            "|| !has(self.decode.autoscaling.target.queueAgeSeconds)",
+            QUEUE_AGE_DECODE_MESSAGE,
+            lambda s: s.decode.autoscaling is None or s.decode.autoscaling.target.queue_age_seconds is None,
+            ".decode.autoscaling.target.queueAgeSeconds",
+        ),
+        Rule(
+            "!has(self.prefillDecodeRatio) || has(self.prefill.autoscaling) || has(self.decode.autoscaling)",
+            RATIO_WITHOUT_AUTOSCALING_MESSAGE,
+            lambda s: s.prefill_decode_ratio is None or bool(s.autoscaled_roles),
+            ".prefillDecodeRatio",
+        ),
     )
 
     model: ModelRef = Field(description="The model to serve.")
@@ -923,26 +888,6 @@ class DisaggregatedModelSpec(_Base):
         description="Prefill pods per decode pod to keep while autoscaling: when one role scales, "
         "the other follows as far as its bounds allow (status and an Event say when it cannot).",
     )
-
-    @model_validator(mode="after")
-    def _router_needed(self) -> DisaggregatedModelSpec:
-        if self.prefill.replicas > 0 and self.decode.replicas > 0 and self.router.replicas == 0:
-            raise ValueError("router.replicas must be at least 1 when prefill and decode have replicas")
-        if self.watchdog.stuck_after_seconds <= self.transfer.inflight_deadline_seconds:
-            raise ValueError(LADDER_MESSAGE)
-        if (
-            self.prefill.autoscaling is not None
-            and self.prefill.autoscaling.target.kv_pages_in_use is not None
-        ):
-            raise ValueError(KV_PAGES_PREFILL_MESSAGE)
-        if (
-            self.decode.autoscaling is not None
-            and self.decode.autoscaling.target.queue_age_seconds is not None
-        ):
-            raise ValueError(QUEUE_AGE_DECODE_MESSAGE)
-        if self.prefill_decode_ratio is not None and not self.autoscaled_roles:
-            raise ValueError(RATIO_WITHOUT_AUTOSCALING_MESSAGE)
-        return self
 
     @property
     def autoscaled_roles(self) -> tuple[str, ...]:

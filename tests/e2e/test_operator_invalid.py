@@ -9,14 +9,20 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
+from pydantic import ValidationError
 
 from pdwarden_localcluster.testing import Kubectl
+from pdwarden_operator import models
+from pdwarden_operator.models import parse_spec
+from pdwarden_operator.reconcile import describe_validation_error
 
 from ._operator_helpers import ROOT, kubectl_with_crd, new_namespace
 
 pytestmark = pytest.mark.e2e
 
 INVALID = sorted((ROOT / "tests" / "data" / "invalid").glob("*.yaml"))
+RULED = [m for m in vars(models).values() if isinstance(m, type) and issubclass(m, models._Base) and m.RULES]
 
 
 def expected_field(path: Path) -> str:
@@ -51,6 +57,30 @@ def test_api_server_rejects_and_names_the_field(
     proc = rejections[manifest]
     assert proc.returncode != 0, f"{manifest.name} was accepted: {proc.stdout}"
     assert field in proc.stderr, f"{manifest.name}: expected {field!r} in: {proc.stderr.strip()}"
+
+
+def _rule_broken(manifest: Path) -> str | None:
+    """The message of the cross-field Rule the manifest breaks, as the models give it."""
+    rules = {r.message for model in RULED for r in model.RULES}
+    try:
+        parse_spec((yaml.safe_load(manifest.read_text()) or {}).get("spec") or {})
+    except ValidationError as exc:
+        return next((m for m in rules if m in describe_validation_error(exc)), None)
+    return None
+
+
+def test_a_broken_rule_reads_the_same_from_the_api_server_and_the_operator(
+    rejections: dict[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    """A Rule is written once: its CEL and the models' check break on the same manifests, with
+    its one message."""
+    checked = 0
+    for manifest, proc in rejections.items():
+        message = _rule_broken(manifest)
+        if message is not None:
+            checked += 1
+            assert message in proc.stderr, f"{manifest.name}: {message!r} not in {proc.stderr.strip()}"
+    assert checked >= 20
 
 
 def test_nothing_was_created(

@@ -79,7 +79,7 @@ def test_cel_rules_cover_the_cross_field_invariants() -> None:
     for fragment in (
         "self.router.replicas > 0",
         "self.tensorParallel <= (self.gpus > 0 ? self.gpus : 1)",
-        "self in [1, 2, 4, 8, 16, 32, 64]",
+        "self.tensorParallel in [1, 2, 4, 8, 16, 32, 64]",
         "self.stuckAfterSeconds >= 2 * self.scrapeIntervalSeconds",
         "self.transferDeadlineSeconds <= self.inflightDeadlineSeconds",
         "self.watchdog.stuckAfterSeconds > self.transfer.inflightDeadlineSeconds",

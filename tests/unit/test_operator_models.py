@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, get_args
 
 import pytest
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from pdwarden_operator.models import parse_spec
+from pdwarden_operator.models import DisaggregatedModelSpec, Rule, parse_spec
 from pdwarden_operator.reconcile import describe_validation_error
 
 pytestmark = pytest.mark.unit
@@ -58,3 +59,34 @@ def test_invalid_spec_is_rejected_by_the_models_too(manifest: Path) -> None:
         parse_spec(doc["spec"])
     message = describe_validation_error(info.value)
     assert message.startswith("spec"), message
+
+
+def _rules_of(model: type[BaseModel], seen: set[type[BaseModel]]) -> list[Rule]:
+    """Every Rule of `model` and of the models its fields hold."""
+    if model in seen:
+        return []
+    seen.add(model)
+    out = list(getattr(model, "RULES", ()))
+    for field in model.model_fields.values():
+        stack: list[Any] = [field.annotation]
+        while stack:
+            annotation = stack.pop()
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                out += _rules_of(annotation, seen)
+            stack += get_args(annotation)
+    return out
+
+
+def test_every_rule_breaks_in_the_corpus_with_its_own_message() -> None:
+    """Each cross-field Rule has an invalid manifest that breaks it, and the models refuse that
+    manifest with the Rule's message (the API server's, tests/e2e/test_operator_invalid.py)."""
+    rules = _rules_of(DisaggregatedModelSpec, set())
+    assert len(rules) >= 20
+    messages = []
+    for manifest in SPEC_LEVEL:
+        try:
+            parse_spec(yaml.safe_load(manifest.read_text())["spec"])
+        except ValidationError as exc:
+            messages.append(describe_validation_error(exc))
+    unbroken = [r.message for r in rules if not any(r.message in m for m in messages)]
+    assert unbroken == [], "no manifest in tests/data/invalid breaks these rules"
