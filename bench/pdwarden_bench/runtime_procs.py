@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pdwarden_contract as contract
 from pdwarden_bench.ports import free_port
 from pdwarden_localcluster.testing import wait_for
 from pdwarden_operator.render import ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
@@ -184,25 +185,16 @@ def start_runtime(
     env: dict[str, str] | None = None,
     worker_key_file: Path | None = None,
 ) -> Runtime:
-    key_flags = [] if worker_key_file is None else ["--worker-key-file", str(worker_key_file)]
+    flag = contract.ServeFlag
+    key_flags = [] if worker_key_file is None else [flag.WORKER_KEY_FILE, str(worker_key_file)]
 
     def launch() -> tuple[int, int, int, Proc]:
         port, metrics_port = free_port(host), free_port(host)
         boot = bootstrap_port or free_port(host)
         argv = [
-            *pdwarden_argv("runtime", "serve"),
-            "--role",
-            role,
-            "--engine",
-            "synthetic",
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--bootstrap-port",
-            str(boot),
-            "--metrics-port",
-            str(metrics_port),
+            *pdwarden_argv(*contract.SERVE_COMMAND[1:]),
+            *(flag.ROLE, role, flag.ENGINE, "synthetic", flag.HOST, host, flag.PORT, str(port)),
+            *(flag.BOOTSTRAP_PORT, str(boot), flag.METRICS_PORT, str(metrics_port)),
             *key_flags,
             *extra,
         ]

@@ -7,6 +7,7 @@ tested against them. Renaming a metric, a port or a label is one edit in one fil
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Final, Literal, get_args
 
 # --- Kubernetes API group of the DisaggregatedModel resource -------------------------
@@ -34,6 +35,31 @@ ENGINES: Final[tuple[Engine, ...]] = get_args(Engine)
 # before the runtime fails the room (spec.transfer's defaults and the runtime's).
 DEFAULT_INFLIGHT_DEADLINE_S: Final = 300
 DEFAULT_TRANSFER_DEADLINE_S: Final = 60
+
+# --- The runtime pod's command ---------------------------------------------------------
+# `pdwarden runtime serve`, as the operator renders it for every runtime pod and the runtime's
+# command line declares it: a flag renamed here is renamed on both sides.
+SERVE_COMMAND: Final = ("pdwarden", "runtime", "serve")
+
+
+class ServeFlag(StrEnum):
+    ROLE = "--role"
+    ENGINE = "--engine"
+    HOST = "--host"
+    PORT = "--port"
+    BOOTSTRAP_PORT = "--bootstrap-port"
+    METRICS_PORT = "--metrics-port"
+    INFLIGHT_DEADLINE = "--inflight-deadline"
+    TRANSFER_DEADLINE = "--transfer-deadline"
+    WORKER_KEY_FILE = "--worker-key-file"
+    ALLOW_FAULT_INJECTION = "--allow-fault-injection"
+    # a group's pods (SGLang's own multi-node flags, which the runtime hands on)
+    NNODES = "--nnodes"
+    NODE_RANK = "--node-rank"
+    DIST_INIT_ADDR = "--dist-init-addr"
+    # the synthetic engine's served model name (SGLang's comes after `--`)
+    MODEL = "--model"
+
 
 # --- Pod labels and annotations -----------------------------------------------------
 LABEL_MODEL: Final = "pdwarden.io/model"

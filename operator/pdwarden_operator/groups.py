@@ -46,12 +46,13 @@ def group_selector(model: str, role: str, group: int) -> dict[str, str]:
 
 def group_args(model: str, role: str, group: int, nodes: int, port: int) -> list[str]:
     """The runtime's multi-node flags (the same as SGLang's); the rank comes from the pod's env."""
+    flag = contract.ServeFlag
     return [
-        "--nnodes",
+        str(flag.NNODES),
         str(nodes),
-        "--node-rank",
+        str(flag.NODE_RANK),
         f"$({contract.ENV_NODE_RANK})",
-        "--dist-init-addr",
+        str(flag.DIST_INIT_ADDR),
         dist_init_addr(model, role, group, port),
     ]
 

@@ -167,41 +167,40 @@ def runtime_command(
     """The command every runtime pod runs (parsed by ``pdwarden_runtime.cli``'s ``serve``);
     a group's pods also get the multi-node flags, which the runtime hands on to SGLang."""
     role_spec = spec.role(role)
+    flag = contract.ServeFlag
     cmd = [
-        "pdwarden",
-        "runtime",
-        "serve",
-        "--role",
+        *contract.SERVE_COMMAND,
+        flag.ROLE,
         role,
-        "--engine",
+        flag.ENGINE,
         spec.engine,
-        "--host",
+        flag.HOST,
         f"$({contract.ENV_POD_IP})",
-        "--port",
+        flag.PORT,
         str(spec.transfer.port(contract.DEFAULT_HTTP_PORT)),
-        "--bootstrap-port",
+        flag.BOOTSTRAP_PORT,
         str(spec.transfer.port(contract.DEFAULT_BOOTSTRAP_PORT)),
-        "--metrics-port",
+        flag.METRICS_PORT,
         str(spec.transfer.port(contract.DEFAULT_METRICS_PORT)),
-        "--inflight-deadline",
+        flag.INFLIGHT_DEADLINE,
         str(spec.transfer.inflight_deadline_seconds),
-        "--transfer-deadline",
+        flag.TRANSFER_DEADLINE,
         str(spec.transfer.transfer_deadline_seconds),
     ]
     if workers_key(owner, spec) is not None:
-        cmd += ["--worker-key-file", worker_key_secret.KEY_FILE]
+        cmd += [flag.WORKER_KEY_FILE, worker_key_secret.KEY_FILE]
     if owner.allow_fault_injection:
-        cmd.append("--allow-fault-injection")
+        cmd.append(flag.ALLOW_FAULT_INJECTION)
     if group is not None:
         port = spec.transfer.port(contract.DEFAULT_DIST_INIT_PORT)
         cmd += groups.group_args(owner.name, role, group, role_spec.nodes_per_replica, port)
     if spec.engine == "synthetic":
         # served under the model's served name, as SGLang is: the router routes by it
-        return [*cmd, "--model", served_name(owner, spec), *role_spec.args]
+        return [str(a) for a in (*cmd, flag.MODEL, served_name(owner, spec), *role_spec.args)]
     rdma = spec.transfer.rdma
     ib = ["--disaggregation-ib-device", ",".join(rdma.ib_devices)] if rdma and rdma.ib_devices else []
     return [
-        *cmd,
+        *map(str, cmd),
         "--",
         "--model-path",
         model_path(spec),

@@ -112,26 +112,26 @@ def _deadline(value: str) -> float | None:
 
 
 @runtime.command("serve", context_settings={"ignore_unknown_options": False})
-@click.option("--role", type=click.Choice(c.RUNTIME_ROLES), required=True)
-@click.option("--engine", type=click.Choice(c.ENGINES), default="synthetic", show_default=True)
+@click.option(c.ServeFlag.ROLE, type=click.Choice(c.RUNTIME_ROLES), required=True)
+@click.option(c.ServeFlag.ENGINE, type=click.Choice(c.ENGINES), default="synthetic", show_default=True)
 @click.option(
-    "--host",
+    c.ServeFlag.HOST,
     default=lambda: os.environ.get(c.ENV_POD_IP) or "127.0.0.1",
     show_default="$POD_IP, else 127.0.0.1",
     help="Address every port binds to.",
 )
-@click.option("--port", type=click.IntRange(1, 65535), default=c.DEFAULT_HTTP_PORT, show_default=True)
+@click.option(c.ServeFlag.PORT, type=click.IntRange(1, 65535), default=c.DEFAULT_HTTP_PORT, show_default=True)
 @click.option(
-    "--bootstrap-port",
+    c.ServeFlag.BOOTSTRAP_PORT,
     type=click.IntRange(1, 65535),
     default=c.DEFAULT_BOOTSTRAP_PORT,
     show_default=True,
     help="Prefill: SGLang's KV bootstrap server port.",
 )
 @click.option(
-    "--metrics-port", type=click.IntRange(1, 65535), default=c.DEFAULT_METRICS_PORT, show_default=True
+    c.ServeFlag.METRICS_PORT, type=click.IntRange(1, 65535), default=c.DEFAULT_METRICS_PORT, show_default=True
 )
-@click.option("--allow-fault-injection", is_flag=True, help="Serve POST /debug/fault (testing only).")
+@click.option(c.ServeFlag.ALLOW_FAULT_INJECTION, is_flag=True, help="Serve POST /debug/fault (testing only).")
 @click.option(
     "--fault",
     type=click.Choice(c.FAULTS),
@@ -140,14 +140,14 @@ def _deadline(value: str) -> float | None:
     help="Inject a fault from the start (testing only).",
 )
 @click.option(
-    "--inflight-deadline",
+    c.ServeFlag.INFLIGHT_DEADLINE,
     default=f"{DEFAULT_INFLIGHT_DEADLINE:g}",
     show_default=True,
     help="Seconds a room may wait for or move KV (from leaving Bootstrapping) before it is "
     "failed (the inflight_deadline fix), or 'off'.",
 )
 @click.option(
-    "--transfer-deadline",
+    c.ServeFlag.TRANSFER_DEADLINE,
     type=click.FloatRange(min=0, min_open=True),
     default=DEFAULT_TRANSFER_DEADLINE,
     show_default=True,
@@ -172,7 +172,7 @@ def _deadline(value: str) -> float | None:
     help=f"{c.FAULT_EMULATED_PORT_RACE}: how long a finished chunk's status write waits for an ABORT.",
 )
 @click.option(
-    "--model", default="pdwarden/synthetic", show_default=True, help="Synthetic: served model name."
+    c.ServeFlag.MODEL, default="pdwarden/synthetic", show_default=True, help="Synthetic: served model name."
 )
 @click.option(
     "--page-size",
@@ -233,26 +233,26 @@ def _deadline(value: str) -> float | None:
     "schedulers); 0 is NIXL's own busy polling, a core per process.",
 )
 @click.option(
-    "--nnodes",
+    c.ServeFlag.NNODES,
     type=click.IntRange(1, 64),
     default=1,
     show_default=True,
     help="Nodes (pods) of this replica; > 1: a group whose rank 0 serves (SGLang's --nnodes).",
 )
 @click.option(
-    "--node-rank",
+    c.ServeFlag.NODE_RANK,
     type=click.IntRange(0, 63),
     default=0,
     show_default=True,
     help="This pod's rank in its group (SGLang's --node-rank).",
 )
 @click.option(
-    "--dist-init-addr",
+    c.ServeFlag.DIST_INIT_ADDR,
     default=None,
     help="HOST:PORT where the group's ranks rendezvous at rank 0 (SGLang's --dist-init-addr).",
 )
 @click.option(
-    "--worker-key-file",
+    c.ServeFlag.WORKER_KEY_FILE,
     type=click.Path(dir_okay=False),
     default=None,
     help="A file holding the model's worker key: the HTTP port then answers 401 without "

@@ -72,3 +72,12 @@ def test_a_flag_the_runtime_does_not_know_is_refused() -> None:
     _, _, cmd = _commands("synthetic-basic")[0]
     with pytest.raises(click.UsageError):
         _parse([*cmd, "--no-such-flag", "1"])
+
+
+def test_every_flag_of_the_contract_is_an_option_of_the_runtime() -> None:
+    """The operator renders and the runtime declares the flags of contract.ServeFlag: each one
+    names an option of `serve`, whose parameter is the flag's name."""
+    options = {opt: param.name for param in serve.params for opt in getattr(param, "opts", ())}
+    for flag in contract.ServeFlag:
+        assert flag.value in options, flag
+        assert options[flag.value] == flag.name.lower(), flag
