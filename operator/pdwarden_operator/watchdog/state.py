@@ -143,23 +143,21 @@ def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
     """Read the persisted state from a DisaggregatedModel's status (missing or malformed parts
     -> defaults; a malformed list entry is dropped)."""
     status = status if isinstance(status, Mapping) else {}
-    stored = status.get("watchdog") if isinstance(status.get("watchdog"), Mapping) else {}
-    # the parts one by one: one bad entry must not cost the others
-    parts = {k: v for k, v in (stored or {}).items() if k not in ("budget", "inFlight", "cooldownUntil")}
-    wd = _valid(WatchdogStatus, parts) or WatchdogStatus()
-    budget = _valid(BudgetStatus, (stored or {}).get("budget")) or BudgetStatus()
-    raw_cooldowns = (stored or {}).get("cooldownUntil")
+    stored = status.get("watchdog")
+    stored = stored if isinstance(stored, Mapping) else {}
+    # part by part: one malformed part or entry must not cost the others
+    next_id = _valid(WatchdogStatus, {"nextId": stored.get("nextId", 1)}) or WatchdogStatus()
+    budget = _valid(BudgetStatus, stored.get("budget")) or BudgetStatus()
+    raw_cooldowns = stored.get("cooldownUntil")
     cooldowns = {
         str(role): when
         for role, value in (raw_cooldowns.items() if isinstance(raw_cooldowns, Mapping) else ())
         if (when := from_rfc3339(value)) is not None
     }
-    in_flight = [
-        f for item in _each(InFlightStatus, (stored or {}).get("inFlight")) if (f := _in_flight(item))
-    ]
-    remediations = [
-        r for item in _each(RemediationStatus, status.get("remediations")) if (r := _remediation(item))
-    ]
+    flights = _each(InFlightStatus, stored.get("inFlight"))
+    in_flight = [f for item in flights if (f := _in_flight(item)) is not None]
+    entries = _each(RemediationStatus, status.get("remediations"))
+    remediations = [r for item in entries if (r := _remediation(item)) is not None]
     known = max([r.id for r in remediations] + [f.remediation_id for f in in_flight] + [0])
     return WatchdogState(
         window_start=from_rfc3339(budget.window_start),
@@ -168,7 +166,7 @@ def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
         cooldown_until=cooldowns,
         in_flight=tuple(in_flight),
         remediations=tuple(remediations[-MAX_REMEDIATIONS_KEPT:]),
-        next_id=max(wd.next_id, known + 1),
+        next_id=max(next_id.next_id, known + 1),
     )
 
 
