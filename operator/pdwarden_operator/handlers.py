@@ -159,8 +159,9 @@ async def reconcile_model(body: kopf.Body, **_: Any) -> None:
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def model_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    gone = namespace_deletions.being_deleted(body.metadata.namespace or "")
-    cache.model_event("DELETED" if gone else event.get("type"), body)
+    cache.model_event(
+        namespace_deletions.model_event_type(event.get("type"), body.metadata.namespace or ""), body
+    )
 
 
 def _register_child_watch(group: str, version: str, plural: str, api_version: str, kind: str) -> None:

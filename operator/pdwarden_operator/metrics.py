@@ -5,7 +5,6 @@ One registry per process (`METRICS`), served by `serve(port)` on a background th
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
 
@@ -160,11 +159,9 @@ class OperatorMetrics:
         """Drop the autoscaling gauges of `roles` (no longer autoscaled, or the model gone)."""
         for gauge in (self.autoscale_replicas, self.autoscale_recommended, self.autoscale_saturated):
             for role in roles:
-                with contextlib.suppress(KeyError):
-                    gauge.remove(namespace, model, role)
+                gauge.remove_by_labels({"namespace": namespace, "model": model, "role": role})
         if set(roles) == set(RUNTIME_ROLES):
-            with contextlib.suppress(KeyError):
-                self.ratio_unkeepable.remove(namespace, model)
+            self.ratio_unkeepable.remove_by_labels({"namespace": namespace, "model": model})
 
 
 METRICS = OperatorMetrics()

@@ -38,19 +38,21 @@ async def _namespace_event(event: kopf.RawEvent, **_: Any) -> None:
     if not isinstance(obj, Mapping):
         return
     name = str((obj.get("metadata") or {}).get("name") or "")
-    if event.get("type") == "DELETED" or not deleting(event.get("type"), obj):
-        _deleting.discard(name)  # done (its models long gone), or a namespace of that name again
+    if not deleting(event.get("type"), obj):
+        _deleting.discard(name)  # a namespace of that name again
+        return
+    if event.get("type") == "DELETED":
+        _deleting.discard(name)  # done: its models are long gone
     else:
         _deleting.add(name)
-    if not deleting(event.get("type"), obj):
-        return
     for forget in _subscribers:
         forget(name)
 
 
-def being_deleted(namespace: str) -> bool:
-    """Whether the namespace's deletion has started (as the namespace watch last said)."""
-    return namespace in _deleting
+def model_event_type(event_type: str | None, namespace: str) -> str | None:
+    """A model event's type as the handlers must take it: DELETED once its namespace is being
+    deleted (kopf may still deliver one of its events after the namespace's)."""
+    return "DELETED" if namespace in _deleting else event_type
 
 
 def watch(namespaces: list[str], is_pattern: Callable[[str], bool]) -> None:

@@ -196,21 +196,22 @@ def runtime_command(
         cmd += groups.group_args(owner.name, role, group, role_spec.nodes_per_replica, port)
     if spec.engine == "synthetic":
         # served under the model's served name, as SGLang is: the router routes by it
-        return [str(a) for a in (*cmd, flag.MODEL, served_name(owner, spec), *role_spec.args)]
-    rdma = spec.transfer.rdma
-    ib = ["--disaggregation-ib-device", ",".join(rdma.ib_devices)] if rdma and rdma.ib_devices else []
-    return [
-        *map(str, cmd),
-        "--",
-        "--model-path",
-        model_path(spec),
-        "--served-model-name",
-        served_name(owner, spec),
-        "--tp",
-        str(role_spec.tensor_parallel),
-        *ib,
-        *role_spec.args,
-    ]
+        tail = [flag.MODEL, served_name(owner, spec), *role_spec.args]
+    else:
+        rdma = spec.transfer.rdma
+        ib = ["--disaggregation-ib-device", ",".join(rdma.ib_devices)] if rdma and rdma.ib_devices else []
+        tail = [
+            "--",
+            "--model-path",
+            model_path(spec),
+            "--served-model-name",
+            served_name(owner, spec),
+            "--tp",
+            str(role_spec.tensor_parallel),
+            *ib,
+            *role_spec.args,
+        ]
+    return [str(a) for a in (*cmd, *tail)]  # plain strings: the flags are ServeFlag members
 
 
 def model_path(spec: DisaggregatedModelSpec) -> str:

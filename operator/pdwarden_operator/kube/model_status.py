@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pdwarden_contract as contract
+from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError, get_client, resource_path
 
 DM_API_VERSION = f"{contract.API_GROUP}/{contract.API_VERSION}"
@@ -34,8 +35,7 @@ async def still_exists(namespace: str, name: str, uid: str) -> bool:
     are deleted. A model of the same name with another UID is another model.
     """
     try:
-        path = resource_path(DM_API_VERSION, contract.KIND, namespace, name)
-        current = await get_client().request("GET", path)
-    except KubeApiError as exc:
-        return not exc.not_found
-    return bool((current.get("metadata") or {}).get("uid") == uid)
+        current = await kube_apply.get(DM_API_VERSION, contract.KIND, namespace, name)
+    except KubeApiError:
+        return True
+    return current is not None and (current.get("metadata") or {}).get("uid") == uid

@@ -72,11 +72,8 @@ namespace_deletions.subscribe(_stop_namespace)
 @kopf.on.event(GROUP, VERSION, PLURAL, id="watchdog_track")
 async def track_model(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     key: Key = (body.metadata.namespace or "", body.metadata.name or "")
-    if (
-        event.get("type") == "DELETED"
-        or body.metadata.get("deletionTimestamp")
-        or namespace_deletions.being_deleted(key[0])
-    ):
+    kind = namespace_deletions.model_event_type(event.get("type"), key[0])
+    if kind == "DELETED" or body.metadata.get("deletionTimestamp"):
         _stop(key)
         return
     uid = body.metadata.uid or ""

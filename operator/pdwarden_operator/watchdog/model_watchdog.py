@@ -106,11 +106,9 @@ class ModelWatchdog:
                     interval = await self.round(body)
                 except asyncio.CancelledError:
                     raise
-                except KubeApiError as exc:
-                    if exc.not_found and await self._model_gone():
+                except Exception as exc:  # one bad round (API down, ...) must not end the watchdog
+                    if isinstance(exc, KubeApiError) and exc.not_found and await self._model_gone():
                         return
-                    log.exception("%s/%s: watchdog round failed", self.model.namespace, self.model.name)
-                except Exception:  # one bad round (API down, ...) must not end the watchdog
                     log.exception("%s/%s: watchdog round failed", self.model.namespace, self.model.name)
                 await asyncio.sleep(max(0.5, interval - (time.monotonic() - started)))
         finally:

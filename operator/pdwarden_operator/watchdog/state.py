@@ -8,7 +8,7 @@ tolerant: a malformed stored entry is dropped, not fatal.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -103,23 +103,17 @@ def _each(model: type[_Part], value: Any) -> list[_Part]:
     return [part for item in items if (part := _valid(model, item)) is not None]
 
 
+# InFlight and InFlightStatus share their field names; only these differ in form (a wall-clock
+# float here, RFC 3339 in the status) and the outcome (an Outcome here, its value there).
+_IN_FLIGHT_TIMES = ("started_at", "not_before", "quarantined_at")
+
+
 def _in_flight(item: InFlightStatus) -> InFlight | None:
-    started = from_rfc3339(item.started_at)
-    if started is None:
+    values = item.model_dump()  # field names, not the wire's aliases
+    times = {k: from_rfc3339(values.get(k)) for k in _IN_FLIGHT_TIMES}
+    if times["started_at"] is None:
         return None
-    return InFlight(
-        pod=item.pod,
-        uid=item.uid,
-        role=item.role,
-        action=item.action,
-        started_at=started,
-        remediation_id=item.remediation_id,
-        reason=item.reason,
-        attempts=item.attempts,
-        last_outcome=parse(item.last_outcome),
-        not_before=from_rfc3339(item.not_before),
-        quarantined_at=from_rfc3339(item.quarantined_at),
-    )
+    return InFlight(**{**values, **times, "last_outcome": parse(item.last_outcome)})
 
 
 def _remediation(item: RemediationStatus) -> Remediation | None:
@@ -175,19 +169,9 @@ def _time(t: float | None) -> str | None:
 
 
 def _in_flight_status(f: InFlight) -> InFlightStatus:
-    return InFlightStatus(
-        pod=f.pod,
-        uid=f.uid,
-        role=f.role,
-        action=f.action,
-        started_at=to_rfc3339(f.started_at),
-        remediation_id=f.remediation_id,
-        reason=f.reason,
-        attempts=f.attempts,
-        last_outcome=f.last_outcome.value,
-        not_before=_time(f.not_before),
-        quarantined_at=_time(f.quarantined_at),
-    )
+    values = asdict(f)
+    times = {k: _time(values[k]) for k in _IN_FLIGHT_TIMES}
+    return InFlightStatus(**{**values, **times, "last_outcome": f.last_outcome.value})
 
 
 def _remediation_status(r: Remediation) -> RemediationStatus:
