@@ -106,6 +106,8 @@ def _each(model: type[_Part], value: Any) -> list[_Part]:
 # InFlight and InFlightStatus share their field names; only these differ in form (a wall-clock
 # float here, RFC 3339 in the status) and the outcome (an Outcome here, its value there).
 _IN_FLIGHT_TIMES = ("started_at", "not_before", "quarantined_at")
+# Remediation and RemediationStatus: the fields of the same form (time, outcome, phases differ)
+_REMEDIATION_SAME = {"id", "pod", "role", "reason", "action"}
 
 
 def _in_flight(item: InFlightStatus) -> InFlight | None:
@@ -122,11 +124,7 @@ def _remediation(item: RemediationStatus) -> Remediation | None:
         return None
     phases = [(parse(p.phase, Outcome.ERROR), from_rfc3339(p.time)) for p in item.phases or ()]
     return Remediation(
-        id=item.id,
-        pod=item.pod,
-        role=item.role,
-        reason=item.reason,
-        action=item.action,
+        **item.model_dump(include=_REMEDIATION_SAME),
         time=when,
         outcome=parse(item.outcome, Outcome.ERROR),
         phases=tuple((phase, t) for phase, t in phases if t is not None),
@@ -176,11 +174,7 @@ def _in_flight_status(f: InFlight) -> InFlightStatus:
 
 def _remediation_status(r: Remediation) -> RemediationStatus:
     return RemediationStatus(
-        id=r.id,
-        pod=r.pod,
-        role=r.role,
-        reason=r.reason,
-        action=r.action,
+        **{k: getattr(r, k) for k in _REMEDIATION_SAME},
         time=to_rfc3339(r.time),
         outcome=r.outcome.value,
         phases=[RemediationPhase(phase=p.value, time=to_rfc3339(t)) for p, t in r.phases] or None,
