@@ -23,7 +23,8 @@ from pdwarden_contract import FAULT_STALL as FAULT_STALL
 from pdwarden_contract import FAULT_STALL_KV_RECEIVE as FAULT_STALL_KV_RECEIVE
 
 if TYPE_CHECKING:
-    from pdwarden_runtime.hardening.runtime import RoomRuntime
+    from prometheus_client import CollectorRegistry
+
     from pdwarden_runtime.status import Mode
 
 
@@ -121,8 +122,9 @@ class HardeningConfig:
     # Bench only (HARDENING_BENCH_STOCK_PROMPT_WAKE): with stock_classes, a status write that
     # changes a room notifies the room's listeners at once (ignored without stock_classes).
     stock_prompt_wake: bool = False
-    # Called with each RoomRuntime a hardened manager creates (e.g. a metrics bridge).
-    on_runtime: Callable[[RoomRuntime], None] | None = None
+    # Called with the metrics registry of each KV manager the hardening starts (SGLang's
+    # processes bridge it into the pod's multiprocess metrics).
+    on_metrics_registry: Callable[[CollectorRegistry], None] | None = None
 
     def __post_init__(self) -> None:
         self.fixes = parse_fixes(list(self.fixes))

@@ -32,21 +32,25 @@ What each override adds (by ``Fix``):
   ``RoomRuntime.guard``: an exception in it is logged and counted
   (``pdwarden_runtime_errors_total{where}``) and the thread goes on.
 
-Faults (``HardeningConfig.fault``, switchable at run time) are injected here too, so they
-run through the same SGLang code: ``emulated-maxstatus-port-race`` (the emulated NIXL port's
-race) holds a finished non-last chunk's Transferring write until the room's ABORT has been
-handled (the ABORT handler drops the room's transfer info, as that port did);
-``stall-transfers`` keeps every handle looking unsettled (in the quarantine too);
-``drop-abort`` drops ABORT messages from decode; ``stall-kv-receive`` (decode) names a
-NIXL agent that never progresses in the messages of rooms it opens (``stalled_agent``).
+Each fix's state is a collaborator of its own: ``RoomOwners`` and ``EarlyAborts``
+(``no_silent_skip``), ``handle_wait``, ``HandleQuarantine`` and ``StalledPeers``
+(``transfer_deadline``), ``RoomRuntime``'s tracker (``inflight_deadline``), ``HeldPages`` and
+``WriterWatch`` (decode's held pages). This module is the seam: SGLang's methods overridden,
+each calling into them.
+
+Faults (``HardeningConfig.fault``, switchable at run time; the ``faults`` package) run
+through the same SGLang code: ``emulated-maxstatus-port-race`` (``PortRace``) holds a
+finished non-last chunk's Transferring write until the room's ABORT has been handled (the
+ABORT handler drops the room's transfer info, as that port did); ``stall-transfers`` keeps
+every handle looking unsettled (in the quarantine too); ``drop-abort`` drops ABORT messages
+from decode; ``stall-kv-receive`` (decode, ``StallKvReceive``) names a NIXL agent that never
+progresses in the messages of rooms it opens.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import OrderedDict
 from contextlib import AbstractContextManager
 from typing import Any, Final
 
@@ -78,7 +82,12 @@ from pdwarden_runtime.hardening.config import (
     HardeningConfig,
     installed_config,
 )
+from pdwarden_runtime.hardening.early_aborts import EarlyAborts
+from pdwarden_runtime.hardening.faults.port_race import PortRace
+from pdwarden_runtime.hardening.faults.stalled_agent import StalledAgent, StallKvReceive
+from pdwarden_runtime.hardening.handle_wait import WaitLimits, await_handles
 from pdwarden_runtime.hardening.quarantine import HandleQuarantine
+from pdwarden_runtime.hardening.room_owners import RoomOwners
 from pdwarden_runtime.hardening.runtime import (
     WHERE_ABORT,
     WHERE_CHUNK_FINISHED,
@@ -92,23 +101,13 @@ from pdwarden_runtime.hardening.runtime import (
     WHERE_STATUS_WRITE,
     RoomRuntime,
 )
-from pdwarden_runtime.hardening.stalled_agent import StalledAgent
+from pdwarden_runtime.hardening.stalled_peers import StalledPeers
 from pdwarden_runtime.hardening.writer_watch import INCARNATION_PATH, WriterWatch, incarnation_body
 from pdwarden_runtime.kvpoll import KVPoll, coerce
 from pdwarden_runtime.peers import peer_of_address
 
 log = logging.getLogger(__name__)
 
-# Busy-poll a handle as SGLang does (sleep(0)) for this long, far more than a healthy chunk
-# takes, then back off so a stalled handle does not pin a core until its deadline. A count of
-# polls instead of a time made healthy chunks on a slow link sleep between polls.
-_SPIN_S: Final = 0.05
-_BACKOFF_S: Final = 0.0002
-# How long the ABORT handler waits for a parked worker's resurrecting write.
-_RACE_HANDOFF_S: Final = 2.0
-
-REASON_HANDLE_DEADLINE: Final = "transfer deadline: NIXL handle still in progress after {:.1f}s; quarantined"
-REASON_SIBLING_RUNNING: Final = "NIXL handle still running after a sibling handle failed"
 REASON_PEER_STALLED: Final = (
     "transfer deadline: decode peer {} has a stalled transfer (quarantined); failed before sending"
 )
@@ -118,9 +117,6 @@ REASON_EARLY_ABORT: Final = "Aborted by decode before this prefill opened the ro
 # The quarantine's room for handles whose chunk pdwarden could not identify: kept and polled
 # like any other (they may still write), never reported for a room.
 UNKNOWN_ROOM: Final = -1
-# ABORTs for rooms this prefill has not opened yet, remembered (bounded) so the room
-# fails when its sender opens it instead of waiting out the bootstrap timeout.
-_EARLY_ABORTS_KEPT: Final = 16384
 
 
 def outcome_for(reason: str | None) -> str:
@@ -131,33 +127,6 @@ def outcome_for(reason: str | None) -> str:
     if "abort" in text:
         return OUTCOME_ABORTED
     return OUTCOME_FAILED
-
-
-class _RaceWindow:
-    """The emulated-maxstatus-port-race fault's hand-off between a parked worker and the ABORT."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self._parked: dict[int, tuple[threading.Event, threading.Event]] = {}
-        self._guard = threading.Lock()
-
-    def park(self, room: int) -> tuple[threading.Event, threading.Event]:
-        events = (threading.Event(), threading.Event())
-        with self._guard:
-            self._parked[room] = events
-        return events
-
-    def unpark(self, room: int) -> None:
-        with self._guard:
-            self._parked.pop(room, None)
-
-    def release(self, room: int) -> None:
-        with self._guard:
-            events = self._parked.get(room)
-        if events is not None:
-            wake, written = events
-            wake.set()
-            written.wait(_RACE_HANDOFF_S)
 
 
 class _WatchedQueue:
@@ -194,27 +163,14 @@ class HardenedNixlKVManager(NixlKVManager):
         role = ROLE_PREFILL if disaggregation_mode == DisaggregationMode.PREFILL else ROLE_DECODE
         self.pdwarden = RoomRuntime(config, role)
         self._pdw_tls = threading.local()
-        self._pdw_race = _RaceWindow()
         self._pdw_queues: dict[int, _WatchedQueue] = {}
         self._pdw_queue_lock = threading.Lock()
-        self._pdw_early_aborts: OrderedDict[int, None] = OrderedDict()
-        self._pdw_early_lock = threading.Lock()
-        # Prefill rooms a request's sender owns (from its creation to its clear), and those
-        # decode's metadata opened before any sender: one in the second set and not in the
-        # first has no request to end it.
-        self._pdw_senders: set[int] = set()
-        self._pdw_opened_by_metadata: set[int] = set()
+        self._pdw_owners = RoomOwners()
+        self._pdw_early_aborts = EarlyAborts()
         self._pdw_quarantine: HandleQuarantine | None = None
-        # Decode peers (NIXL agent names) with quarantined handles, and per room the
-        # peers of each quarantined batch (to lift the mark when the batch settles).
-        self._pdw_peer_lock = threading.Lock()
-        self._pdw_stalled_peers: dict[str, int] = {}
-        self._pdw_room_peers: dict[int, list[list[str]]] = {}
-        # The stall-kv-receive fault (decode): the agent named instead of ours, and whether
-        # the fault was on when a receiver last looked (a flip makes receivers register again).
-        self._pdw_stalled_agent: StalledAgent | None = None
-        self._pdw_stall_lock = threading.Lock()
-        self._pdw_stall_seen = False
+        self._pdw_stalled_peers = StalledPeers()
+        self._pdw_port_race = PortRace()
+        self._pdw_stall_kv_receive = StallKvReceive(args)
         if role == ROLE_PREFILL and config.has(Fix.TRANSFER_DEADLINE):
             # Built before SGLang's workers start: they may hand it a batch at once.
             self._pdw_quarantine = HandleQuarantine(
@@ -232,7 +188,7 @@ class HardenedNixlKVManager(NixlKVManager):
         self.pdwarden.tracker.on_deadline = self._pdw_on_deadline
         deadline = self.pdwarden.tracker.deadline
         if role == ROLE_PREFILL and deadline is not None:
-            # D: SGLang's sender fails a room still Bootstrapping after this many seconds.
+            # inflight_deadline: SGLang's sender fails a room still Bootstrapping after this many seconds.
             self.bootstrap_timeout: float = min(float(self.bootstrap_timeout), deadline)
         if self._pdw_quarantine is not None:
             self._pdw_quarantine.start()
@@ -257,7 +213,7 @@ class HardenedNixlKVManager(NixlKVManager):
     def _pdw_config(self) -> HardeningConfig:
         return self.pdwarden.config
 
-    # --- A: the status table behind request_status ----------------------------------
+    # --- sticky_status: the status table behind request_status ---------------------
     @property  # type: ignore[override]
     def request_status(self) -> Any:
         return self.pdwarden.rooms
@@ -310,11 +266,11 @@ class HardenedNixlKVManager(NixlKVManager):
                 self._pdw_metadata_after_end(room)
                 return
             if target is KVPoll.Bootstrapping or target is KVPoll.WaitingForInput:
-                if is_prefill and target is KVPoll.WaitingForInput and room not in self._pdw_senders:
-                    self._pdw_opened_by_metadata.add(room)
+                if is_prefill and target is KVPoll.WaitingForInput:
+                    self._pdw_owners.opened_by_metadata(room)
                 self.pdwarden.ledger.settle(room)
                 super().update_status(room, target)  # SGLang's opening side effects
-                if is_prefill and self._pdw_take_early_abort(room):
+                if is_prefill and self._pdw_early_aborts.take(room):
                     self.record_failure(room, REASON_EARLY_ABORT)
                     self._pdw_update_status(room, KVPoll.Failed)
                 return
@@ -337,7 +293,7 @@ class HardenedNixlKVManager(NixlKVManager):
             return
         table.update(room, target)
 
-    # --- B: failed rooms are concluded and decode is told ----------------------------
+    # --- no_silent_skip: failed rooms are concluded and decode is told --------------
     def _pdw_room_failed(self, room: int, reason: str) -> None:
         if self.pdwarden.role != ROLE_PREFILL or not self._pdw_config.has(Fix.NO_SILENT_SKIP):
             return
@@ -389,7 +345,7 @@ class HardenedNixlKVManager(NixlKVManager):
         nothing will read its failure or clear it. Prefill gave it no pages, so no write
         can land from it: end it now (decode was told), and keep it as an early abort so
         a prefill leg that comes after all fails at once."""
-        if room not in self._pdw_opened_by_metadata or room in self._pdw_senders:
+        if not self._pdw_owners.ownerless(room):
             return
         if self.pdwarden.table.get(room) is not KVPoll.Failed:
             return
@@ -398,15 +354,11 @@ class HardenedNixlKVManager(NixlKVManager):
         self.req_to_decode_prefix_len.pop(room, None)
         with self.failure_lock:
             self.failure_records.pop(room, None)
-        with self._pdw_early_lock:
-            self._pdw_early_aborts[room] = None
-            while len(self._pdw_early_aborts) > _EARLY_ABORTS_KEPT:
-                self._pdw_early_aborts.popitem(last=False)
+        self._pdw_early_aborts.remember(room)
         self._pdw_room_cleared(room)
 
     def _pdw_room_cleared(self, room: int) -> None:
-        self._pdw_senders.discard(room)
-        self._pdw_opened_by_metadata.discard(room)
+        self._pdw_owners.cleared(room)
         self.pdwarden.ledger.cleared(room)
         self._pdw_drop_leftovers(room)
 
@@ -469,56 +421,36 @@ class HardenedNixlKVManager(NixlKVManager):
             self.pdwarden.ledger.settle(chunk.room)
             self._pdw_drop_leftovers(chunk.room)
 
-    # --- C: a deadline on handles; the faults that act on them ------------------------
+    # --- transfer_deadline: a deadline on handles; the faults that act on them -------
     def _await_handles(self, handles: list[Any], *, failure_seen: bool) -> tuple[bool, bool]:
         config = self._pdw_config
         fault = config.fault.active
-        if not config.has(Fix.TRANSFER_DEADLINE) and fault == FAULT_NONE:
+        deadline_on = config.has(Fix.TRANSFER_DEADLINE)
+        if not deadline_on and fault == FAULT_NONE:
             return super()._await_handles(handles, failure_seen=failure_seen)
-        if not handles:
-            return True, failure_seen
         chunk = getattr(self._pdw_tls, "chunk", None)
-        stalled = fault == FAULT_STALL
-        start = time.monotonic()
-        handle_deadline = start + config.transfer_deadline if config.has(Fix.TRANSFER_DEADLINE) else None
-        settle_deadline = start + NIXL_ERR_SETTLE_TIMEOUT_S if failure_seen else None
-        spin_until = start + _SPIN_S
-        while True:
-            all_settled, any_failed = not stalled, failure_seen
-            if not stalled:
-                try:
-                    for handle in handles:
-                        state = self.agent.check_xfer_state(handle)
-                        if state == "ERR":
-                            any_failed = True
-                        elif state != "DONE":
-                            all_settled = False
-                except Exception as err:
-                    log.warning("Failed to read NIXL transfer state: %s", err)
-                    self._pdw_quarantine_batch(handles, chunk, f"NIXL transfer state unreadable: {err}")
-                    return False, True
-            if all_settled:
-                if not any_failed:
-                    self._pdw_chunk_landed(chunk)
-                return True, any_failed
-            now = time.monotonic()
-            if handle_deadline is not None and now >= handle_deadline:
-                reason = REASON_HANDLE_DEADLINE.format(config.transfer_deadline)
-                self._pdw_quarantine_batch(handles, chunk, reason)
+        limits = WaitLimits(
+            transfer_deadline=config.transfer_deadline if deadline_on else None,
+            settle_timeout=NIXL_ERR_SETTLE_TIMEOUT_S,
+            settle_poll=NIXL_ERR_SETTLE_POLL_S,
+        )
+        waited = await_handles(
+            handles,
+            lambda handle: str(self.agent.check_xfer_state(handle)),
+            limits,
+            failure_seen=failure_seen,
+            never_settle=fault == FAULT_STALL,
+        )
+        if waited.quarantine is not None:
+            self._pdw_quarantine_batch(handles, chunk, waited.quarantine)
+            if waited.past_deadline:
                 self.pdwarden.handle_deadlines += 1
-                return False, True
-            if any_failed:
-                if settle_deadline is None:
-                    settle_deadline = now + NIXL_ERR_SETTLE_TIMEOUT_S
-                elif now >= settle_deadline:
-                    self._pdw_quarantine_batch(handles, chunk, REASON_SIBLING_RUNNING)
-                    return False, True
-                time.sleep(NIXL_ERR_SETTLE_POLL_S)
-                continue
-            time.sleep(0 if now < spin_until else _BACKOFF_S)
+        elif handles and not waited.failed:
+            self._pdw_chunk_landed(chunk)
+        return waited.settled, waited.failed
 
     def _pdw_quarantine_batch(self, handles: list[Any], chunk: Any, reason: str) -> None:
-        """Fix C: a batch that may still write is never reported settled. Its handles go
+        """A batch that may still write is never reported settled. Its handles go
         to the quarantine (kept, polled); the worker's failure path then fails the room
         for prefill and leaves the chunk counted, so neither decode's KV_STATUS nor its
         drain ACK can go out until the quarantine sees every handle end."""
@@ -539,25 +471,18 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_tls.keep_reason = room
         self.pdwarden.ledger.failed(room, reason)
         self.pdwarden.ledger.quarantined(room)
-        peers = list(self.transfer_infos.get(room) or ())
-        with self._pdw_peer_lock:
-            self._pdw_room_peers.setdefault(room, []).append(peers)
-            for peer in peers:
-                self._pdw_stalled_peers[peer] = self._pdw_stalled_peers.get(peer, 0) + 1
+        self._pdw_stalled_peers.quarantined(room, self.transfer_infos.get(room) or ())
         self._pdw_quarantine.add(room, handles)
 
     def _pdw_fail_if_peer_stalled(self, room: int) -> None:
-        """C: a chunk for a decode peer whose earlier handle is quarantined would stall the
-        same way and hold the worker for another full deadline (rooms queue behind it on
-        one worker): fail its room before anything is posted, until the peer's
-        quarantined handles end."""
+        """A chunk for a decode peer with quarantined handles fails its room before
+        anything is posted (``StalledPeers``)."""
         if self._pdw_quarantine is None:
             return
         infos = self.transfer_infos.get(room)
         if not infos:
             return
-        with self._pdw_peer_lock:
-            stalled = [peer for peer in infos if self._pdw_stalled_peers.get(peer)]
+        stalled = self._pdw_stalled_peers.stalled_among(infos)
         if not stalled or self.pdwarden.table.get(room) in (None, KVPoll.Failed, KVPoll.Success):
             return
         self.pdwarden.peer_fast_fails += 1
@@ -577,16 +502,7 @@ class HardenedNixlKVManager(NixlKVManager):
         if room == UNKNOWN_ROOM:
             return
         with self._pdw_guard(WHERE_QUARANTINE_SETTLED):
-            with self._pdw_peer_lock:
-                batches = self._pdw_room_peers.get(room) or [[]]
-                for peer in batches.pop(0):
-                    left = self._pdw_stalled_peers.get(peer, 0) - 1
-                    if left > 0:
-                        self._pdw_stalled_peers[peer] = left
-                    else:
-                        self._pdw_stalled_peers.pop(peer, None)
-                if not batches:
-                    self._pdw_room_peers.pop(room, None)
+            self._pdw_stalled_peers.settled(room)
             if self._staging_outstanding.get(room, 0) > 0:
                 self._staging_outstanding[room] -= 1
             idle = self.pdwarden.ledger.unquarantined(room)
@@ -628,33 +544,21 @@ class HardenedNixlKVManager(NixlKVManager):
         if moved:
             self.pdwarden.metrics.add_bytes(moved)
         if self._pdw_config.fault.active == FAULT_EMULATED_PORT_RACE and not chunk.is_last_chunk:
-            self._pdw_race_window(chunk.room)
-
-    def _pdw_race_window(self, room: int) -> None:
-        """The emulated port's race: the chunk is done, its status write comes late; an ABORT
-        that lands in between is then overwritten by Transferring under max()."""
-        wake, written = self._pdw_race.park(room)
-        try:
-            wake.wait(self._pdw_config.race_window)
-            self.update_status(room, KVPoll.Transferring)
-        finally:
-            self._pdw_race.unpark(room)
-            written.set()
+            # The chunk is done, its status write comes late; an ABORT that lands in between
+            # is then overwritten by Transferring under max().
+            room = chunk.room
+            self._pdw_port_race.hold_status_write(
+                room, self._pdw_config.race_window, lambda: self.update_status(room, KVPoll.Transferring)
+            )
 
     def check_status(self, bootstrap_room: int) -> Any:
         if self._pdw_config.fault.active == FAULT_EMULATED_PORT_RACE:
-            with self._pdw_race.lock:  # never see an ABORT half-handled (deterministic race)
+            with self._pdw_port_race.lock:  # never see an ABORT half-handled (deterministic race)
                 return super().check_status(bootstrap_room)
         return super().check_status(bootstrap_room)
 
-    def _pdw_take_early_abort(self, room: int) -> bool:
-        with self._pdw_early_lock:
-            return self._pdw_early_aborts.pop(room, 0) is None
-
     def _pdw_remember_early_abort(self, msg: list[bytes]) -> None:
-        """B: an ABORT for a room this prefill has not opened (decode gave up before the
-        prefill request arrived) is kept, so the room fails at open; SGLang drops it and
-        the room then waits out the bootstrap timeout."""
+        """An ABORT for a room this prefill has not opened is kept (``EarlyAborts``)."""
         if not self._pdw_config.has(Fix.NO_SILENT_SKIP) or not msg or msg[0] != ABORT_TAG:
             return
         notification = AbortNotification.from_zmq(msg)
@@ -663,10 +567,7 @@ class HardenedNixlKVManager(NixlKVManager):
         room = notification.room
         if room in self.pdwarden.table or self.pdwarden.table.is_cleared(room):
             return
-        with self._pdw_early_lock:
-            self._pdw_early_aborts[room] = None
-            while len(self._pdw_early_aborts) > _EARLY_ABORTS_KEPT:
-                self._pdw_early_aborts.popitem(last=False)
+        self._pdw_early_aborts.remember(room)
 
     def _handle_abort_notification(self, msg: list[bytes]) -> bool:
         fault = self._pdw_config.fault.active
@@ -682,11 +583,11 @@ class HardenedNixlKVManager(NixlKVManager):
         if notification is None:
             return True
         room = notification.room
-        with self._pdw_race.lock:
+        with self._pdw_port_race.lock:
             handled = super()._handle_abort_notification(msg)
             # The emulated port's control thread also dropped the room's transfer info here.
             self.transfer_infos.pop(room, None)
-            self._pdw_race.release(room)
+            self._pdw_port_race.abort_handled(room)
         return bool(handled)
 
     def add_transfer_request(self, bootstrap_room: int, *args: Any, **kwargs: Any) -> Any:
@@ -695,7 +596,7 @@ class HardenedNixlKVManager(NixlKVManager):
         return super().add_transfer_request(bootstrap_room, *args, **kwargs)
 
     def _pdw_refuse_silent_drop(self, room: int) -> None:
-        """B: SGLang drops a chunk of a room without transfer info without a word. For a
+        """SGLang drops a chunk of a room without transfer info without a word. For a
         live room whose decode metadata was seen (so not a dummy rank), that chunk would
         never be sent and the room would wait forever: fail the room instead."""
         if not self._pdw_config.has(Fix.NO_SILENT_SKIP) or room in self.transfer_infos:
@@ -709,7 +610,7 @@ class HardenedNixlKVManager(NixlKVManager):
         self.record_failure(room, REASON_SKIPPED.format("lost its transfer info"))
         self.update_status(room, KVPoll.Failed)
 
-    # --- D: the inflight deadline ----------------------------------------------------
+    # --- inflight_deadline ------------------------------------------------------------
     def _pdw_on_deadline(self, rooms: list[int]) -> None:
         reason = REASON_INFLIGHT_DEADLINE.format(self.pdwarden.tracker.deadline or 0.0)
         for room in rooms:
@@ -732,21 +633,13 @@ class HardenedNixlKVManager(NixlKVManager):
         """The never-progressing agent while stall-kv-receive is on (decode only)."""
         if self.pdwarden.role != ROLE_DECODE or self._pdw_config.fault.active != FAULT_STALL_KV_RECEIVE:
             return None
-        with self._pdw_stall_lock:
-            if self._pdw_stalled_agent is None:
-                self._pdw_stalled_agent = StalledAgent(self.kv_args)
-            return self._pdw_stalled_agent
+        return self._pdw_stall_kv_receive.agent()
 
     def _pdw_stall_flip(self) -> None:
-        """When the fault is switched on or off, forget the prefills' registrations, so the
-        next receiver registers the agent it will name (SGLang registers once per prefill)."""
-        on = self._pdw_config.fault.active == FAULT_STALL_KV_RECEIVE
-        with self._pdw_stall_lock:
-            if on == self._pdw_stall_seen:
-                return
-            self._pdw_stall_seen = on
-        with self.connection_lock:
-            self.connection_pool.clear()
+        """When the fault is switched on or off, forget the prefills' registrations."""
+        if self._pdw_stall_kv_receive.switched(self._pdw_config.fault.active == FAULT_STALL_KV_RECEIVE):
+            with self.connection_lock:
+                self.connection_pool.clear()
 
     def build_receiver_registration_message(self) -> list[bytes]:
         message: list[bytes] = list(super().build_receiver_registration_message())
@@ -816,7 +709,7 @@ class HardenedNixlKVSender(NixlKVSender):
 
     def __init__(self, mgr: Any, bootstrap_addr: str, bootstrap_room: int, *args: Any, **kwargs: Any) -> None:
         if isinstance(mgr, HardenedNixlKVManager):
-            mgr._pdw_senders.add(bootstrap_room)  # before its room opens: never taken for an orphan
+            mgr._pdw_owners.sender_created(bootstrap_room)
         super().__init__(mgr, bootstrap_addr, bootstrap_room, *args, **kwargs)
 
     def clear(self) -> None:
@@ -860,7 +753,7 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
         mgr = self.kv_mgr
         if not isinstance(mgr, HardenedNixlKVManager):
             return super().poll()
-        # D: the deadline also holds when the reaper thread is starved of the GIL (the
+        # inflight_deadline: it also holds when the reaper thread is starved of the GIL (the
         # engine polls every room anyway; O(1) while nothing is due).
         with mgr._pdw_guard(WHERE_DEADLINE):
             mgr.pdwarden.tracker.maybe_expire()

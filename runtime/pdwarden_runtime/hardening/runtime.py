@@ -151,8 +151,8 @@ class RoomRuntime:
                 self.metrics.registry, self.config.metrics_host, self.config.metrics_port
             )
             log.info("pdwarden metrics for %s served at %s", self.role, self.metrics_server.url)
-        if self.config.on_runtime is not None:
-            self.config.on_runtime(self)
+        if self.config.on_metrics_registry is not None:
+            self.config.on_metrics_registry(self.metrics.registry)
 
     def stop(self) -> None:
         if self.reaper is not None:

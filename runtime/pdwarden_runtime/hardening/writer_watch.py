@@ -31,12 +31,9 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from pdwarden_contract import ENV_GONE_PODS_FILE, ENV_POD_UID
-
-if TYPE_CHECKING:
-    from pdwarden_runtime.hardening.held_pages import HeldPages
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +107,16 @@ def read_gone_pods(path: str) -> list[GonePod]:
     return out
 
 
+class Observer(Protocol):
+    """What turns the watch's answers into proofs (``held_pages.HeldPages``)."""
+
+    def held_addresses(self) -> list[str]: ...
+
+    def observe(self, addr: str, identity: WriterIdentity, asked_at: float) -> None: ...
+
+    def observe_gone_pods(self, gone: Iterable[GonePod]) -> None: ...
+
+
 class WriterWatch:
     """A daemon thread that asks the prefills this decode reads from who they are: the
     identity each room's metadata goes to (``identity``, no request of its own), and, while
@@ -118,7 +125,7 @@ class WriterWatch:
 
     def __init__(
         self,
-        held: HeldPages,
+        held: Observer,
         prefills: Callable[[], Iterable[str]],
         fetch: Callable[[str], WriterIdentity | None] = fetch_identity,
         gone_pods_file: str | None = None,

@@ -101,14 +101,14 @@ def install(raw: dict[str, Any]) -> None:
     # engine), set before SGLang's KV manager creates its agent.
     nixl_progress.set_poll_us(int(settings.pop("nixl_progress_poll_us", nixl_progress.DEFAULT_POLL_US)))
     config = HardeningConfig.from_mapping({**settings, "metrics_port": None})
-    config.on_runtime = _bridge_metrics
+    config.on_metrics_registry = _bridge_metrics
     hardening.install(config)
 
 
-def _bridge_metrics(runtime: Any) -> None:
+def _bridge_metrics(registry: Any) -> None:
     from pdwarden_runtime.sglang_boot.prom_bridge import bridge
 
-    bridge(runtime.metrics.registry)
+    bridge(registry)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

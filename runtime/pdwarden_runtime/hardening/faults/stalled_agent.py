@@ -15,6 +15,7 @@ the process (prefills may still hold handles to it).
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from typing import Any
 
@@ -46,3 +47,31 @@ class StalledAgent:
         log.warning(
             "fault stall-kv-receive: new rooms' KV goes to NIXL agent %s, which never progresses", self.name
         )
+
+
+class StallKvReceive:
+    """The fault's state in one decode KV manager: the stalled agent, built once when the
+    fault is first on, and whether it was on when a receiver last looked."""
+
+    def __init__(self, kv_args: Any) -> None:
+        self._kv_args = kv_args
+        self._agent: StalledAgent | None = None
+        self._lock = threading.Lock()
+        self._seen_on = False
+
+    def agent(self) -> StalledAgent:
+        """The never-progressing agent (built on first use, kept for the process's life)."""
+        with self._lock:
+            if self._agent is None:
+                self._agent = StalledAgent(self._kv_args)
+            return self._agent
+
+    def switched(self, on: bool) -> bool:
+        """True when the fault was switched on or off since the last look: SGLang registers
+        with each prefill once, so the registrations must be forgotten for the next receiver
+        to register the agent it will name."""
+        with self._lock:
+            if on == self._seen_on:
+                return False
+            self._seen_on = on
+            return True
