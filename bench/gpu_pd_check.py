@@ -28,8 +28,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pdwarden_bench.promtext import Sample, metric_sum, samples
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.promtext import Sample, metric_sum, samples
 
 # --- the model ---------------------------------------------------------------------------
 VOCAB_WORDS = 4092  # + 4 specials = 4096 ids

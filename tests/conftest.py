@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pdwarden_bench import ports
+from pdwarden_testkit import ports
 from tests.support.session import ENV_SESSION_DIR, STARTED_CLUSTER, cluster_hold, session_dir
 
 

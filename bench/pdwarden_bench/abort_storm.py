@@ -32,7 +32,7 @@ import click
 
 import pdwarden_contract as contract
 from pdwarden_bench.pdclient import ABORTED, COMPLETED, Endpoint, new_session, pd_request
-from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, wait_healthy
+from pdwarden_testkit.runtime_procs import Fleet, Runtime, exit_on_sigterm, wait_healthy
 
 NON_TERMINAL = ("bootstrapping", "waiting_for_input", "transferring")
 BOOTSTRAP_TIMEOUT_S = 5

@@ -37,10 +37,10 @@ from typing import Any, Final
 import click
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import API_TRANSIENT, GROUP, VERSION, Env, open_env
 from pdwarden_bench.polling import Poller
-from pdwarden_localcluster.testing import serving, wait_for
+from pdwarden_localcluster.waits import serving, wait_for
 from pdwarden_operator.render import child_name
+from pdwarden_testkit.cluster_env import API_TRANSIENT, GROUP, VERSION, Env, open_env
 
 TARGET_INFLIGHT: Final = 3
 RATIO: Final = {"min": 0.5, "max": 2.0}

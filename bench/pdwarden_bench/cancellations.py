@@ -35,7 +35,12 @@ from typing import Any, Final
 import aiohttp
 import click
 
-from pdwarden_bench.runtime_procs import (
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_operator.render import ROUTER_MODULE
+from pdwarden_operator.watchdog.history import Histories, Observation
+from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
+from pdwarden_operator.watchdog.rule import judge
+from pdwarden_testkit.runtime_procs import (
     Fleet,
     Runtime,
     exit_on_sigterm,
@@ -44,11 +49,6 @@ from pdwarden_bench.runtime_procs import (
     wait_healthy,
     wait_router,
 )
-from pdwarden_localcluster.testing import wait_for
-from pdwarden_operator.render import ROUTER_MODULE
-from pdwarden_operator.watchdog.history import Histories, Observation
-from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
-from pdwarden_operator.watchdog.rule import judge
 
 OK, FAILED, CANCELLED, TIMED_OUT = "ok", "failed", "cancelled", "timed-out"
 ARM_CANCELLING, ARM_CONTROL = "cancelling", "control"

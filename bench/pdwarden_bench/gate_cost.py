@@ -24,7 +24,8 @@ import aiohttp
 import click
 
 import pdwarden_contract as c
-from pdwarden_bench.runtime_procs import (
+from pdwarden_runtime.worker_key import auth_headers
+from pdwarden_testkit.runtime_procs import (
     Fleet,
     Router,
     exit_on_sigterm,
@@ -32,7 +33,6 @@ from pdwarden_bench.runtime_procs import (
     wait_healthy,
     wait_router,
 )
-from pdwarden_runtime.worker_key import auth_headers
 
 
 def short_requests(n: int, seed: int) -> list[dict[str, Any]]:

@@ -41,9 +41,9 @@ from typing import Any
 import click
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import API_TRANSIENT, Env, http_json, open_env, synthetic_model
-from pdwarden_bench.promtext import metric_sum, samples
-from pdwarden_localcluster.testing import serving, wait_for
+from pdwarden_localcluster.waits import serving, wait_for
+from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, http_json, open_env, synthetic_model
+from pdwarden_testkit.promtext import metric_sum, samples
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 BODY_BYTES = 1 << 20  # the watchdog's body limit: a hostile body as big as it may be

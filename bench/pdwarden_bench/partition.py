@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import API_TRANSIENT, Env, Load, http_json, metrics_url, synthetic_model
 from pdwarden_bench.polling import Poller
-from pdwarden_bench.promtext import Sample, metric_sum, samples
 from pdwarden_localcluster.cluster import ports
-from pdwarden_localcluster.testing import WaitTimeout, wait_for
+from pdwarden_localcluster.waits import WaitTimeout, wait_for
+from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, Load, http_json, metrics_url, synthetic_model
+from pdwarden_testkit.promtext import Sample, metric_sum, samples
 
 INFLIGHT_DEADLINE: Final = 8
 TRANSFER_DEADLINE: Final = 3

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 import pdwarden_contract as contract
+from pdwarden_localcluster.kubeapi import ApiError, KubeApi
 
 if TYPE_CHECKING:
-    from pdwarden_bench.operator_process import OperatorProcess
+    from pdwarden_testkit.operator_process import OperatorProcess
 
 GOAL_P50_S = 1.0
 TEARDOWN_WAIT_S = 180.0
@@ -75,37 +76,27 @@ class StatusWatch:
         self.namespace = namespace
         self.done: dict[str, float] = {}
         self._stop = threading.Event()
-        import kubernetes
-
-        cfg = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        self._api = kubernetes.client.CustomObjectsApi(kubernetes.client.ApiClient(cfg))
+        self._api = KubeApi.from_kubeconfig(Path(kubeconfig))
         self._thread = threading.Thread(target=self._run, name="status-watch", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
-        import kubernetes
-
+        path = (
+            f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{self.namespace}/{contract.PLURAL}"
+        )
         while not self._stop.is_set():
-            w = kubernetes.watch.Watch()
             try:
-                for event in w.stream(
-                    self._api.list_namespaced_custom_object,
-                    contract.API_GROUP,
-                    contract.API_VERSION,
-                    self.namespace,
-                    contract.PLURAL,
-                    timeout_seconds=30,
-                ):
-                    obj = event["object"]
-                    meta, status = obj.get("metadata", {}), obj.get("status") or {}
-                    seen = int(status.get("observedGeneration") or 0)
-                    if seen and seen >= int(meta.get("generation") or 1):
-                        self.done.setdefault(meta["name"], time.monotonic())
+                # No resourceVersion: each (re)opened watch starts with every model as ADDED.
+                for kind, obj in self._api.watch(path, {}, timeout_seconds=30):
+                    if kind in ("ADDED", "MODIFIED"):
+                        meta, status = obj.get("metadata", {}), obj.get("status") or {}
+                        seen = int(status.get("observedGeneration") or 0)
+                        if seen and seen >= int(meta.get("generation") or 1):
+                            self.done.setdefault(meta["name"], time.monotonic())
                     if self._stop.is_set():
-                        w.stop()
+                        break
             except Exception as exc:  # a dropped watch is re-opened
                 _say(f"watch restarted: {exc}")
                 time.sleep(0.5)
@@ -117,11 +108,11 @@ class StatusWatch:
 async def _run(
     models: int, kubeconfig: str, health_port: int, timeout: float, steady_s: float
 ) -> dict[str, Any]:
-    from pdwarden_bench.operator_process import OperatorProcess
     from pdwarden_operator import render
     from pdwarden_operator.crd import CRD_NAME, build_crd
     from pdwarden_operator.kube import apply as kube
     from pdwarden_operator.kube.client import connect, set_client
+    from pdwarden_testkit.operator_process import OperatorProcess
 
     set_client(connect(kubeconfig))
     await kube.apply(build_crd())
@@ -269,21 +260,14 @@ RECONCILED = ": reconciled generation "  # handlers.reconcile_model's line, once
 def _apiserver_applies(kubeconfig: str) -> float | None:
     """Server-side applies the API server has answered so far, dry-runs included (nothing
     but the operator applies in the local cluster); None if its /metrics cannot be read."""
-    import kubernetes
+    from pdwarden_testkit import promtext
 
-    from pdwarden_bench import promtext
-
-    cfg = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    with kubernetes.client.ApiClient(cfg) as api:
-        try:
-            resp = api.call_api(
-                "/metrics", "GET", _preload_content=False, _return_http_data_only=True, _request_timeout=30
-            )
-            found = promtext.samples(resp.data.decode(), {"apiserver_request_total"})
-        except (kubernetes.client.ApiException, OSError, ValueError) as exc:
-            _say(f"cannot read the API server's metrics: {exc}")
-            return None
+    try:
+        text = KubeApi.from_kubeconfig(Path(kubeconfig), timeout=30).text("/metrics")
+        found = promtext.samples(text, {"apiserver_request_total"})
+    except (ApiError, OSError, ValueError) as exc:
+        _say(f"cannot read the API server's metrics: {exc}")
+        return None
     return promtext.metric_sum(found, "apiserver_request_total", verb="APPLY")
 
 

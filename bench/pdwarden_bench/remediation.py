@@ -39,7 +39,8 @@ from typing import Any
 import click
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import (
+from pdwarden_localcluster.waits import serving, wait_for
+from pdwarden_testkit.cluster_env import (
     API_TRANSIENT,
     CHARGED,
     EMULATED_PORT_PREFILL,
@@ -53,7 +54,6 @@ from pdwarden_bench.cluster_env import (
     remediations,
     wedge,
 )
-from pdwarden_localcluster.testing import serving, wait_for
 
 ACTIONS = ("restart", "drain")
 DRAIN_SECONDS = 300  # above this machine's replacement start-up under load, so the drain can wait for it

@@ -47,7 +47,8 @@ from pdwarden_bench.arms import (
     round_order,
 )
 from pdwarden_bench.gate_cost import percentile, send_round, short_requests
-from pdwarden_bench.runtime_procs import (
+from pdwarden_localcluster.waits import WaitTimeout
+from pdwarden_testkit.runtime_procs import (
     Fleet,
     Router,
     exit_on_sigterm,
@@ -55,7 +56,6 @@ from pdwarden_bench.runtime_procs import (
     wait_healthy,
     wait_router,
 )
-from pdwarden_localcluster.testing import WaitTimeout
 
 # The arms, in their order in even rounds: name in the JSON -> the runtime's --hardening mode.
 ARMS: Final = {arm: ARM_MODES[arm] for arm in (HARDENED, STOCK, PROMPT_WAKE)}

@@ -38,8 +38,8 @@ import click
 
 import pdwarden_contract as c
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
-from pdwarden_bench.promtext import metric_sum, samples
-from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, serve_flags, wait_healthy
+from pdwarden_testkit.promtext import metric_sum, samples
+from pdwarden_testkit.runtime_procs import Fleet, Runtime, exit_on_sigterm, serve_flags, wait_healthy
 
 ENV: Final = {"UCX_TLS": "tcp,self"}
 PROMPT_TOKENS: Final = 160  # 10 pages of 16 tokens: 5 chunks of 2 pages
@@ -265,7 +265,7 @@ def _partition_scenarios() -> dict[str, Any]:
     from pathlib import Path
 
     from pdwarden_bench import partition
-    from pdwarden_bench.cluster_env import open_env
+    from pdwarden_testkit.cluster_env import open_env
 
     t0 = time.monotonic()
     kubeconfig = os.environ.get("KUBECONFIG")

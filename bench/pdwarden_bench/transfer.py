@@ -47,8 +47,8 @@ from pdwarden_bench.arms import (
     round_order,
 )
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
-from pdwarden_bench.ports import free_port
-from pdwarden_bench.runtime_procs import Fleet, Runtime, exit_on_sigterm, wait_healthy
+from pdwarden_testkit.ports import free_port
+from pdwarden_testkit.runtime_procs import Fleet, Runtime, exit_on_sigterm, wait_healthy
 
 _UNITS = {
     "": 1,

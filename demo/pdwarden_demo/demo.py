@@ -52,9 +52,10 @@ from pdwarden_demo.demo_scenario import (
     remediations_for,
     wedge_seen,
 )
-from pdwarden_localcluster import monitoring, testing
+from pdwarden_localcluster import monitoring, waits
 from pdwarden_localcluster.errors import ClusterError
-from pdwarden_localcluster.testing import serving
+from pdwarden_localcluster.kubeapi import ApiError
+from pdwarden_localcluster.waits import serving
 from pdwarden_operator.render import child_name
 from pdwarden_runtime.worker_key import auth_headers
 
@@ -65,8 +66,8 @@ FAULT = contract.FAULT_EMULATED_PORT_RACE
 async def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float) -> T:
     """The one `wait_for`, off the event loop; a timeout is a failed demo step."""
     try:
-        return await asyncio.to_thread(testing.wait_for, check, timeout, what, interval)
-    except testing.WaitTimeout as exc:
+        return await asyncio.to_thread(waits.wait_for, check, timeout, what, interval)
+    except waits.WaitTimeout as exc:
         raise DemoError(str(exc)) from None
 
 
@@ -333,7 +334,7 @@ def cleanup(kube: DemoCluster | None, steps: Steps, model: str) -> None:
     with contextlib.suppress(Exception):
         kube.delete_model(NAMESPACE, model)
         model_pods = selector({contract.LABEL_MODEL: model})
-        testing.wait_for(lambda: not kube.pods(NAMESPACE, model_pods), 60, "the model's pods to stop", 1.0)
+        waits.wait_for(lambda: not kube.pods(NAMESPACE, model_pods), 60, "the model's pods to stop", 1.0)
     with contextlib.suppress(Exception):
         kube.helm_uninstall(RELEASE, NAMESPACE)
     with contextlib.suppress(Exception):
@@ -383,7 +384,7 @@ def demo(as_json: bool, keep: bool, scope: str) -> None:
         kube.ensure_namespace(NAMESPACE)
         scope_used = operator_scope(scope, started_cluster)
         asyncio.run(run_demo(kube, steps, result, seen, example, scope_used, stack.alertmanager_url))
-    except (DemoError, ClusterError, chart.HelmError, chart.ToolMissing, RuntimeError) as exc:
+    except (DemoError, ClusterError, ApiError, chart.HelmError, chart.ToolMissing, RuntimeError) as exc:
         result.error = str(exc)
         console.log(f"[red]demo step failed: {exc}")
     except KeyboardInterrupt:
@@ -396,8 +397,6 @@ def demo(as_json: bool, keep: bool, scope: str) -> None:
 
                 with contextlib.suppress(Exception):
                     cluster.down(progress=lambda m: console.log(m))
-        if kube is not None:
-            kube.close()
 
     for table in summary_table(result, seen):
         console.print(table)

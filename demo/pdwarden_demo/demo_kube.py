@@ -9,17 +9,14 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import kubernetes.client
-import kubernetes.config
-from kubernetes.client.exceptions import ApiException
-
 import pdwarden_contract as contract
 from pdwarden_demo import chart
+from pdwarden_localcluster.kubeapi import ApiError, KubeApi
+from pdwarden_localcluster.waits import WaitTimeout, wait_for
 from pdwarden_operator import worker_key_secret
 
 Obj = dict[str, Any]
@@ -32,13 +29,7 @@ class DemoError(RuntimeError):
 class DemoCluster:
     def __init__(self, kubeconfig: Path) -> None:
         self.kubeconfig = kubeconfig
-        self._api = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
-        self.core = kubernetes.client.CoreV1Api(self._api)
-        self.custom = kubernetes.client.CustomObjectsApi(self._api)
-        self.apps = kubernetes.client.AppsV1Api(self._api)
-
-    def close(self) -> None:
-        self._api.close()
+        self.api = KubeApi.from_kubeconfig(kubeconfig)
 
     # --- helm ----------------------------------------------------------------------------
 
@@ -80,91 +71,63 @@ class DemoCluster:
     # --- namespaces and the model ----------------------------------------------------------
 
     def ensure_namespace(self, name: str) -> None:
+        body = {"metadata": {"name": name, "labels": {"pdwarden.io/demo": "true"}}}
         try:
-            self.core.create_namespace({"metadata": {"name": name, "labels": {"pdwarden.io/demo": "true"}}})
-        except ApiException as exc:
+            self.api.post("/api/v1/namespaces", body)
+        except ApiError as exc:
             if exc.status != 409:
-                raise DemoError(f"cannot create namespace {name}: {exc.reason}") from exc
+                raise DemoError(f"cannot create namespace {name}: {exc.message}") from exc
 
     def delete_namespace(self, name: str, wait_s: float = 60) -> bool:
         try:
-            self.core.delete_namespace(name)
-        except ApiException as exc:
+            self.api.delete(f"/api/v1/namespaces/{name}")
+        except ApiError as exc:
             if exc.status == 404:
                 return True
-            raise DemoError(f"cannot delete namespace {name}: {exc.reason}") from exc
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                self.core.read_namespace(name)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return True
-            time.sleep(1)
-        return False
+            raise DemoError(f"cannot delete namespace {name}: {exc.message}") from exc
+        try:
+            wait_for(lambda: self.api.get_or_none(f"/api/v1/namespaces/{name}") is None, wait_s, name, 1.0)
+        except WaitTimeout:
+            return False
+        return True
 
     def create_model(self, manifest: Obj) -> None:
         ns = manifest["metadata"]["namespace"]
         try:
-            self.custom.create_namespaced_custom_object(
-                contract.API_GROUP, contract.API_VERSION, ns, contract.PLURAL, manifest
-            )
-        except ApiException as exc:
-            raise DemoError(f"the API refused the DisaggregatedModel: {exc.status} {exc.body}") from exc
+            self.api.post(_models_path(ns), manifest)
+        except ApiError as exc:
+            raise DemoError(f"the API refused the DisaggregatedModel: {exc.status} {exc.message}") from exc
 
     def get_model(self, namespace: str, name: str) -> Obj | None:
-        try:
-            obj: Obj = self.custom.get_namespaced_custom_object(
-                contract.API_GROUP, contract.API_VERSION, namespace, contract.PLURAL, name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        return obj
+        return self.api.get_or_none(f"{_models_path(namespace)}/{name}")
 
     def delete_model(self, namespace: str, name: str) -> None:
         try:
-            self.custom.delete_namespaced_custom_object(
-                contract.API_GROUP, contract.API_VERSION, namespace, contract.PLURAL, name
-            )
-        except ApiException as exc:
+            self.api.delete(f"{_models_path(namespace)}/{name}")
+        except ApiError as exc:
             if exc.status != 404:
                 raise
 
     # --- pods and events -----------------------------------------------------------------
 
     def pods(self, namespace: str, selector: str) -> list[Obj]:
-        listing = self._api.sanitize_for_serialization(
-            self.core.list_namespaced_pod(namespace, label_selector=selector)
-        )
-        items: list[Obj] = listing.get("items", [])
-        return items
+        return self._items(f"/api/v1/namespaces/{namespace}/pods", {"labelSelector": selector})
 
     def cluster_ip(self, namespace: str, service: str) -> str | None:
         """The ClusterIP of a Service (None while it does not exist or has none)."""
-        try:
-            svc = self.core.read_namespaced_service(service, namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        ip = svc.spec.cluster_ip if svc.spec else None
+        svc = self.api.get_or_none(f"/api/v1/namespaces/{namespace}/services/{service}")
+        ip = str((svc or {}).get("spec", {}).get("clusterIP") or "")
         return ip if ip and ip != "None" else None
 
     def events(self, namespace: str, involved_name: str | None = None) -> list[Obj]:
-        selector = f"involvedObject.name={involved_name}" if involved_name else None
-        listing = self._api.sanitize_for_serialization(
-            self.core.list_namespaced_event(namespace, field_selector=selector)
-        )
-        items: list[Obj] = listing.get("items", [])
-        return items
+        params = {"fieldSelector": f"involvedObject.name={involved_name}"} if involved_name else None
+        return self._items(f"/api/v1/namespaces/{namespace}/events", params)
 
     def deployments(self, namespace: str, selector: str) -> list[Obj]:
-        listing = self._api.sanitize_for_serialization(
-            self.apps.list_namespaced_deployment(namespace, label_selector=selector)
-        )
-        items: list[Obj] = listing.get("items", [])
+        return self._items(f"/apis/apps/v1/namespaces/{namespace}/deployments", {"labelSelector": selector})
+
+    def _items(self, path: str, params: dict[str, str] | None) -> list[Obj]:
+        items: list[Obj] = self.api.get(path, params).get("items") or []
         return items
 
     def worker_key(self, pod: Obj) -> str | None:
@@ -174,11 +137,15 @@ class DemoCluster:
         name = worker_key_secret.mounted_by(pod.get("spec") or {}, model)
         if name is None:
             return None
-        secret = self.core.read_namespaced_secret(name, pod["metadata"]["namespace"])
-        data = (secret.data or {}).get(contract.WORKER_KEY_SECRET_KEY)
+        secret = self.api.get(f"/api/v1/namespaces/{pod['metadata']['namespace']}/secrets/{name}")
+        data = (secret.get("data") or {}).get(contract.WORKER_KEY_SECRET_KEY)
         if data is None:
             raise DemoError(f"the worker key's Secret {name} has no {contract.WORKER_KEY_SECRET_KEY!r}")
         return base64.b64decode(data).decode().strip()
+
+
+def _models_path(namespace: str) -> str:
+    return f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{namespace}/{contract.PLURAL}"
 
 
 def pod_ip(pod: Obj) -> str | None:

@@ -1,13 +1,21 @@
-"""A small JSON client for the Kubernetes API, authenticated by a client certificate.
+"""A small JSON client for the Kubernetes API, authenticated by a client certificate or a
+bearer token.
 
-The process kubelet and the cluster manager talk to the apiserver only through this module.
-It works on plain dicts (what the API serves), one requests.Session per thread.
+The process kubelet, the cluster manager and the development tools (the test kit, the
+benchmarks, the demo) talk to the apiserver through this module; the operator has its own
+client (``pdwarden_operator.kube``). It works on plain dicts (what the API serves), one
+requests.Session per thread.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import shutil
+import tempfile
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +23,7 @@ from typing import Any
 
 import requests
 import urllib3
+import yaml
 
 JSON = dict[str, Any]
 
@@ -30,8 +39,57 @@ class ApiError(Exception):
 class Credentials:
     server: str
     ca_file: Path
-    cert_file: Path
-    key_file: Path
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    token: str | None = None
+
+
+class KubeconfigError(ValueError):
+    """A kubeconfig this client cannot use; the message names the file and what is missing."""
+
+
+def _kubeconfig_entry(doc: Any, kind: str, name: str, path: Path) -> dict[str, Any]:
+    for entry in doc.get(f"{kind}s") or []:
+        if entry.get("name") == name:
+            return dict(entry.get(kind) or {})
+    raise KubeconfigError(f"{path}: no {kind} named {name!r}")
+
+
+def credentials_from_kubeconfig(path: Path, files: Path) -> Credentials:
+    """The current context's server and credentials. Inline data (``*-data``) is written
+    to files under ``files`` (owner-only), as the HTTP client reads certificates from files."""
+    doc = yaml.safe_load(path.read_text()) or {}
+    context_name = doc.get("current-context")
+    if not context_name:
+        raise KubeconfigError(f"{path}: no current-context")
+    context = _kubeconfig_entry(doc, "context", context_name, path)
+    cluster = _kubeconfig_entry(doc, "cluster", str(context.get("cluster")), path)
+    user = _kubeconfig_entry(doc, "user", str(context.get("user")), path)
+
+    def file_of(entry: dict[str, Any], key: str, name: str) -> Path | None:
+        if entry.get(f"{key}-data"):
+            target = files / name
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(base64.b64decode(entry[f"{key}-data"]))
+            return target
+        return Path(entry[key]) if entry.get(key) else None
+
+    ca = file_of(cluster, "certificate-authority", "ca.crt")
+    if ca is None or not cluster.get("server"):
+        raise KubeconfigError(f"{path}: cluster {context.get('cluster')!r} needs a server and a CA")
+    creds = Credentials(
+        server=str(cluster["server"]).rstrip("/"),
+        ca_file=ca,
+        cert_file=file_of(user, "client-certificate", "client.crt"),
+        key_file=file_of(user, "client-key", "client.key"),
+        token=user.get("token"),
+    )
+    if creds.token is None and (creds.cert_file is None or creds.key_file is None):
+        raise KubeconfigError(
+            f"{path}: user {context.get('user')!r} has neither a token nor a client certificate"
+        )
+    return creds
 
 
 class KubeApi:
@@ -40,6 +98,19 @@ class KubeApi:
         self.timeout = timeout
         self._local = threading.local()
 
+    @classmethod
+    def from_kubeconfig(cls, path: Path, timeout: float = 15.0) -> KubeApi:
+        """A client for a kubeconfig's current context; the certificate files it needs live
+        in a private directory removed with the client."""
+        files = Path(tempfile.mkdtemp(prefix="pdwarden-kubeapi-"))
+        try:
+            api = cls(credentials_from_kubeconfig(Path(path), files), timeout)
+        except BaseException:
+            shutil.rmtree(files, ignore_errors=True)
+            raise
+        weakref.finalize(api, shutil.rmtree, files, True)
+        return api
+
     def _session(self) -> requests.Session:
         session: requests.Session | None = getattr(self._local, "session", None)
         if session is None:
@@ -47,7 +118,10 @@ class KubeApi:
             # REQUESTS_CA_BUNDLE/proxies from the environment would override our own CA
             session.trust_env = False
             session.verify = str(self.creds.ca_file)
-            session.cert = (str(self.creds.cert_file), str(self.creds.key_file))
+            if self.creds.cert_file is not None and self.creds.key_file is not None:
+                session.cert = (str(self.creds.cert_file), str(self.creds.key_file))
+            if self.creds.token is not None:
+                session.headers["Authorization"] = f"Bearer {self.creds.token}"
             self._local.session = session
         return session
 
@@ -85,6 +159,16 @@ class KubeApi:
         except ValueError:  # /readyz, /healthz answer plain text
             return {"text": resp.text}
         return result
+
+    def text(self, path: str, params: dict[str, Any] | None = None) -> str:
+        """A GET whose answer is plain text (a pod's log)."""
+        try:
+            resp = self._session().get(self.creds.server + path, params=params, timeout=self.timeout)
+        except requests.RequestException as exc:
+            raise ApiError(0, f"GET {path}: {exc}") from exc
+        if resp.status_code >= 400:
+            raise ApiError(resp.status_code, f"GET {path}: {resp.text[:300]}")
+        return resp.text
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> JSON:
         return self.request("GET", path, params=params)

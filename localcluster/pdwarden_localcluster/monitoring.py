@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from pdwarden_localcluster import build, tools
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubelet import images
-from pdwarden_localcluster.testing import WaitTimeout, pod_ready, wait_for
+from pdwarden_localcluster.waits import WaitTimeout, pod_ready, wait_for
 
 JSON = dict[str, Any]
 Progress = Callable[[str], None]

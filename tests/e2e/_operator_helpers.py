@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_bench.ports import free_port
-from pdwarden_localcluster.testing import Kubectl, WaitTimeout, wait_for
+from pdwarden_localcluster.waits import WaitTimeout, wait_for
+from pdwarden_testkit.kubectl import Kubectl
+from pdwarden_testkit.operator_process import OperatorProcess
+from pdwarden_testkit.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "pdwarden.io_disaggregatedmodels.yaml"

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from pdwarden_bench.cluster_env import Env, open_env
 from pdwarden_localcluster import build, tools
 from pdwarden_localcluster import cluster as localcluster
 from pdwarden_localcluster.cluster import ClusterInfo
 from pdwarden_localcluster.errors import ClusterError
-from pdwarden_localcluster.testing import Kubectl, create_namespace, unique_namespace
+from pdwarden_testkit.cluster_env import Env, open_env
+from pdwarden_testkit.kubectl import Kubectl, create_namespace, unique_namespace
 from tests.support.session import STARTED_CLUSTER, session_dir
 
 

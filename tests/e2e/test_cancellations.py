@@ -20,8 +20,8 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_bench import cancellations
-from pdwarden_bench.cluster_env import API_TRANSIENT, Env, operator_metric, synthetic_model
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, operator_metric, synthetic_model
 
 # exclusive: every request must be answered through smg, whose own view of its workers takes a
 # prefill starved of CPU by other tests out of routing (503 no_available_workers, seen twice in

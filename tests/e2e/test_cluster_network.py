@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.ports import free_port
 from pdwarden_localcluster import network
 from pdwarden_localcluster.cluster import ClusterInfo, ports
-from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
+from pdwarden_localcluster.waits import pod_ready, wait_for
+from pdwarden_testkit.kubectl import Kubectl
+from pdwarden_testkit.ports import free_port
 from tests.support.kube_objects import deployment, http_server_script
 
 pytestmark = pytest.mark.e2e

@@ -10,7 +10,8 @@ import pytest
 
 from pdwarden_localcluster import netpolicy
 from pdwarden_localcluster.cluster import ClusterInfo, ports
-from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
+from pdwarden_localcluster.waits import pod_ready, wait_for
+from pdwarden_testkit.kubectl import Kubectl
 from tests.e2e.test_cluster_network import fetched, fetcher, pod, ready_pod, server, service
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,8 @@ import pytest
 
 from pdwarden_localcluster import provisioner, topology
 from pdwarden_localcluster.cluster import ClusterInfo, ports
-from pdwarden_localcluster.testing import Kubectl, WaitTimeout, pod_ready, wait_for
+from pdwarden_localcluster.waits import WaitTimeout, pod_ready, wait_for
+from pdwarden_testkit.kubectl import Kubectl
 from tests.support.kube_objects import deployment
 
 from .test_cluster_network import fetched, fetcher, server, service

@@ -16,7 +16,8 @@ import pytest
 
 from pdwarden_localcluster import network, procs, teardown
 from pdwarden_localcluster.cluster import Ports
-from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
+from pdwarden_localcluster.waits import pod_ready, wait_for
+from pdwarden_testkit.kubectl import Kubectl
 from tests.support.clusters import free_cluster_base
 
 # a second local cluster beside the shared one, its kubelet killed

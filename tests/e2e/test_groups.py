@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import EMULATED_PORT_PREFILL, HOST_PLAYS_ROUTER, wedge_pod
-from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_localcluster.testing import Kubectl, wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.cluster_env import EMULATED_PORT_PREFILL, HOST_PLAYS_ROUTER, wedge_pod
+from pdwarden_testkit.kubectl import Kubectl
+from pdwarden_testkit.operator_process import OperatorProcess
 
 from ._operator_helpers import new_namespace, operator_module_fixtures
 

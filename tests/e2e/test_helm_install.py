@@ -19,7 +19,7 @@ import yaml
 import pdwarden_contract as contract
 from pdwarden_demo import chart
 from pdwarden_localcluster import monitoring
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
 
 from ._operator_helpers import kubectl_with_crd
 

@@ -18,7 +18,7 @@ import yaml
 
 import pdwarden_contract as contract
 from pdwarden_demo import chart
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator.crd import CRD_FILENAME, CRD_NAME
 
 from .test_helm_install import EXAMPLE, get_json, helm, helm_install, kubeconfig, kubectl, namespace

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from pdwarden_localcluster.testing import Kubectl, wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.kubectl import Kubectl
 
 from .test_localcluster import cluster_logs, container_status, pod, pod_phase
 

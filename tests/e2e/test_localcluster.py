@@ -17,7 +17,8 @@ import pytest
 
 from pdwarden_localcluster import build, reserved_ports
 from pdwarden_localcluster.cluster import ClusterInfo, admin_api, ports
-from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
+from pdwarden_localcluster.waits import pod_ready, wait_for
+from pdwarden_testkit.kubectl import Kubectl
 from tests.support.kube_objects import deployment
 
 pytestmark = pytest.mark.e2e

@@ -22,8 +22,9 @@ from pdwarden_demo import chart, demo_scenario, demo_traffic
 from pdwarden_demo.demo_kube import DemoCluster
 from pdwarden_localcluster import monitoring
 from pdwarden_localcluster.cluster import ClusterInfo
-from pdwarden_localcluster.testing import Kubectl, serving, wait_for
+from pdwarden_localcluster.waits import serving, wait_for
 from pdwarden_operator.render import child_name
+from pdwarden_testkit.kubectl import Kubectl
 
 from .test_helm_install import helm, helm_install
 
@@ -173,11 +174,7 @@ def test_a_healthy_model_fires_nothing_and_a_wedge_reaches_alertmanager_with_the
         prefills = [p for p in pods if p["metadata"]["labels"][contract.LABEL_ROLE] == contract.ROLE_PREFILL]
         pod = min(prefills, key=lambda p: p["metadata"]["name"])
         victim = pod["metadata"]["name"]
-        kube = DemoCluster(Path(cluster.kubeconfig))
-        try:
-            key = kube.worker_key(pod)
-        finally:
-            kube.close()
+        key = DemoCluster(Path(cluster.kubeconfig)).worker_key(pod)
         assert key is not None, "the pod requires no worker key"
         inject_from_inside(kubectl, namespace, pod, key)
         with Traffic(router_ip, IMPATIENT):

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pdwarden_localcluster.testing import Kubectl, wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.kubectl import Kubectl
 from tests.support import image_recipe
 
 from ._operator_helpers import (

@@ -12,10 +12,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from pdwarden_localcluster.testing import Kubectl
 from pdwarden_operator import models
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.reconcile import describe_validation_error
+from pdwarden_testkit.kubectl import Kubectl
 
 from ._operator_helpers import ROOT, kubectl_with_crd, new_namespace
 

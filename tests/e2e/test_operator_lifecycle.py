@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_bench.ports import free_port
-from pdwarden_localcluster.testing import Kubectl, wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.kubectl import Kubectl
+from pdwarden_testkit.operator_process import OperatorProcess
+from pdwarden_testkit.ports import free_port
 
 from ._operator_helpers import (
     CHILD_RESOURCES,

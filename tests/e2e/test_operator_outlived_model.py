@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_localcluster.testing import Kubectl, wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.kubectl import Kubectl
+from pdwarden_testkit.operator_process import OperatorProcess
 
 from ._operator_helpers import CRD_FILE, idle_model, kubectl_with_crd, new_namespace
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.operator_process import OperatorProcess
 
 from ._operator_helpers import (
     CHILD_RESOURCES,

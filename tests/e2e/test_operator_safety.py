@@ -20,7 +20,9 @@ import aiohttp
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import (
+from pdwarden_demo import demo_traffic
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.cluster_env import (
     API_TRANSIENT,
     EMULATED_PORT_PREFILL,
     INTERVAL,
@@ -34,9 +36,7 @@ from pdwarden_bench.cluster_env import (
     remediations,
     wedge,
 )
-from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_demo import demo_traffic
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_testkit.operator_process import OperatorProcess
 
 pytestmark = pytest.mark.e2e
 

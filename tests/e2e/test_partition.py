@@ -18,7 +18,7 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_bench import partition
-from pdwarden_bench.cluster_env import Env
+from pdwarden_testkit.cluster_env import Env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

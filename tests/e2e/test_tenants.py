@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.cluster_env import wait_rounds
-from pdwarden_bench.operator_process import OperatorProcess
 from pdwarden_localcluster.cluster import ports
-from pdwarden_localcluster.testing import Kubectl, pod_ready, wait_for
+from pdwarden_localcluster.waits import pod_ready, wait_for
+from pdwarden_testkit.cluster_env import wait_rounds
+from pdwarden_testkit.kubectl import Kubectl
+from pdwarden_testkit.operator_process import OperatorProcess
 from tests.support.kube_objects import http_server_script
 
 from ._operator_helpers import condition, new_namespace, operator_module_fixtures

@@ -3,7 +3,7 @@
 Each test runs its own operator process (scoped to the test's namespace) against 2 prefill +
 2 decode synthetic pods, drives load at them the way the router (smg) does, injects faults into
 ONE pod and checks what the watchdog decided (status, Events, metrics, pods). The harness is
-bench/pdwarden_bench/cluster_env.py.
+testkit/pdwarden_testkit/cluster_env.py.
 
 The healthy soak runs PDWARDEN_E2E_SOAK_ROUNDS watchdog rounds (default 12: a minute).
 """
@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import (
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_operator.models import WatchdogSpec
+from pdwarden_testkit.cluster_env import (
     API_TRANSIENT,
     EMULATED_PORT_PREFILL,
     INTERVAL,
@@ -38,8 +40,6 @@ from pdwarden_bench.cluster_env import (
     wedge,
     with_outcome,
 )
-from pdwarden_localcluster.testing import wait_for
-from pdwarden_operator.models import WatchdogSpec
 
 pytestmark = pytest.mark.e2e
 

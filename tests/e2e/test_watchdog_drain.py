@@ -1,7 +1,7 @@
 """Action drain end to end: a wedged prefill pod is quarantined, replaced, drained and deleted
 under steady traffic; a drain interrupted by the operator's death is finished by the next one.
 
-Harness: bench/pdwarden_bench/cluster_env.py (2 prefill + 2 decode synthetic pods, router-like load,
+Harness: testkit/pdwarden_testkit/cluster_env.py (2 prefill + 2 decode synthetic pods, router-like load,
 the emulated port's race wedging ONE prefill pod).
 """
 
@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import (
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.cluster_env import (
     API_TRANSIENT,
     EMULATED_PORT_PREFILL,
     STUCK,
@@ -25,7 +26,6 @@ from pdwarden_bench.cluster_env import (
     up,
     wedge,
 )
-from pdwarden_localcluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import API_TRANSIENT, Env, http_json
-from pdwarden_bench.operator_process import OperatorProcess
-from pdwarden_bench.promtext import samples
-from pdwarden_localcluster.testing import Kubectl, wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, http_json
+from pdwarden_testkit.kubectl import Kubectl
+from pdwarden_testkit.operator_process import OperatorProcess
+from pdwarden_testkit.promtext import samples
 
 from ._operator_helpers import idle_model, operator_module_fixtures
 

@@ -4,7 +4,7 @@ synthetic pods under steady traffic, the decode-side transfer stall injected int
 Both prefill pods see their rooms with that decode end at the transfer deadline (real NIXL
 WRITEs into an agent that never progresses) while the decode still answers HTTP; the
 watchdog must blame the decode, restart it, touch no prefill pod, and traffic must recover.
-The harness is bench/pdwarden_bench/cluster_env.py.
+The harness is testkit/pdwarden_testkit/cluster_env.py.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import (
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.cluster_env import (
     API_TRANSIENT,
     CHARGED,
     STUCK,
@@ -24,7 +25,6 @@ from pdwarden_bench.cluster_env import (
     up,
     with_outcome,
 )
-from pdwarden_localcluster.testing import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_bench.cluster_env import API_TRANSIENT, Env, http_json, synthetic_model
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator import worker_key_secret
+from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, http_json, synthetic_model
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -20,8 +20,8 @@ import pytest
 
 import pdwarden_contract as c
 from pdwarden_bench.pdclient import Endpoint, new_session, pd_request
-from pdwarden_bench.runtime_procs import Fleet, Runtime, http_post_json, serve_flags, wait_healthy
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.runtime_procs import Fleet, Runtime, http_post_json, serve_flags, wait_healthy
 
 pytestmark = pytest.mark.integration
 

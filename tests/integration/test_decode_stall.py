@@ -16,8 +16,8 @@ import pytest
 
 import pdwarden_contract as c
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request
-from pdwarden_bench.promtext import metric_sum, samples
-from pdwarden_bench.runtime_procs import Fleet, Runtime, http_get, http_post_json, serve_flags, wait_healthy
+from pdwarden_testkit.promtext import metric_sum, samples
+from pdwarden_testkit.runtime_procs import Fleet, Runtime, http_get, http_post_json, serve_flags, wait_healthy
 
 # exclusive: freezes and deadlines of a second or two, judged on a machine no other test loads
 pytestmark = [pytest.mark.integration, pytest.mark.exclusive]

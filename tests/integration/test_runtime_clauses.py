@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.ports import free_port
+from pdwarden_testkit.ports import free_port
 from tests.support.child_result import last_json_result
 
 pytestmark = pytest.mark.integration

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from pdwarden_bench.ports import free_port
-from pdwarden_bench.runtime_procs import Fleet, Runtime, http_get, wait_healthy, wait_router
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.ports import free_port
+from pdwarden_testkit.runtime_procs import Fleet, Runtime, http_get, wait_healthy, wait_router
 
 pytestmark = pytest.mark.integration
 

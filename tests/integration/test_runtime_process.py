@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 import pdwarden_contract as c
-from pdwarden_bench.runtime_procs import Fleet, Runtime, http_get, http_post_json, wait_healthy
 from pdwarden_localcluster import procs
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.runtime_procs import Fleet, Runtime, http_get, http_post_json, wait_healthy
 
 pytestmark = pytest.mark.integration
 

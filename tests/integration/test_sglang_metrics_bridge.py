@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
 import pdwarden_contract as c
-from pdwarden_bench.promtext import Sample, metric_sum, samples
 from pdwarden_runtime.sglang_boot.prom_bridge import contract_registry, serve_contract_metrics
+from pdwarden_testkit.promtext import Sample, metric_sum, samples
 
 pytestmark = pytest.mark.integration
 

@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_bench.ports import free_port
-from pdwarden_localcluster.testing import WaitTimeout, wait_for
+from pdwarden_localcluster.waits import WaitTimeout, wait_for
 from pdwarden_runtime.sglang_boot import seam_env
+from pdwarden_testkit.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from pdwarden_bench.ports import free_port
 from pdwarden_localcluster import procs
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
 from pdwarden_runtime.sglang_boot import SITE_DIR
+from pdwarden_testkit.ports import free_port
 
 pytestmark = pytest.mark.integration
 

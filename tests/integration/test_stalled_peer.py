@@ -17,8 +17,8 @@ from collections.abc import Iterator
 import pytest
 
 from pdwarden_bench.pdclient import COMPLETED
-from pdwarden_bench.runtime_procs import Fleet, Runtime, wait_healthy
 from pdwarden_bench.stalled_peer import LATER_REQUESTS, run_pair, start_pair
+from pdwarden_testkit.runtime_procs import Fleet, Runtime, wait_healthy
 
 # exclusive: freezes and deadlines of a second or two, judged on a machine no other test loads
 pytestmark = [pytest.mark.integration, pytest.mark.exclusive]

@@ -19,8 +19,9 @@ import pytest
 
 import pdwarden_contract as c
 from pdwarden_bench.pdclient import Endpoint, new_session, request_body
-from pdwarden_bench.promtext import metric_sum, samples
-from pdwarden_bench.runtime_procs import (
+from pdwarden_localcluster.waits import WaitTimeout, wait_for
+from pdwarden_testkit.promtext import metric_sum, samples
+from pdwarden_testkit.runtime_procs import (
     Fleet,
     Router,
     Runtime,
@@ -29,7 +30,6 @@ from pdwarden_bench.runtime_procs import (
     wait_healthy,
     wait_router,
 )
-from pdwarden_localcluster.testing import WaitTimeout, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -217,7 +217,7 @@ def after_samples(text: str, name: str) -> list[Any]:
 
 
 def rt_http_metrics(rt: Runtime) -> str:
-    from pdwarden_bench.runtime_procs import http_get
+    from pdwarden_testkit.runtime_procs import http_get
 
     status, text = http_get(f"{rt.url}{c.METRICS_PATH}")
     assert status == 200

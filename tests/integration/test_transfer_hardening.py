@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pdwarden_bench.ports import free_port
+from pdwarden_testkit.ports import free_port
 from tests.support.child_result import last_json_result
 
 pytestmark = pytest.mark.integration

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import pytest
 from aiohttp import web
 
-from pdwarden_bench.ports import free_port
 from pdwarden_operator.watchdog import scrape
 from pdwarden_operator.watchdog.budget import ScrapeBudget
 from pdwarden_operator.watchdog.scrape import Scraper, Target
+from pdwarden_testkit.ports import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 
-from pdwarden_bench.ports import free_port
 from pdwarden_operator.watchdog.scrape import Scraper, Target
+from pdwarden_testkit.ports import free_port
 from tests.unit.test_watchdog_fuzz import hostile
 
 pytestmark = pytest.mark.integration

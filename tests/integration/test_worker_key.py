@@ -20,7 +20,8 @@ import aiohttp
 import pytest
 
 import pdwarden_contract as c
-from pdwarden_bench.runtime_procs import (
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.runtime_procs import (
     Fleet,
     Router,
     Runtime,
@@ -31,7 +32,6 @@ from pdwarden_bench.runtime_procs import (
     wait_healthy,
     wait_router,
 )
-from pdwarden_localcluster.testing import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from pdwarden_bench.ports import free_port_base
 from pdwarden_localcluster import network
 from pdwarden_localcluster.cluster import Ports
+from pdwarden_testkit.ports import free_port_base
 
 
 def free_cluster_base(nodes: int, tries: int = 50) -> int:

@@ -1,6 +1,8 @@
 """Each product distribution imports only its own packages and the contract (AST scan): the
 operator never the runtime, the runtime never the operator, neither the development tools
-(local cluster, benchmarks, demo), since no image installs them beside each other."""
+(local cluster, test kit, benchmarks, demo), since no image installs them beside each other.
+The development tools keep their layers too: the local cluster stands alone, the test kit
+uses it and the products, and neither the test kit nor the demo imports a benchmark."""
 
 from __future__ import annotations
 
@@ -18,6 +20,24 @@ DISTRIBUTIONS = {
     ROOT / "runtime" / "pdwarden_runtime": {"pdwarden_runtime", "pdwarden_contract"},
     ROOT / "core" / "pdwarden_cli": {"pdwarden_cli"},
     ROOT / "core" / "pdwarden_contract": {"pdwarden_contract"},
+}
+
+PRODUCTS = {"pdwarden_operator", "pdwarden_runtime", "pdwarden_contract"}
+DEV_TOOLS = {
+    ROOT / "localcluster" / "pdwarden_localcluster": {"pdwarden_localcluster"},
+    ROOT / "testkit" / "pdwarden_testkit": {"pdwarden_testkit", "pdwarden_localcluster", *PRODUCTS},
+    ROOT / "bench" / "pdwarden_bench": {
+        "pdwarden_bench",
+        "pdwarden_testkit",
+        "pdwarden_localcluster",
+        *PRODUCTS,
+    },
+    ROOT / "demo" / "pdwarden_demo": {
+        "pdwarden_demo",
+        "pdwarden_testkit",
+        "pdwarden_localcluster",
+        *PRODUCTS,
+    },
 }
 
 
@@ -54,14 +74,20 @@ def test_a_product_package_imports_only_itself_and_the_contract(source: Path) ->
     assert violations(source, DISTRIBUTIONS[source]) == []
 
 
+@pytest.mark.parametrize("source", sorted(DEV_TOOLS), ids=lambda p: p.name)
+def test_a_development_package_imports_only_the_layers_below_it(source: Path) -> None:
+    assert sorted(source.rglob("*.py")), f"{source} has no sources"
+    assert violations(source, DEV_TOOLS[source]) == []
+
+
 def test_the_scan_sees_a_violation(tmp_path: Path) -> None:
     (tmp_path / "sample.py").write_text(
         "from pdwarden_runtime import status\nimport pdwarden_localcluster.testing\n"
-        "import pdwarden_contract as c\nimportlib.import_module('pdwarden_bench.ports')\n"
+        "import pdwarden_contract as c\nimportlib.import_module('pdwarden_testkit.ports')\n"
     )
     found = violations(tmp_path, {"pdwarden_operator", "pdwarden_contract"})
     assert [v.split(": ")[1] for v in found] == [
         "pdwarden_runtime",
         "pdwarden_localcluster.testing",
-        "pdwarden_bench.ports",
+        "pdwarden_testkit.ports",
     ]

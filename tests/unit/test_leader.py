@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator import leader
 from pdwarden_operator.kube import lease as kube_lease
 from pdwarden_operator.kube.client import KubeApiError
@@ -172,10 +172,7 @@ def threaded(identity: str) -> tuple[leader.Elector, threading.Event]:
 
 
 def wait_until(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 30  # generous: only a broken elector takes this long
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
+    wait_for(condition, 30, what, 0.02, ())  # generous: only a broken elector takes this long
 
 
 def test_the_elector_thread_leads_renews_and_hands_the_lease_back(recording: RecordingStore) -> None:

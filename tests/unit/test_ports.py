@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdwarden_bench import ports
+from pdwarden_testkit import ports
 
 pytestmark = pytest.mark.unit
 

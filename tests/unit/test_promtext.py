@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdwarden_bench.promtext import metric_sum, samples
+from pdwarden_testkit.promtext import metric_sum, samples
 
 pytestmark = pytest.mark.unit
 

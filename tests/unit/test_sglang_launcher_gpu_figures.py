@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from pdwarden_bench.promtext import Sample
+from pdwarden_testkit.promtext import Sample
 
 pytestmark = pytest.mark.unit
 

@@ -1,9 +1,4 @@
-"""Helpers for tests, benchmarks and the demo on the local cluster: kubectl, waiting, readiness.
-
-Fixtures live in tests/e2e/conftest.py; these are plain functions/classes so any test,
-benchmark or the demo can import them. `wait_for` is the one way anything here waits for a
-condition.
-"""
+"""The pinned kubectl bound to one kubeconfig, and test namespaces."""
 
 from __future__ import annotations
 
@@ -11,28 +6,16 @@ import json
 import os
 import re
 import subprocess
-import time
 import uuid
-from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from pdwarden_localcluster.tools import require
-
-T = TypeVar("T")
-
-
-class KubectlError(AssertionError):
-    """kubectl exited non-zero (an AssertionError, so a test shows it as a failed check)."""
+from pdwarden_localcluster.waits import TransientError, wait_for
 
 
-class WaitTimeout(AssertionError):
-    """`wait_for` ran out of time; the message names what it waited for and the last value."""
-
-
-# Failures that are expected while things start (kubectl against a warming API server, HTTP
-# to a process not listening yet): `wait_for` keeps polling through them by default.
-TRANSIENT: tuple[type[BaseException], ...] = (KubectlError, OSError)
+class KubectlError(TransientError):
+    """kubectl exited non-zero (transient for `wait_for`: the API server may be warming)."""
 
 
 class Kubectl:
@@ -81,33 +64,6 @@ class Kubectl:
         return list(self.json(*args)["items"])
 
 
-def wait_for(
-    check: Callable[[], T | None],
-    timeout: float,
-    what: str,
-    interval: float = 0.5,
-    retry_on: tuple[type[BaseException], ...] = TRANSIENT,
-) -> T:
-    """Poll `check` until it returns something truthy, and return that.
-
-    Raises WaitTimeout naming `what` and the last value. An exception of a `retry_on` type
-    counts as a falsy value (e.g. kubectl failing while things start); any other propagates.
-    """
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = check()
-        except retry_on as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            raise WaitTimeout(f"timed out after {timeout:g}s waiting for {what}; last value: {last!r}")
-        time.sleep(interval)
-
-
 def unique_namespace(hint: str) -> str:
     slug = re.sub(r"[^a-z0-9-]+", "-", hint.lower()).strip("-")[:40].strip("-") or "test"
     return f"e2e-{slug}-{uuid.uuid4().hex[:6]}"
@@ -123,15 +79,3 @@ def create_namespace(kubectl: Kubectl, name: str, timeout: float = 60) -> str:
         interval=0.3,
     )
     return name
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    """The kubelet's verdict: condition Ready is True (a terminating pod may still be Ready)."""
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-
-
-def serving(pod: Mapping[str, Any]) -> bool:
-    """Ready, not terminating and with an IP: a pod to send traffic to."""
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    return pod_ready(pod) and not meta.get("deletionTimestamp") and bool(status.get("podIP"))

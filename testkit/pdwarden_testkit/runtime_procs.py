@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import pdwarden_contract as contract
-from pdwarden_bench.ports import free_port
-from pdwarden_localcluster.testing import wait_for
+from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator.render import ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
 from pdwarden_runtime.router_gate import router_command
 from pdwarden_runtime.worker_key import auth_headers, read_key_file
+from pdwarden_testkit.ports import free_port
 
 # A small KV geometry for `pdwarden runtime serve`: two layers of 64 KiB pages, 16 tokens a
 # page, chunks of two pages; enough pool and aux slots for tens of concurrent rooms.

@@ -28,11 +28,12 @@ from typing import Any
 import yaml
 
 import pdwarden_contract as contract
-from pdwarden_bench.operator_process import OperatorExited, OperatorProcess
-from pdwarden_bench.ports import free_port
-from pdwarden_bench.promtext import metric_sum, samples
-from pdwarden_localcluster.testing import serving, wait_for
+from pdwarden_localcluster.kubeapi import KubeApi
+from pdwarden_localcluster.waits import serving, wait_for
 from pdwarden_operator.watchdog import outcome
+from pdwarden_testkit.operator_process import OperatorExited, OperatorProcess
+from pdwarden_testkit.ports import free_port
+from pdwarden_testkit.promtext import metric_sum, samples
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 PDWARDEN = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "pdwarden")
@@ -104,28 +105,14 @@ class Env:
     kubeconfig: Path
     namespace: str
     tmp: Path
-    api: Any = None
+    api: KubeApi
     operators: list[OperatorProcess] = field(default_factory=list)
 
     # --- raw API access (plain dicts) -------------------------------------------------------
-    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        data = self._request(method, path, body, content_type)
-        return json.loads(data) if data else {}
-
-    def _request(
+    def call(
         self, method: str, path: str, body: Any = None, content_type: str = "application/json"
-    ) -> bytes:
-        resp = self.api.call_api(
-            path,
-            method,
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-            _return_http_data_only=True,
-            _request_timeout=30,
-        )
-        return bytes(resp.data)
+    ) -> dict[str, Any]:
+        return self.api.request(method, path, body, content_type=content_type, timeout=30)
 
     def dm(self, name: str) -> dict[str, Any]:
         return self.call("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/{name}")
@@ -141,7 +128,7 @@ class Env:
     def pod_log(self, pod: str, tail: int = 40) -> str:
         """The last ``tail`` lines of the pod's log (for a failing test's message)."""
         path = f"/api/v1/namespaces/{self.namespace}/pods/{pod}/log?tailLines={tail}"
-        return self._request("GET", path).decode(errors="replace")
+        return self.api.text(path)
 
     def events(self, name: str) -> list[dict[str, Any]]:
         items = self.call("GET", f"/api/v1/namespaces/{self.namespace}/events")["items"]
@@ -473,12 +460,7 @@ def open_env(kubeconfig: Path, namespace: str, tmp: Path, *, create_namespace: b
     """The body of the scenarios' `env` fixture: an Env on `namespace` (created first when
     asked: a benchmark's) with the CRD installed; afterwards its operators stop (their logs go
     to stderr), the namespace is deleted and its pods waited for."""
-    import kubernetes
-
-    cfg = kubernetes.client.Configuration()
-    kubernetes.config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
-    api = kubernetes.client.ApiClient(cfg)
-    e = Env(kubeconfig=kubeconfig, namespace=namespace, tmp=tmp, api=api)
+    e = Env(kubeconfig=kubeconfig, namespace=namespace, tmp=tmp, api=KubeApi.from_kubeconfig(kubeconfig))
     if create_namespace:
         e.call(
             "POST",
@@ -506,4 +488,3 @@ def open_env(kubeconfig: Path, namespace: str, tmp: Path, *, create_namespace: b
                 1.0,
                 API_TRANSIENT,
             )
-        api.close()

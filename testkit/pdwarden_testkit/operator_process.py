@@ -18,9 +18,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from pdwarden_bench.ports import free_port
 from pdwarden_localcluster import procs
-from pdwarden_localcluster.testing import WaitTimeout, wait_for
+from pdwarden_localcluster.waits import WaitTimeout, wait_for
+from pdwarden_testkit.ports import free_port
 
 
 class OperatorExited(RuntimeError):
