@@ -225,8 +225,9 @@ async def _resync_loop() -> None:
     next_full = loop.time() + FULL_RESYNC_INTERVAL_S
     while True:
         timeout = max(0.0, next_pass - loop.time())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(cache.wake.wait(), timeout=timeout)
+        with contextlib.suppress(TimeoutError):  # asyncio.timeout: it never swallows a cancel
+            async with asyncio.timeout(timeout):
+                await cache.wake.wait()
         if loop.time() >= next_full:
             cache.mark_all()
             next_full = loop.time() + FULL_RESYNC_INTERVAL_S

@@ -174,8 +174,11 @@ class Elector:
             await asyncio.sleep(self.timing.retry_period)
             if not self.is_leader():
                 break  # paused or partitioned past the deadline: never renew a lapsed term
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+            # that lands as its inner call finishes, and this loop would then never stop.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.try_acquire_or_renew(), timeout=self.timing.retry_period)
+                async with asyncio.timeout(self.timing.retry_period):
+                    await self.try_acquire_or_renew()
             if not self.is_leader():
                 break
         self._metrics.leader.set(0)
