@@ -86,7 +86,8 @@ class DemoCluster:
                 return True
             raise DemoError(f"cannot delete namespace {name}: {exc.message}") from exc
         try:
-            wait_for(lambda: self.api.get_or_none(f"/api/v1/namespaces/{name}") is None, wait_s, name, 1.0)
+            path = f"/api/v1/namespaces/{name}"
+            wait_for(lambda: self.api.get_or_none(path) is None, wait_s, f"namespace {name} to go", 1.0)
         except WaitTimeout:
             return False
         return True

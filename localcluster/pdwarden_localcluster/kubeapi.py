@@ -125,7 +125,7 @@ class KubeApi:
             self._local.session = session
         return session
 
-    def request(
+    def _send(
         self,
         method: str,
         path: str,
@@ -133,7 +133,8 @@ class KubeApi:
         params: dict[str, Any] | None = None,
         content_type: str = "application/json",
         timeout: float | None = None,
-    ) -> JSON:
+    ) -> requests.Response:
+        """One call; an answer of 400 or more raises ApiError with the API's message."""
         data = json.dumps(body) if body is not None else None
         try:
             resp = self._session().request(
@@ -152,6 +153,18 @@ class KubeApi:
             except ValueError:
                 message = resp.text
             raise ApiError(resp.status_code, f"{method} {path}: {message}")
+        return resp
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: JSON | None = None,
+        params: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> JSON:
+        resp = self._send(method, path, body, params, content_type, timeout)
         if not resp.content:
             return {}
         try:
@@ -161,14 +174,8 @@ class KubeApi:
         return result
 
     def text(self, path: str, params: dict[str, Any] | None = None) -> str:
-        """A GET whose answer is plain text (a pod's log)."""
-        try:
-            resp = self._session().get(self.creds.server + path, params=params, timeout=self.timeout)
-        except requests.RequestException as exc:
-            raise ApiError(0, f"GET {path}: {exc}") from exc
-        if resp.status_code >= 400:
-            raise ApiError(resp.status_code, f"GET {path}: {resp.text[:300]}")
-        return resp.text
+        """A GET whose answer is plain text (a pod's log, /metrics)."""
+        return self._send("GET", path, params=params).text
 
     def get(self, path: str, params: dict[str, Any] | None = None) -> JSON:
         return self.request("GET", path, params=params)

@@ -58,13 +58,13 @@ def await_handles(
     sleep: Callable[[float], None] = time.sleep,
 ) -> HandleWait:
     """Poll ``read_state`` ("DONE", "ERR", anything else: in progress) until every handle
-    ended, or a bound passed. ``never_settle``: the ``stall-transfers`` fault, every handle
-    looks in progress."""
+    ended, or a bound passed. ``never_settle``: the ``stall-transfers`` fault as it was when
+    the wait began, every handle looks in progress to its end (switching the fault off later
+    does not finish a handle that stalled)."""
     if not handles:
         return HandleWait(settled=True, failed=failure_seen)
     start = clock()
     deadline = limits.transfer_deadline
-    handle_deadline = start + deadline if deadline is not None else None
     settle_deadline = start + limits.settle_timeout if failure_seen else None
     spin_until = start + SPIN_S
     while True:
@@ -83,7 +83,7 @@ def await_handles(
         if all_settled:
             return HandleWait(settled=True, failed=any_failed)
         now = clock()
-        if deadline is not None and handle_deadline is not None and now >= handle_deadline:
+        if deadline is not None and now - start >= deadline:
             reason = REASON_HANDLE_DEADLINE.format(deadline)
             return HandleWait(settled=False, failed=True, quarantine=reason, past_deadline=True)
         if any_failed:
