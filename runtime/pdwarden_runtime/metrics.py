@@ -31,7 +31,7 @@ from prometheus_client.registry import Collector
 import pdwarden_contract as c
 from pdwarden_runtime.inflight import InflightTracker
 from pdwarden_runtime.kvpoll import KVPoll
-from pdwarden_runtime.peers import PeerFigures
+from pdwarden_runtime.peers import PeerCounters
 
 if TYPE_CHECKING:
     from pdwarden_runtime.hardening.held_pages import HeldPages
@@ -102,7 +102,7 @@ class RuntimeMetrics:
         self.role = role
         self.registry = CollectorRegistry()
         # Per-peer figures: the engine binds each room to its peer(s) once known.
-        self.peers = PeerFigures()
+        self.peers = PeerCounters()
         tracker.add_conclude_listener(self.peers.concluded)
         self._state = _StateCollector(
             role,
@@ -188,7 +188,7 @@ class _StateCollector(Collector):
         threads: ThreadWatch | None,
         quarantined: Callable[[], int] | None,
         quarantine_endings: Callable[[], dict[str, int]] | None = None,
-        peers: PeerFigures | None = None,
+        peers: PeerCounters | None = None,
         abandoned: Callable[[], int] | None = None,
         held_pages: HeldPages | None = None,
         pool_pages: Callable[[], int | None] | None = None,

@@ -54,7 +54,7 @@ class PeerSnapshot:
     outcomes: dict[str, dict[str, int]]
 
 
-class PeerFigures:
+class PeerCounters:
     """Thread-safe per-peer counts of one runtime's rooms."""
 
     def __init__(

@@ -10,14 +10,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import pdwarden_contract as c
 from pdwarden_runtime.kvpoll import KVPoll
-from pdwarden_runtime.peers import PeerFigures, peer_of_address
+from pdwarden_runtime.peers import PeerCounters, peer_of_address
 from tests.support.runtime_metrics import FakeClock, runtime
 
 pytestmark = pytest.mark.unit
 
 
 def test_a_bound_room_is_inflight_for_its_peer_until_it_concludes() -> None:
-    peers = PeerFigures()
+    peers = PeerCounters()
     peers.bind(1, ["198.18.0.5"])
     peers.bind(2, ["198.18.0.5"])
     peers.bind(3, ["198.18.0.6"])
@@ -33,7 +33,7 @@ def test_a_bound_room_is_inflight_for_its_peer_until_it_concludes() -> None:
 
 
 def test_binding_twice_or_to_nothing_counts_once_or_not_at_all() -> None:
-    peers = PeerFigures()
+    peers = PeerCounters()
     peers.bind(1, ["198.18.0.5", "198.18.0.5"])
     peers.bind(1, ["198.18.0.7"])
     peers.bind(2, ["", None])  # type: ignore[list-item]
@@ -41,7 +41,7 @@ def test_binding_twice_or_to_nothing_counts_once_or_not_at_all() -> None:
 
 
 def test_peers_beyond_the_cap_share_the_other_bucket() -> None:
-    peers = PeerFigures(max_peers=2)
+    peers = PeerCounters(max_peers=2)
     for room, ip in enumerate(["198.18.0.1", "198.18.0.2", "198.18.0.3", "198.18.0.4"]):
         peers.bind(room, [ip])
     assert peers.snapshot().inflight == {"198.18.0.1": 1, "198.18.0.2": 1, c.PEER_OTHER: 2}
@@ -49,7 +49,7 @@ def test_peers_beyond_the_cap_share_the_other_bucket() -> None:
 
 def test_an_idle_peer_is_forgotten_after_a_while_and_a_busy_one_never() -> None:
     clock = FakeClock()
-    peers = PeerFigures(forget_after=60.0, clock=clock)
+    peers = PeerCounters(forget_after=60.0, clock=clock)
     peers.bind(1, ["198.18.0.1"])
     peers.bind(2, ["198.18.0.2"])
     peers.concluded(1, c.OUTCOME_SUCCESS)
@@ -71,7 +71,7 @@ def test_an_idle_peer_is_forgotten_after_a_while_and_a_busy_one_never() -> None:
 def test_inflight_is_bound_minus_concluded_and_conclusions_add_up(
     ops: list[tuple[int, str, bool, str]],
 ) -> None:
-    peers = PeerFigures(max_peers=2)
+    peers = PeerCounters(max_peers=2)
     live: dict[int, str] = {}
     concluded = 0
     for room, ip, bind, outcome in ops:

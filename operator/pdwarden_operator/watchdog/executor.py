@@ -20,7 +20,7 @@ from pdwarden_operator.kube.model_status import DM_API_VERSION
 from pdwarden_operator.leader import still_leading
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.timestamps import to_rfc3339
-from pdwarden_operator.watchdog.gangs import GROUP_UID_PREFIX
+from pdwarden_operator.watchdog.group_health import GROUP_UID_PREFIX
 from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
 from pdwarden_operator.watchdog.outcome import Outcome
 
@@ -48,7 +48,7 @@ class Executor:
         self.model = model
         self.metrics = metrics
         self.may_act = may_act
-        # Group uid -> its ranks' (pod name, uid), leader first (gangs.members), set each round:
+        # Group uid -> its ranks' (pod name, uid), leader first (group_health.members), set each round:
         # an action on a group acts on all of them together.
         self.groups: Mapping[str, Sequence[tuple[str, str]]] = {}
         self.group_names: frozenset[str] = frozenset()

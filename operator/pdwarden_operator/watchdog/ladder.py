@@ -42,7 +42,7 @@ from pdwarden_operator.watchdog.verdict import PodView, Verdict
 MAX_ATTEMPTS = 5
 
 
-# A multi-node group's uid in the ladder (gangs.py): this prefix and its leader's (lowest
+# A multi-node group's uid in the ladder (group_health.py): this prefix and its leader's (lowest
 # rank's) pod uid, so a restarted group is a new entry and an open remediation of the old one settles.
 GROUP_UID_PREFIX = "group:"
 
@@ -462,7 +462,7 @@ def _refuse(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict, skip: Sk
 def _start(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict) -> None:
     """Charge the budget, set the cooldown and record the intent, then plan the first action."""
     settings, now, state = rnd.settings, rnd.now, draft.state
-    # A multi-node group is restarted whole (gangs.py): its ranks are not drained one by one,
+    # A multi-node group is restarted whole (group_health.py): its ranks are not drained one by one,
     # so `drain` acts on a group as `evict` does.
     group = pod.uid.startswith(GROUP_UID_PREFIX)
     action = "evict" if settings.action == "drain" and group else settings.action

@@ -29,7 +29,7 @@ from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import METRICS, OperatorMetrics
 from pdwarden_operator.models import DisaggregatedModelSpec, FleetBrakeStatus, parse_spec
 from pdwarden_operator.status_writer import WRITER
-from pdwarden_operator.watchdog import blame, gangs, ladder
+from pdwarden_operator.watchdog import blame, group_health, ladder
 from pdwarden_operator.watchdog.brake import BRAKE, BrakeState
 from pdwarden_operator.watchdog.drain import healthy_requests_done
 from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
@@ -196,12 +196,12 @@ class ModelWatchdog:
         now = time.time()
         desired = {role: self._replicas(spec, role) for role in contract.RUNTIME_ROLES}
         role_pods = self._role_pods(spec, paired, verdicts)
-        # Multi-node replicas are judged and remediated as groups (gangs.py): from here on a
+        # Multi-node replicas are judged and remediated as groups (group_health.py): from here on a
         # group is one entry, and its pods are acted on together.
         nodes = {role: spec.role(role).nodes_per_replica for role in contract.RUNTIME_ROLES}
-        found = gangs.groups_of(paired, name, nodes)
-        views, verdicts = gangs.fold(views, verdicts, found, now)
-        self.executor.groups = gangs.members(found)
+        found = group_health.groups_of(paired, name, nodes)
+        views, verdicts = group_health.fold(views, verdicts, found, now)
+        self.executor.groups = group_health.members(found)
         self.executor.group_names = frozenset(found)
         BRAKE.report((ns, name), sum(1 for v in verdicts.values() if v.troubled))
         brake = BRAKE.evaluate(ns)
@@ -344,7 +344,7 @@ class ModelWatchdog:
         """`pdwarden.io/rank` on each group pod (its StatefulSet ordinal), once; a failure is
         logged and tried again next round (the label is for people and selectors: nothing
         here depends on it)."""
-        for pod, uid, rank in gangs.unlabelled_ranks(pod_objs):
+        for pod, uid, rank in group_health.unlabelled_ranks(pod_objs):
             try:
                 await kube_pods.label_pod(self.model.namespace, pod, uid, {contract.LABEL_RANK: rank})
             except KubeApiError as exc:

@@ -1,5 +1,5 @@
 """What the watchdog knows of a runtime pod and what it judged of it: the types the wedge rule
-(rule.py), pair-aware blame (blame.py), groups (gangs.py), the ladder (ladder.py) and the
+(rule.py), pair-aware blame (blame.py), groups (group_health.py), the ladder (ladder.py) and the
 autoscaler (scaler.py) share. They live here, below all of those, so none imports another for
 a type.
 """

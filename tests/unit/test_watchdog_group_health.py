@@ -8,7 +8,7 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_operator.models import WatchdogSpec
-from pdwarden_operator.watchdog import gangs
+from pdwarden_operator.watchdog import group_health
 from pdwarden_operator.watchdog.ladder import plan
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.state import WatchdogState
@@ -61,16 +61,16 @@ def _pod(
 
 
 NODES = {contract.ROLE_PREFILL: 1, contract.ROLE_DECODE: 2}
-T0_EPOCH = gangs._epoch(T0)
+T0_EPOCH = group_health._epoch(T0)
 
 
 def _fold(
     pods: list[tuple[PodView, dict[str, Any]]], verdicts: dict[str, Verdict] | None = None
-) -> tuple[dict[str, PodView], dict[str, Verdict], dict[str, gangs.Group]]:
-    found = gangs.groups_of(pods, "m", NODES)
+) -> tuple[dict[str, PodView], dict[str, Verdict], dict[str, group_health.Group]]:
+    found = group_health.groups_of(pods, "m", NODES)
     views = {v.uid: v for v, _ in pods}
     ok = {v.uid: Verdict(VerdictState.OK, "idle", cleared=True) for v, _ in pods}
-    folded_views, folded = gangs.fold(views, {**ok, **(verdicts or {})}, found, T0_EPOCH + 300)
+    folded_views, folded = group_health.fold(views, {**ok, **(verdicts or {})}, found, T0_EPOCH + 300)
     return folded_views, folded, found
 
 
@@ -84,7 +84,7 @@ def test_whole_groups_are_one_healthy_entry_each_and_single_pods_stay_as_they_ar
     assert sorted(v.name for v in views.values()) == ["m-decode-0", "m-decode-1", "m-prefill-abc"]
     assert all(v.ready for v in views.values())
     assert all(v.state == VerdictState.OK for v in verdicts.values())
-    assert gangs.members(found)[found["m-decode-1"].uid] == (
+    assert group_health.members(found)[found["m-decode-1"].uid] == (
         ("m-decode-1-0", "uid-m-decode-1-0"),
         ("m-decode-1-1", "uid-m-decode-1-1"),
     )
@@ -112,8 +112,8 @@ def test_a_crashed_replaced_or_missing_rank_breaks_its_group_naming_the_rank(
 
 
 def test_a_starting_group_is_not_broken() -> None:
-    group = gangs.groups_of([_pod("decode", 0, 0, ready=False)], "m", NODES)["m-decode-0"]
-    assert gangs.broken(group, T0_EPOCH + 5) is None
+    group = group_health.groups_of([_pod("decode", 0, 0, ready=False)], "m", NODES)["m-decode-0"]
+    assert group_health.broken(group, T0_EPOCH + 5) is None
     assert not group.view().ready
 
 
@@ -155,13 +155,13 @@ def test_the_ladder_restarts_one_group_at_a_time_counting_groups_against_max_una
 
 
 def test_a_restarted_group_is_a_new_entry_so_the_open_remediation_settles() -> None:
-    before = gangs.groups_of([_pod("decode", 0, 0), _pod("decode", 0, 1, restarts=1)], "m", NODES)
+    before = group_health.groups_of([_pod("decode", 0, 0), _pod("decode", 0, 1, restarts=1)], "m", NODES)
     new_leader = _pod("decode", 0, 0)
     renamed = (
         PodView(new_leader[0].name, "uid-new-leader", "decode", True, False),
         {**new_leader[1], "metadata": {**new_leader[1]["metadata"], "uid": "uid-new-leader"}},
     )
-    after = gangs.groups_of([renamed, _pod("decode", 0, 1)], "m", NODES)
+    after = group_health.groups_of([renamed, _pod("decode", 0, 1)], "m", NODES)
     assert before["m-decode-0"].uid != after["m-decode-0"].uid
 
 
@@ -175,7 +175,7 @@ def test_the_rank_that_went_down_first_is_named_not_the_one_that_followed_it() -
 def test_group_pods_without_their_rank_label_are_found_once() -> None:
     pods = [_pod("decode", 0, 0)[1], _pod("decode", 0, 1)[1], {"metadata": {"name": "single", "uid": "u"}}]
     pods[0]["metadata"]["labels"][contract.LABEL_RANK] = "0"
-    assert gangs.unlabelled_ranks(pods) == [("m-decode-0-1", "uid-m-decode-0-1", "1")]
+    assert group_health.unlabelled_ranks(pods) == [("m-decode-0-1", "uid-m-decode-0-1", "1")]
 
 
 def test_drain_restarts_a_broken_group_whole_as_evict_does() -> None:
