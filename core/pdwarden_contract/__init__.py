@@ -267,6 +267,10 @@ METRIC_OPERATOR_UNOBSERVED_PODS: Final = "pdwarden_operator_unobserved_pods"
 METRIC_OPERATOR_REMEDIATIONS_TOTAL: Final = "pdwarden_operator_remediations_total"
 METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL: Final = "pdwarden_operator_scrape_errors_total"
 METRIC_OPERATOR_SCRAPE_DURATION: Final = "pdwarden_operator_scrape_duration_seconds"
+# Every model's watchdog round (observe, plan, act), operator-wide: its duration, and the rounds
+# that took longer than their model's scrape interval (the next one then starts late).
+METRIC_OPERATOR_ROUND_SECONDS: Final = "pdwarden_operator_watchdog_round_seconds"
+METRIC_OPERATOR_ROUNDS_LATE_TOTAL: Final = "pdwarden_operator_watchdog_rounds_late_total"
 METRIC_OPERATOR_BUDGET_EXHAUSTED: Final = "pdwarden_operator_remediation_budget_exhausted"
 METRIC_OPERATOR_LEADER: Final = "pdwarden_operator_leader"
 METRIC_OPERATOR_BRAKE_ENGAGED: Final = "pdwarden_operator_brake_engaged"

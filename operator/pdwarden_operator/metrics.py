@@ -23,6 +23,8 @@ from pdwarden_contract import (
     METRIC_OPERATOR_NAMESPACE_BRAKE_ENGAGED,
     METRIC_OPERATOR_RATIO_UNKEEPABLE,
     METRIC_OPERATOR_REMEDIATIONS_TOTAL,
+    METRIC_OPERATOR_ROUND_SECONDS,
+    METRIC_OPERATOR_ROUNDS_LATE_TOTAL,
     METRIC_OPERATOR_SCRAPE_DURATION,
     METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL,
     METRIC_OPERATOR_UNOBSERVED_PODS,
@@ -78,6 +80,18 @@ class OperatorMetrics:
             list(_MODEL),
             registry=r,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        # operator-wide, not per model: a thousand models must not mean a thousand histograms
+        self.round_seconds = Histogram(
+            METRIC_OPERATOR_ROUND_SECONDS,
+            "Duration of one model's watchdog round (observe, plan, act), across all models",
+            registry=r,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+        )
+        self.rounds_late = Counter(
+            _base(METRIC_OPERATOR_ROUNDS_LATE_TOTAL),
+            "Watchdog rounds that took longer than their model's scrape interval",
+            registry=r,
         )
         self.budget_exhausted = Gauge(
             METRIC_OPERATOR_BUDGET_EXHAUSTED,

@@ -6,16 +6,19 @@ finds the model gone. Nothing kept for the model stays behind."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, cast
 
 import kopf
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_operator import namespace_deletions
 from pdwarden_operator.cache import Cache
 from pdwarden_operator.kube import model_status
 from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import kopf_handlers, model_watchdog
 from pdwarden_operator.watchdog.model_watchdog import ModelWatchdog
 
@@ -178,3 +181,33 @@ async def test_a_round_that_finds_its_model_gone_ends_the_watchdog(
     task.cancel()
     assert asked == [("ns", "m", "uid-1")]
     assert ended is not exists
+
+
+async def test_each_round_is_timed_and_a_round_longer_than_its_interval_counts_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first round takes longer than the interval it returns (late), the second does not."""
+    monkeypatch.setattr(model_watchdog, "FIRST_ROUND_MIN_S", 0.0)
+    monkeypatch.setattr(model_watchdog, "FIRST_ROUND_MAX_S", 0.0)
+    rounds: list[float] = []
+    second = asyncio.Event()
+
+    async def round_(self: ModelWatchdog, body: Any) -> float:
+        rounds.append(0.0)
+        if len(rounds) == 1:
+            await asyncio.sleep(0.05)
+            return 0.01
+        second.set()
+        return 30.0
+
+    monkeypatch.setattr(ModelWatchdog, "round", round_)
+    metrics = OperatorMetrics()
+    watchdog = ModelWatchdog("ns", "m", "uid-1", metrics)
+    task = asyncio.create_task(watchdog.run(lambda: {"metadata": {}}))
+    await asyncio.wait_for(second.wait(), 10)
+    await asyncio.sleep(0)  # the second round's bookkeeping runs before its wait
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    assert metrics.registry.get_sample_value(f"{contract.METRIC_OPERATOR_ROUND_SECONDS}_count") == 2
+    assert metrics.registry.get_sample_value(contract.METRIC_OPERATOR_ROUNDS_LATE_TOTAL) == 1

@@ -110,7 +110,11 @@ class ModelWatchdog:
                     if isinstance(exc, KubeApiError) and exc.not_found and await self._model_gone():
                         return
                     log.exception("%s/%s: watchdog round failed", self.model.namespace, self.model.name)
-                await asyncio.sleep(max(0.5, interval - (time.monotonic() - started)))
+                took = time.monotonic() - started
+                self.metrics.round_seconds.observe(took)
+                if took > interval:
+                    self.metrics.rounds_late.inc()
+                await asyncio.sleep(max(0.5, interval - took))
         finally:
             if self.scraper is not None:
                 await self.scraper.close()
