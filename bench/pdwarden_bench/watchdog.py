@@ -1,255 +1,268 @@
-"""`pdwarden bench watchdog`: the cost of one watchdog scrape round over N runtime endpoints.
+"""`pdwarden bench watchdog`: the operator's real watchdog round over a fleet of simulated pods.
 
-N simulated runtime pods are N real HTTP listeners on distinct loopback addresses
-(127.0.200.1 ... in 127.0.200.0/21), all served by ONE helper process, so the measured
-process is only the operator side: scrape (aiohttp, bounded concurrency, timeouts) + parse
-(prometheus_client's parser) + history + wedge rule. Prints progress on stderr and one JSON
-line last: seconds and CPU seconds per round, the operator side's RSS, and whether the goal
-(N endpoints every 10 s within 0.25 core) is met.
+The local cluster holds N runtime pods (M models of N/M pods, half prefill, half decode)
+on the test kit's simulated node: real Deployments, ReplicaSets, scheduling and pod objects,
+each pod answering /metrics as a runtime of its role does, only without its process. One real
+operator process watches them: its pod watch, one scrape per pod per interval, the wedge rule,
+blame and the ladder, status writes. The bench measures that process over a window of steady
+rounds (CPU, RSS, round durations and late rounds from its own metrics), then wedges one pod
+and times the operator's remediation of it. Prints progress on stderr and one JSON line last.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
+import math
 import os
-import resource
-import signal
-import subprocess
 import sys
+import tempfile
 import time
-from typing import Any
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Final
 
 import click
 
-from pdwarden_operator.watchdog.history import Histories, Observation
-from pdwarden_operator.watchdog.rule import judge
-from pdwarden_operator.watchdog.scrape import Scraper, Target
+import pdwarden_contract as contract
+from pdwarden_localcluster.kubeapi import ApiError
+from pdwarden_localcluster.waits import wait_for
+from pdwarden_testkit.cluster_env import Env, http_json, open_env, operator_metric
+from pdwarden_testkit.fleet.model import fleet_model
+from pdwarden_testkit.fleet.process import FleetProcess
+from pdwarden_testkit.fleet.runtimes import MODE_ANNOTATION
+from pdwarden_testkit.operator_process import OperatorProcess
+from pdwarden_testkit.promtext import samples
 
-BASE_PORT = 33100
-MAX_ENDPOINTS = 2000  # 127.0.200.0/21 at 250 addresses per /24
-GOAL_INTERVAL_S = 10.0
-GOAL_CORES = 0.25
-
-
-def endpoint_address(i: int) -> str:
-    return f"127.0.{200 + i // 250}.{1 + i % 250}"
-
-
-def runtime_body(n: int, inflight: int, transfers: int) -> bytes:
-    """A body shaped like a runtime pod's: the watchdog's gauges among histogram and process noise."""
-    lines = [
-        "# HELP pdwarden_inflight_requests Requests holding KV in flight",
-        "# TYPE pdwarden_inflight_requests gauge",
-        f'pdwarden_inflight_requests{{role="prefill"}} {inflight}.0',
-        "# HELP pdwarden_inflight_oldest_age_seconds Age of the oldest non-terminal room",
-        "# TYPE pdwarden_inflight_oldest_age_seconds gauge",
-        f'pdwarden_inflight_oldest_age_seconds{{role="prefill"}} {0.25 if inflight else 0}',
-        "# HELP pdwarden_kv_rooms Rooms per status",
-        "# TYPE pdwarden_kv_rooms gauge",
-        *(
-            f'pdwarden_kv_rooms{{role="prefill",state="{s}"}} 1.0'
-            for s in ("Bootstrapping", "WaitingForInput", "Transferring", "Success", "Failed")
-        ),
-        "# HELP pdwarden_kv_transfers_total Finished rooms",
-        "# TYPE pdwarden_kv_transfers_total counter",
-        *(
-            f'pdwarden_kv_transfers_total{{outcome="{o}",role="prefill"}} '
-            f"{transfers if o == 'success' else 0}.0"
-            for o in ("success", "failed", "aborted", "deadline")
-        ),
-        "# HELP pdwarden_kv_transfer_bytes_total Bytes moved",
-        "# TYPE pdwarden_kv_transfer_bytes_total counter",
-        f'pdwarden_kv_transfer_bytes_total{{role="prefill"}} {transfers * 1048576}.0',
-        "# HELP pdwarden_kv_transfer_seconds Room start to terminal",
-        "# TYPE pdwarden_kv_transfer_seconds histogram",
-        *(
-            f'pdwarden_kv_transfer_seconds_bucket{{le="{b}",role="prefill"}} {transfers}.0'
-            for b in (
-                "0.005",
-                "0.01",
-                "0.025",
-                "0.05",
-                "0.1",
-                "0.25",
-                "0.5",
-                "1.0",
-                "2.5",
-                "5.0",
-                "10.0",
-                "+Inf",
-            )
-        ),
-        f'pdwarden_kv_transfer_seconds_count{{role="prefill"}} {transfers}.0',
-        f'pdwarden_kv_transfer_seconds_sum{{role="prefill"}} {transfers * 0.01:.3f}',
-        "# HELP pdwarden_kv_status_writes_refused_total Writes the terminal-sticky rule refused",
-        "# TYPE pdwarden_kv_status_writes_refused_total counter",
-        'pdwarden_kv_status_writes_refused_total{from_state="Failed",role="prefill",'
-        'to_state="Transferring"} 0.0',
-        "# HELP pdwarden_runtime_info identity",
-        "# TYPE pdwarden_runtime_info gauge",
-        f'pdwarden_runtime_info{{engine="synthetic",pod="bench-{n}",transfer_backend="nixl",'
-        'version="0.1.0"} 1.0',
-        *(
-            f"process_{k} {v}"
-            for k, v in (
-                ("virtual_memory_bytes", 1.2e9),
-                ("resident_memory_bytes", 3.1e8),
-                ("start_time_seconds", 1.79e9),
-                ("cpu_seconds_total", 12.5),
-                ("open_fds", 42.0),
-                ("max_fds", 1048576.0),
-            )
-        ),
-        *(f'python_gc_objects_collected_total{{generation="{g}"}} 1234.0' for g in (0, 1, 2)),
-    ]
-    return ("\n".join(lines) + "\n").encode()
+MAX_ENDPOINTS: Final = 10000
+GOAL_CORES: Final = 0.25
+GOAL_RSS_MIB: Final = 300.0
+ROUNDS: Final = contract.METRIC_OPERATOR_ROUND_SECONDS
 
 
-# --- the helper process: N listeners, one event loop ----------------------------------------
+def _say(msg: str) -> None:
+    print(f"[bench watchdog] {msg}", file=sys.stderr, flush=True)
 
 
-async def _serve_endpoints(count: int, port: int) -> None:
-    from aiohttp import web
-
-    served = [0] * count
-
-    def handler_for(i: int) -> Any:
-        async def handle(_: web.Request) -> web.Response:
-            served[i] += 1
-            return web.Response(
-                body=runtime_body(i, 3, 100 + 5 * served[i]), content_type="text/plain", charset="utf-8"
-            )
-
-        return handle
-
-    runners = []
-    for i in range(count):
-        app = web.Application()
-        app.router.add_get("/metrics", handler_for(i))
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await runner.setup()
-        await web.TCPSite(runner, endpoint_address(i), port, backlog=64).start()
-        runners.append(runner)
-    print("READY", flush=True)
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    await stop.wait()
-    for runner in runners:
-        await runner.cleanup()
+def _runtime_pods(env: Env) -> list[dict[str, Any]]:
+    roles = ",".join(contract.RUNTIME_ROLES)
+    selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY},{contract.LABEL_ROLE} in ({roles})"
+    items: list[dict[str, Any]] = env.api.get(
+        f"/api/v1/namespaces/{env.namespace}/pods", params={"labelSelector": selector}
+    )["items"]
+    return items
 
 
-def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+def _running(pods: list[dict[str, Any]]) -> int:
+    return sum(
+        1
+        for p in pods
+        if (p.get("status") or {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    )
 
 
-async def _measure(count: int, port: int, rounds: int, concurrency: int, timeout_s: float) -> dict[str, Any]:
-    targets = [Target(f"pod-{i}", f"http://{endpoint_address(i)}:{port}/metrics") for i in range(count)]
-    scraper = Scraper(concurrency=concurrency, timeout_seconds=timeout_s)
-    histories = Histories(keep_seconds=150)
-    per_round: list[tuple[float, float, int, int]] = []
-    try:
-        for r in range(rounds + 1):  # round 0 opens the connections; reported separately
-            wall0, cpu0 = time.perf_counter(), time.process_time()
-            results = await scraper.scrape(targets)
-            now = time.monotonic()
-            wedged = 0
-            for res in results:
-                history = histories.add(res.key, Observation(now, res.sample, res.error))
-                wedged += judge(history.observations(), 120.0).wedged
-            errors = sum(1 for res in results if res.sample is None)
-            per_round.append((time.perf_counter() - wall0, time.process_time() - cpu0, errors, wedged))
-            print(
-                f"round {r}: {per_round[-1][0]:.3f}s wall, {per_round[-1][1]:.3f}s cpu, {errors} errors",
-                file=sys.stderr,
-                flush=True,
-            )
-    finally:
-        await scraper.close()
-    steady = per_round[1:]
-    wall = sum(x[0] for x in steady) / len(steady)
-    cpu = sum(x[1] for x in steady) / len(steady)
-    return {
-        "seconds_per_round": round(wall, 4),
-        "cpu_seconds_per_round": round(cpu, 4),
-        "first_round_seconds": round(per_round[0][0], 4),
-        "first_round_cpu_seconds": round(per_round[0][1], 4),
-        "errors": sum(x[2] for x in per_round),
-        "wedged_verdicts": sum(x[3] for x in per_round),
-        "operator_rss_mib": round(_rss_mib(), 1),
-        "operator_max_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "cores_at_10s_interval": round(cpu / GOAL_INTERVAL_S, 4),
+def _metric(op: OperatorProcess, name: str) -> float:
+    return operator_metric(op, name)
+
+
+def _round_series(op: OperatorProcess) -> tuple[float, float, float]:
+    return (
+        _metric(op, f"{ROUNDS}_count"),
+        _metric(op, f"{ROUNDS}_sum"),
+        _metric(op, contract.METRIC_OPERATOR_ROUNDS_LATE_TOTAL),
+    )
+
+
+def _models_rounding(op: OperatorProcess, models: int) -> bool:
+    """Every model's watchdog has run a round that saw its pods (its per-role gauges exist)."""
+    _, text = http_json(f"http://127.0.0.1:{op.metrics_port}{contract.METRICS_PATH}")
+    seen = {
+        s.labels.get("model")
+        for s in samples(str(text), {contract.METRIC_OPERATOR_WEDGED_PODS})
+        if s.labels.get("role") == contract.ROLE_PREFILL
     }
+    return len(seen) >= models
+
+
+def _wedge_one(env: Env, op: OperatorProcess, timeout: float) -> dict[str, Any]:
+    """Wedge one prefill pod (the fleet exports a stuck room for it) and time the operator's
+    restart of it: the pod deleted, by the operator, as the one remediation."""
+    victim = sorted(
+        (p for p in _runtime_pods(env) if p["metadata"]["labels"].get(contract.LABEL_ROLE) == "prefill"),
+        key=lambda p: p["metadata"]["name"],
+    )[0]
+    name, uid = victim["metadata"]["name"], victim["metadata"]["uid"]
+    before = _metric(op, contract.METRIC_OPERATOR_REMEDIATIONS_TOTAL)
+    env.call(
+        "PATCH",
+        f"/api/v1/namespaces/{env.namespace}/pods/{name}",
+        {"metadata": {"annotations": {MODE_ANNOTATION: "wedged"}}},
+        content_type="application/merge-patch+json",
+    )
+    wedged_at = time.monotonic()
+
+    def gone() -> bool:
+        try:
+            pod = env.call("GET", f"/api/v1/namespaces/{env.namespace}/pods/{name}")
+        except ApiError as exc:
+            if exc.status == 404:
+                return True
+            raise
+        return pod["metadata"]["uid"] != uid or bool(pod["metadata"].get("deletionTimestamp"))
+
+    try:
+        wait_for(gone, timeout, f"the operator to restart wedged pod {name}", 0.5)
+    except TimeoutError:
+        return {
+            "wedge_remediated_s": None,
+            "remediations": _metric(op, contract.METRIC_OPERATOR_REMEDIATIONS_TOTAL) - before,
+        }
+    remediated = time.monotonic() - wedged_at
+    return {
+        "wedge_remediated_s": round(remediated, 1),
+        "remediations": _metric(op, contract.METRIC_OPERATOR_REMEDIATIONS_TOTAL) - before,
+    }
+
+
+@contextlib.contextmanager
+def _fleet_env(kubeconfig: Path, tmp: Path) -> Iterator[Env]:
+    namespace = f"pdw-bench-watchdog-{uuid.uuid4().hex[:6]}"
+    with (
+        FleetProcess(kubeconfig, log_path=tmp / "fleet.log"),
+        contextlib.contextmanager(open_env)(kubeconfig, namespace, tmp, create_namespace=True) as env,
+    ):
+        yield env
+
+
+def run(
+    endpoints: int, pods_per_model: int, interval: int, measure_s: float, timeout: float, kubeconfig: Path
+) -> dict[str, Any]:
+    models = math.ceil(endpoints / pods_per_model)
+    tmp = Path(tempfile.mkdtemp(prefix="pdw-bench-watchdog-"))
+    _say(f"{endpoints} pods as {models} models of up to {pods_per_model}; logs in {tmp}")
+    with _fleet_env(kubeconfig, tmp) as env:
+        op = env.start_operator()
+        started = time.monotonic()
+        left = endpoints
+        for i in range(models):
+            pods = min(pods_per_model, left)
+            left -= pods
+            env.create_model(
+                fleet_model(env.namespace, f"fleet-{i:04d}", (pods + 1) // 2, pods // 2, interval)
+            )
+        _say(f"applied {models} models; waiting for {endpoints} pods to run")
+        wait_for(
+            lambda: _running(_runtime_pods(env)) >= endpoints,
+            timeout,
+            f"{endpoints} runtime pods Running",
+            5.0,
+        )
+        pods_running_s = time.monotonic() - started
+        _say(f"{endpoints} pods running after {pods_running_s:.0f}s; waiting for every model's rounds")
+        wait_for(
+            lambda: _models_rounding(op, models), timeout, f"watchdog rounds over all {models} models", 2.0
+        )
+        # two more intervals: every pod has been seen Ready and scraped, the first scrapes'
+        # connections are open
+        time.sleep(2 * interval)
+        setup_s = time.monotonic() - started
+        _say(f"measuring {measure_s:.0f}s of steady rounds")
+        count0, sum0, late0 = _round_series(op)
+        errors0 = _metric(op, contract.METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL)
+        cpu0 = op.cpu_seconds()
+        time.sleep(measure_s)
+        cpu = op.cpu_seconds() - cpu0
+        count1, sum1, late1 = _round_series(op)
+        errors = _metric(op, contract.METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL) - errors0
+        unobserved = _metric(op, contract.METRIC_OPERATOR_UNOBSERVED_PODS)
+        rss, peak = op.rss_mib()
+        _say("wedging one pod")
+        wedge = _wedge_one(env, op, timeout=10 * interval + 60)
+    rounds = count1 - count0
+    cores = cpu / measure_s
+    result = {
+        "benchmark": "watchdog",
+        "endpoints": endpoints,
+        "models": models,
+        "interval_s": interval,
+        "measure_seconds": measure_s,
+        "pods_running_s": round(pods_running_s, 1),
+        "setup_seconds": round(setup_s, 1),
+        "rounds": int(rounds),
+        "expected_rounds": round(models * measure_s / interval),
+        "round_mean_s": round((sum1 - sum0) / rounds, 4) if rounds else None,
+        "rounds_late": int(late1 - late0),
+        "scrape_errors": int(errors),
+        "unobserved_pods": int(unobserved),
+        "operator_cpu_s": round(cpu, 2),
+        "cores": round(cores, 4),
+        "operator_rss_mib": round(rss, 1),
+        "operator_peak_rss_mib": round(peak, 1),
+        **wedge,
+        "cpus": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "goal": f"{endpoints} pods every {interval}s within {GOAL_CORES} core and "
+        f"{GOAL_RSS_MIB:g} MiB, no late round",
+    }
+    result["goal_met"] = (
+        cores <= GOAL_CORES
+        and peak <= GOAL_RSS_MIB
+        and result["rounds_late"] == 0
+        and errors == 0
+        and unobserved == 0
+        and wedge["wedge_remediated_s"] is not None
+    )
+    return result
+
+
+def _kubeconfig(explicit: str | None) -> Path:
+    if explicit:
+        return Path(explicit)
+    from pdwarden_localcluster.cluster import ensure_up
+
+    return Path(ensure_up().kubeconfig)
 
 
 @click.command()
 @click.option(
     "--endpoints",
-    type=click.IntRange(1, MAX_ENDPOINTS),
+    type=click.IntRange(2, MAX_ENDPOINTS),
     default=1000,
     show_default=True,
-    help="simulated runtime pods (each its own loopback address)",
+    help="Simulated runtime pods (prefill and decode) across all models.",
+)
+@click.option("--pods-per-model", type=click.IntRange(2, 1000), default=100, show_default=True)
+@click.option(
+    "--interval", type=click.IntRange(1, 60), default=10, show_default=True, help="scrapeIntervalSeconds"
 )
 @click.option(
-    "--rounds",
-    type=click.IntRange(1, 100),
-    default=5,
+    "--measure-seconds",
+    type=click.FloatRange(10, 3600),
+    default=60.0,
     show_default=True,
-    help="measured rounds after one warm-up round",
+    help="The steady window.",
 )
-@click.option("--concurrency", type=click.IntRange(1, 10000), default=100, show_default=True)
 @click.option(
-    "--timeout", "timeout_s", type=float, default=5.0, show_default=True, help="per-request timeout (seconds)"
+    "--timeout", type=float, default=1200.0, show_default=True, help="Seconds to wait for the fleet to run."
 )
-@click.option("--port", type=click.IntRange(1024, 65535), default=BASE_PORT, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="print only the JSON line on stdout")
+@click.option(
+    "--kubeconfig", default=None, help="An admin kubeconfig of the local cluster (default: started if down)."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
 def watchdog(
-    endpoints: int, rounds: int, concurrency: int, timeout_s: float, port: int, as_json: bool
+    endpoints: int,
+    pods_per_model: int,
+    interval: int,
+    measure_seconds: float,
+    timeout: float,
+    kubeconfig: str | None,
+    as_json: bool,
 ) -> None:
-    """Cost of one watchdog scrape round over N endpoints (goal: 1,000 every 10 s within 0.25 core)."""
-    print(f"starting {endpoints} endpoints on 127.0.200.0/21 port {port} ...", file=sys.stderr, flush=True)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "pdwarden_bench.watchdog", "--serve-endpoints", str(endpoints), str(port)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
-        if line.strip() != "READY":
-            raise click.ClickException(f"endpoint server failed to start (exit {server.poll()}): {line!r}")
-        figures = asyncio.run(_measure(endpoints, port, rounds, concurrency, timeout_s))
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-    result = {
-        "benchmark": "watchdog",
-        "endpoints": endpoints,
-        "rounds": rounds,
-        "concurrency": concurrency,
-        **figures,
-        "goal": f"{endpoints} endpoints every {GOAL_INTERVAL_S:g}s within {GOAL_CORES} core",
-        "meets_goal": figures["cores_at_10s_interval"] <= GOAL_CORES
-        and figures["seconds_per_round"] < GOAL_INTERVAL_S
-        and figures["errors"] == 0,
-        "cpu_count": os.cpu_count(),
-    }
+    """The operator's real watchdog round over N simulated runtime pods (goal: 10,000 every 10 s
+    within 0.25 core and 300 MiB, no round later than its interval)."""
+    result = run(endpoints, pods_per_model, interval, measure_seconds, timeout, _kubeconfig(kubeconfig))
     if not as_json:
         for key, value in result.items():
-            print(f"{key}: {value}", file=sys.stderr)
+            _say(f"{key}: {value}")
     print(json.dumps(result), flush=True)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve-endpoints":
-        asyncio.run(_serve_endpoints(int(sys.argv[2]), int(sys.argv[3])))
-    else:
-        watchdog()

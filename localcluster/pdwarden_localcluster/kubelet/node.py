@@ -19,6 +19,7 @@ class NodeShape:
     cpu: str = "32"
     memory: str = "256Gi"
     pods: str = "110"
+    ephemeral_storage: str = "100Gi"
     gpus: int = 8  # 0: a CPU node (untainted, no GPU labels)
     gpu_product: str = topology.GPU_PRODUCT
     pod_cidr: str = ""  # the node's /24 of the cluster's pod range (spec.podCIDR)
@@ -77,7 +78,7 @@ def node_status(name: str, node_ip: str, shape: NodeShape, ready_since: str) -> 
         "cpu": shape.cpu,
         "memory": shape.memory,
         "pods": shape.pods,
-        "ephemeral-storage": "100Gi",
+        "ephemeral-storage": shape.ephemeral_storage,
     }
     if shape.gpus > 0:
         resources[topology.GPU_RESOURCE] = str(shape.gpus)
@@ -130,8 +131,21 @@ def node_status(name: str, node_ip: str, shape: NodeShape, ready_since: str) -> 
 
 
 class NodeAgent:
-    def __init__(self, api: KubeApi, name: str, node_ip: str, shape: NodeShape) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        name: str,
+        node_ip: str,
+        shape: NodeShape,
+        *,
+        labels: dict[str, str] | None = None,
+        spec: JSON | None = None,
+    ) -> None:
+        """`labels` and `spec` replace the local node's (node_labels, node_spec): a simulated
+        node (the test kit's fleet) is not one of the cluster's own nodes."""
         self.api, self.name, self.node_ip, self.shape = api, name, node_ip, shape
+        self.labels = labels if labels is not None else node_labels(name, shape)
+        self.spec = spec if spec is not None else node_spec(shape)
         self.ready_since = seconds_time()
         self.uid = ""
 
@@ -144,8 +158,8 @@ class NodeAgent:
                     {
                         "apiVersion": "v1",
                         "kind": "Node",
-                        "metadata": {"name": self.name, "labels": node_labels(self.name, self.shape)},
-                        "spec": node_spec(self.shape),
+                        "metadata": {"name": self.name, "labels": self.labels},
+                        "spec": self.spec,
                     },
                 )
             except ApiError as exc:
@@ -153,9 +167,7 @@ class NodeAgent:
                     raise
                 node = self.api.get(f"/api/v1/nodes/{self.name}")
         else:
-            self.api.merge_patch(
-                f"/api/v1/nodes/{self.name}", {"metadata": {"labels": node_labels(self.name, self.shape)}}
-            )
+            self.api.merge_patch(f"/api/v1/nodes/{self.name}", {"metadata": {"labels": self.labels}})
         self.uid = node["metadata"]["uid"]
         self.heartbeat()
         self.renew_lease()
