@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, cast
 
@@ -211,3 +212,14 @@ async def test_each_round_is_timed_and_a_round_longer_than_its_interval_counts_l
         await task
     assert metrics.registry.get_sample_value(f"{contract.METRIC_OPERATOR_ROUND_SECONDS}_count") == 2
     assert metrics.registry.get_sample_value(contract.METRIC_OPERATOR_ROUNDS_LATE_TOTAL) == 1
+
+
+@pytest.mark.parametrize("interval", [None, 2.0, 10.0, 60.0])
+def test_first_rounds_spread_over_the_whole_scrape_interval(interval: float | None) -> None:
+    """Models' first rounds (and so their phases) cover the interval, not its first seconds."""
+    rng = random.Random(7)
+    delays = [model_watchdog.first_round_delay(interval, rng) for _ in range(2000)]
+    upper = max(model_watchdog.FIRST_ROUND_MAX_S, interval or 0.0)
+    assert min(delays) >= model_watchdog.FIRST_ROUND_MIN_S and max(delays) <= upper
+    # the last tenth of the range is used as much as any other: a phase, not a start-up burst
+    assert sum(d > upper - (upper - model_watchdog.FIRST_ROUND_MIN_S) / 10 for d in delays) > 100

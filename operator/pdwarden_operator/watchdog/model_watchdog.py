@@ -60,6 +60,16 @@ IDLE_INTERVAL_S = 10.0  # the wait between rounds of a model whose spec does not
 Key = tuple[str, str]
 
 
+def first_round_delay(interval: float | None, rng: random.Random | None = None) -> float:
+    """When a watchdog's first round comes. A new model has no pods to scrape yet, and models
+    must not scrape (and write status) in lockstep: spread over the whole scrape interval,
+    a thousand models' rounds reach the operator-wide scrape budget one after another instead
+    of all in the same few seconds (at least FIRST_ROUND_MIN_S, within FIRST_ROUND_MAX_S
+    when the interval is shorter)."""
+    upper = max(FIRST_ROUND_MAX_S, interval or 0.0)
+    return (rng or random).uniform(FIRST_ROUND_MIN_S, upper)
+
+
 def _parsed_spec(body: Mapping[str, Any]) -> DisaggregatedModelSpec | None:
     """The model's spec, validated once per round; None when it does not validate (the
     reconciler reports InvalidSpec; the watchdog stays idle)."""
@@ -93,9 +103,9 @@ class ModelWatchdog:
 
     async def run(self, latest_body: Callable[[], Mapping[str, Any] | None]) -> None:
         try:
-            # A new model has no pods to scrape yet, and models created together must not scrape
-            # (and write status) in lockstep: the first round comes a random part of an interval later.
-            await asyncio.sleep(random.uniform(FIRST_ROUND_MIN_S, FIRST_ROUND_MAX_S))
+            first = latest_body()
+            spec = _parsed_spec(first) if first is not None else None
+            await asyncio.sleep(first_round_delay(spec.watchdog.scrape_interval_seconds if spec else None))
             while True:
                 body = latest_body()
                 if body is None:
