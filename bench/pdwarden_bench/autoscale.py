@@ -40,7 +40,7 @@ import pdwarden_contract as contract
 from pdwarden_bench.polling import Poller
 from pdwarden_localcluster.waits import serving, wait_for
 from pdwarden_operator.render import child_name
-from pdwarden_testkit.cluster_env import API_TRANSIENT, GROUP, VERSION, Env, open_env
+from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, open_env, synthetic_body
 
 TARGET_INFLIGHT: Final = 3
 RATIO: Final = {"min": 0.5, "max": 2.0}
@@ -65,13 +65,10 @@ def autoscaled_model(namespace: str, name: str, max_replicas: int) -> dict[str, 
         "scaleUp": {"stabilizationSeconds": 0, "maxStep": max_replicas, "periodSeconds": 10},
         "scaleDown": {"stabilizationSeconds": 15, "maxStep": 1, "periodSeconds": 5},
     }
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": contract.KIND,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {"path": "synthetic/tiny", "servedName": name},
-            "engine": "synthetic",
+    return synthetic_body(
+        namespace,
+        name,
+        {
             "prefill": {"replicas": 1, "autoscaling": scaling, "args": ["--compute-ms", str(COMPUTE_MS)]},
             "decode": {"replicas": 1, "autoscaling": scaling},
             "prefillDecodeRatio": RATIO,
@@ -80,7 +77,7 @@ def autoscaled_model(namespace: str, name: str, max_replicas: int) -> dict[str, 
             # the operator runs on this machine and scrapes the pods from here
             "networkPolicy": {"enabled": False},
         },
-    }
+    )
 
 
 @dataclass

@@ -225,6 +225,16 @@ class Env:
 HOST_PLAYS_ROUTER: dict[str, Any] = {"networkPolicy": {"enabled": False}, "workerKey": {"enabled": False}}
 
 
+def synthetic_body(namespace: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A DisaggregatedModel of the synthetic engine serving `name`; `spec` holds the rest."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": contract.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"model": {"path": "synthetic/tiny", "servedName": name}, "engine": "synthetic", **spec},
+    }
+
+
 def synthetic_model(
     namespace: str,
     name: str,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pdwarden_contract as contract
-from pdwarden_testkit.cluster_env import GROUP, HOST_PLAYS_ROUTER, VERSION
+from pdwarden_testkit.cluster_env import HOST_PLAYS_ROUTER, synthetic_body
 from pdwarden_testkit.fleet import placement
 
 
@@ -13,13 +12,10 @@ def fleet_model(namespace: str, name: str, prefill: int, decode: int, interval: 
     """A synthetic model whose pods (router too) all land on the simulated node; a wedge is
     remediated by a restart, after two scrape intervals without progress."""
     stuck = 2 * interval
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": contract.KIND,
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {"path": "synthetic/tiny", "servedName": name},
-            "engine": "synthetic",
+    return synthetic_body(
+        namespace,
+        name,
+        {
             "prefill": {"replicas": prefill, "podTemplate": placement.pod_template()},
             "decode": {"replicas": decode, "podTemplate": placement.pod_template()},
             "router": {"replicas": 1, "podTemplate": placement.pod_template()},
@@ -32,4 +28,4 @@ def fleet_model(namespace: str, name: str, prefill: int, decode: int, interval: 
             },
             **HOST_PLAYS_ROUTER,
         },
-    }
+    )
