@@ -38,7 +38,6 @@ from pdwarden_testkit.promtext import samples
 MAX_ENDPOINTS: Final = 10000
 GOAL_CORES: Final = 0.25
 GOAL_RSS_MIB: Final = 300.0
-ROUNDS: Final = contract.METRIC_OPERATOR_ROUND_SECONDS
 
 
 def _say(msg: str) -> None:
@@ -62,15 +61,11 @@ def _running(pods: list[dict[str, Any]]) -> int:
     )
 
 
-def _metric(op: OperatorProcess, name: str) -> float:
-    return operator_metric(op, name)
-
-
 def _round_series(op: OperatorProcess) -> tuple[float, float, float]:
     return (
-        _metric(op, f"{ROUNDS}_count"),
-        _metric(op, f"{ROUNDS}_sum"),
-        _metric(op, contract.METRIC_OPERATOR_ROUNDS_LATE_TOTAL),
+        operator_metric(op, f"{contract.METRIC_OPERATOR_ROUND_SECONDS}_count"),
+        operator_metric(op, f"{contract.METRIC_OPERATOR_ROUND_SECONDS}_sum"),
+        operator_metric(op, contract.METRIC_OPERATOR_ROUNDS_LATE_TOTAL),
     )
 
 
@@ -93,7 +88,7 @@ def _wedge_one(env: Env, op: OperatorProcess, timeout: float) -> dict[str, Any]:
         key=lambda p: p["metadata"]["name"],
     )[0]
     name, uid = victim["metadata"]["name"], victim["metadata"]["uid"]
-    before = _metric(op, contract.METRIC_OPERATOR_REMEDIATIONS_TOTAL)
+    before = operator_metric(op, contract.METRIC_OPERATOR_REMEDIATIONS_TOTAL)
     env.call(
         "PATCH",
         f"/api/v1/namespaces/{env.namespace}/pods/{name}",
@@ -116,12 +111,12 @@ def _wedge_one(env: Env, op: OperatorProcess, timeout: float) -> dict[str, Any]:
     except TimeoutError:
         return {
             "wedge_remediated_s": None,
-            "remediations": _metric(op, contract.METRIC_OPERATOR_REMEDIATIONS_TOTAL) - before,
+            "remediations": operator_metric(op, contract.METRIC_OPERATOR_REMEDIATIONS_TOTAL) - before,
         }
     remediated = time.monotonic() - wedged_at
     return {
         "wedge_remediated_s": round(remediated, 1),
-        "remediations": _metric(op, contract.METRIC_OPERATOR_REMEDIATIONS_TOTAL) - before,
+        "remediations": operator_metric(op, contract.METRIC_OPERATOR_REMEDIATIONS_TOTAL) - before,
     }
 
 
@@ -169,13 +164,13 @@ def run(
         setup_s = time.monotonic() - started
         _say(f"measuring {measure_s:.0f}s of steady rounds")
         count0, sum0, late0 = _round_series(op)
-        errors0 = _metric(op, contract.METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL)
+        errors0 = operator_metric(op, contract.METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL)
         cpu0 = op.cpu_seconds()
         time.sleep(measure_s)
         cpu = op.cpu_seconds() - cpu0
         count1, sum1, late1 = _round_series(op)
-        errors = _metric(op, contract.METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL) - errors0
-        unobserved = _metric(op, contract.METRIC_OPERATOR_UNOBSERVED_PODS)
+        errors = operator_metric(op, contract.METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL) - errors0
+        unobserved = operator_metric(op, contract.METRIC_OPERATOR_UNOBSERVED_PODS)
         rss, peak = op.rss_mib()
         _say("wedging one pod")
         wedge = _wedge_one(env, op, timeout=10 * interval + 60)

@@ -13,7 +13,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -47,19 +46,6 @@ class NodeLoop:
         self.node_index = node_index
         self.workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
-
-    def heartbeat_forever(self) -> None:
-        last_status = time.monotonic()
-        while not self.stop.wait(10.0):
-            try:
-                self.agent.renew_lease()
-                if time.monotonic() - last_status >= 30:
-                    self.agent.heartbeat()
-                    last_status = time.monotonic()
-            except ApiError as exc:
-                log.warning("node %s heartbeat: %s", self.agent.name, exc)
-            except Exception:
-                log.exception("node %s heartbeat failed; retrying", self.agent.name)
 
     def watch_forever(self) -> None:
         selector = {"fieldSelector": f"spec.nodeName={self.agent.name}"}
@@ -291,7 +277,9 @@ def main(argv: list[str] | None = None) -> int:
                 stop.wait(1.0)
         loop = NodeLoop(api, cfg, ips, agent, stop, i)
         loops.append(loop)
-        threading.Thread(target=loop.heartbeat_forever, name=f"heartbeat-{agent.name}", daemon=True).start()
+        threading.Thread(
+            target=agent.heartbeat_forever, args=(stop,), name=f"heartbeat-{agent.name}", daemon=True
+        ).start()
         threading.Thread(target=loop.watch_forever, name=f"pods-{agent.name}", daemon=True).start()
         log.info("node %s registered", agent.name)
 

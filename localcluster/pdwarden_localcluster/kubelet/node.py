@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import platform
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +14,10 @@ from pdwarden_localcluster import topology
 from pdwarden_localcluster.kubeapi import ApiError, KubeApi
 
 JSON = dict[str, Any]
+log = logging.getLogger("pdwarden.kubelet")
 LEASE_SECONDS = 40
+LEASE_RENEW_S = 10.0
+STATUS_EVERY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -201,3 +207,18 @@ class NodeAgent:
                     "spec": spec,
                 },
             )
+
+    def heartbeat_forever(self, stop: threading.Event) -> None:
+        """Renew the Lease every LEASE_RENEW_S and post the status every STATUS_EVERY_S until
+        `stop`; a failed beat is logged and tried again at the next one."""
+        last_status = time.monotonic()
+        while not stop.wait(LEASE_RENEW_S):
+            try:
+                self.renew_lease()
+                if time.monotonic() - last_status >= STATUS_EVERY_S:
+                    self.heartbeat()
+                    last_status = time.monotonic()
+            except ApiError as exc:
+                log.warning("node %s heartbeat: %s", self.name, exc)
+            except Exception:
+                log.exception("node %s heartbeat failed; retrying", self.name)

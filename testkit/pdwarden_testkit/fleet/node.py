@@ -69,6 +69,7 @@ class FleetNode:
         self._lock = threading.Lock()
         self._by_ip: dict[str, FleetPod] = {}
         self._ip_of: dict[str, str] = {}  # uid -> address
+        self._marking: set[str] = set()  # uids whose status write is queued or in flight
         self._stop = threading.Event()
         self._writers = concurrent.futures.ThreadPoolExecutor(WRITERS, thread_name_prefix="fleet-status")
 
@@ -84,7 +85,9 @@ class FleetNode:
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> FleetNode:
         self.agent.register()
-        threading.Thread(target=self._heartbeat, name="fleet-heartbeat", daemon=True).start()
+        threading.Thread(
+            target=self.agent.heartbeat_forever, args=(self._stop,), name="fleet-heartbeat", daemon=True
+        ).start()
         threading.Thread(target=self._watch, name="fleet-pods", daemon=True).start()
         return self
 
@@ -99,17 +102,6 @@ class FleetNode:
             except ApiError as exc:
                 if exc.status != 404:
                     log.warning("deleting node %s: %s", self.name, exc)
-
-    def _heartbeat(self) -> None:
-        beats = 0
-        while not self._stop.wait(10.0):
-            try:
-                self.agent.renew_lease()
-                beats += 1
-                if beats % 3 == 0:
-                    self.agent.heartbeat()
-            except ApiError as exc:
-                log.warning("node %s heartbeat: %s", self.name, exc)
 
     def _watch(self) -> None:
         selector = {"fieldSelector": f"spec.nodeName={self.name}"}
@@ -149,11 +141,17 @@ class FleetNode:
         status = pod.get("status") or {}
         with self._lock:
             known = self._ip_of.get(uid)
-        if known is not None and status.get("podIP") == known and status.get("phase") == "Running":
-            self._record(pod, uid, known, role)  # a label or annotation change: the mode may have moved
+            ours = known is not None and status.get("podIP") == known and status.get("phase") == "Running"
+            marking = uid in self._marking
+        if known is not None and (ours or marking):
+            # a label or annotation change (the mode may have moved), or an event that came
+            # before our status write landed: nothing to write again
+            self._record(pod, uid, known, role)
             return
         ip = self.ips.allocate(uid, status.get("podIP"))
         self._record(pod, uid, ip, role)
+        with self._lock:
+            self._marking.add(uid)
         self._submit(self._mark_running, dict(pod), ip)
 
     def _record(self, pod: Mapping[str, Any], uid: str, ip: str, role: str) -> None:
@@ -168,7 +166,7 @@ class FleetNode:
     def _forget(self, uid: str) -> None:
         with self._lock:
             ip = self._ip_of.pop(uid, None)
-            if ip is not None and self._by_ip.get(ip, None) is not None and self._by_ip[ip].uid == uid:
+            if ip is not None and (entry := self._by_ip.get(ip)) is not None and entry.uid == uid:
                 del self._by_ip[ip]
         self.ips.release(uid)
 
@@ -195,9 +193,14 @@ class FleetNode:
     def _mark_running(self, pod: JSON, ip: str) -> None:
         meta = pod["metadata"]
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{quote(meta['name'])}/status"
-        self.api.merge_patch(
-            path, {"metadata": {"uid": meta["uid"]}, "status": pod_status.running(pod, ip, seconds_time())}
-        )
+        try:
+            self.api.merge_patch(
+                path,
+                {"metadata": {"uid": meta["uid"]}, "status": pod_status.running(pod, ip, seconds_time())},
+            )
+        finally:  # a failed write is written again at the pod's next event or listing
+            with self._lock:
+                self._marking.discard(meta["uid"])
 
     def _finish_deletion(self, pod: JSON) -> None:
         meta = pod["metadata"]
