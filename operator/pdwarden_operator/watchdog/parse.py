@@ -13,12 +13,9 @@ make the operator keep what it sends.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
 
 from pdwarden_contract import (
     KV_STATE_BOOTSTRAPPING,
@@ -48,6 +45,7 @@ from pdwarden_contract import (
     PEER_OTHER,
     RUNTIME_THREAD_KINDS,
 )
+from pdwarden_operator.watchdog import exposition
 
 # The one room state in which only a transfer fault holds a room (prefill sending; decode
 # waiting for a prefill that stopped sending): rooms in the other states are queueing.
@@ -73,7 +71,7 @@ _COUNTER_FAMILIES: dict[str, tuple[str, ...]] = {
 }
 # Optional gauges: absent (an older runtime) means unknown, never an error.
 _OPTIONAL_GAUGES = (METRIC_KV_ROOMS_ABANDONED, METRIC_KV_POOL_PAGES, METRIC_KV_PAGES_IN_USE)
-# Only lines about these names reach the (pure-Python, comparatively slow) parser.
+# Only lines about these names reach the parser.
 _PREFIXES = (
     METRIC_KV_ROOMS,  # also covers METRIC_KV_ROOMS_ABANDONED
     METRIC_INFLIGHT_REQUESTS,
@@ -94,12 +92,10 @@ MAX_PEERS = 256
 _THREAD_FAMILIES = (METRIC_RUNTIME_THREADS, METRIC_RUNTIME_THREADS_EXPECTED)
 # A runtime's longest kept line is ~180 characters and its longest label value an IPv6 address
 # (45); its kept series are under 300 (33 peer series x 7, thread kinds, states). Beyond these
-# a body is garbage, refused before the (pure-Python, ~1 ms per KiB) parser sees it.
+# a body is garbage, refused before the parser sees it.
 MAX_LINE_CHARS = 512
 MAX_LABEL_VALUE_CHARS = 128
 MAX_SERIES = 768
-# name="value" in a sample line's braces (a value's escapes kept as written)
-_LABEL_PAIR = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 # label -> the values a runtime may write (`peer` is checked against the model's pods)
 _KNOWN_VALUES: dict[str, frozenset[str]] = {
     LABEL_METRIC_OUTCOME: frozenset(OUTCOMES),
@@ -158,47 +154,37 @@ class PodSample:
         return max(0.0, self.inflight - self.bootstrapping)
 
 
-def _relevant_lines(text: str, peers: Collection[str] | None) -> str:
-    """The lines about the contract's metrics, each short, with its label values checked (so
-    a hostile body costs a scan, not a parse)."""
+def _relevant_lines(text: str) -> list[str]:
+    """The lines about the contract's metrics (samples, and their TYPE and HELP comments),
+    each short (their label values are checked as the parser reads them, `_check_labels`)."""
     keep: list[str] = []
     series = 0
-    for line in text.splitlines():
+    for line in text.split("\n"):  # as the text format (and prometheus_client) splits lines
         if line.startswith(_PREFIXES):
             series += 1
             if series > MAX_SERIES:
                 raise ParseError(f"more than {MAX_SERIES} series of the contract's metrics")
-            if len(line) > MAX_LINE_CHARS:
-                raise ParseError(
-                    f"a line of {len(line)} characters ({line[:40]!r}...), at most {MAX_LINE_CHARS}"
-                )
-            name, _, labels = line.partition("{")
-            for label, value in _LABEL_PAIR.findall(labels.rpartition("}")[0]):
-                _check_value(name, label, value, peers)
-        elif line.startswith("#"):
+        elif not line.startswith("#"):
+            continue
+        else:
             parts = line.split(None, 3)
             if not (len(parts) >= 3 and parts[1] in ("TYPE", "HELP") and parts[2].startswith(_PREFIXES)):
                 continue
-            if len(line) > MAX_LINE_CHARS:
-                raise ParseError(
-                    f"a line of {len(line)} characters ({line[:40]!r}...), at most {MAX_LINE_CHARS}"
-                )
-        else:
-            continue
+        if len(line) > MAX_LINE_CHARS:
+            raise ParseError(f"a line of {len(line)} characters ({line[:40]!r}...), at most {MAX_LINE_CHARS}")
         keep.append(line)
-    return "\n".join(keep) + "\n"
+    return keep
 
 
 def _check_labels(family: Any, peers: Collection[str] | None) -> None:
-    """Every label value of the parsed family, as the parser read it (the authority)."""
+    """Every label value of the parsed family, as the parser read it."""
     for sample in family.samples:
         for label, value in sample.labels.items():
             _check_value(sample.name, label, value, peers)
 
 
 def _check_value(name: str, label: str, value: str, peers: Collection[str] | None) -> None:
-    """A label value bounded and from its known set: the pod is unobserved otherwise. (Raw and
-    parsed values agree on every known value: none holds a character the text escapes.)"""
+    """A label value bounded and from its known set: the pod is unobserved otherwise."""
     if len(value) > MAX_LABEL_VALUE_CHARS:
         raise ParseError(
             f"{name[:60]}: label {label[:40]!r} has a value of {len(value)} characters, "
@@ -260,7 +246,7 @@ def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str]
     peer_families: list[Any] = []
     per_state: dict[str, float] | None = None
     optional: dict[str, list[float]] = {name: [] for name in _OPTIONAL_GAUGES}
-    for family in text_string_to_metric_families(_relevant_lines(text, peers)):
+    for family in exposition.families(_relevant_lines(text)):
         _check_labels(family, peers)
         if (
             family.name == METRIC_KV_PEER_INFLIGHT
