@@ -112,16 +112,37 @@ async def test_no_slot_in_time_is_budget_busy_and_leaks_nothing() -> None:
     assert budget.slots.used == 0 and budget.slots.waiting == 0
 
 
-async def test_parsing_runs_on_a_worker_and_releases_the_bytes_when_done() -> None:
-    budget = ScrapeBudget(parse_workers=1)
+async def test_a_large_body_is_parsed_on_a_worker_and_its_bytes_released_when_done() -> None:
+    budget = ScrapeBudget(parse_workers=1, inline_parse_bytes=999)
     reservation = budget.reservation()
     await reservation.grow_to(1000)
     loop_thread = threading.current_thread()
     try:
-        worker = await budget.parse(reservation, threading.current_thread)
+        worker = await budget.parse(reservation, threading.current_thread, 1000)
     finally:
         budget.close()
     assert worker is not loop_thread and worker.name.startswith("pdwarden-parse")
+    assert budget.bytes.used == 0
+
+
+async def test_a_small_body_is_parsed_on_the_loop_and_its_bytes_released_even_on_error() -> None:
+    budget = ScrapeBudget(parse_workers=1, inline_parse_bytes=1000)
+    loop_thread = threading.current_thread()
+    first, second = budget.reservation(), budget.reservation()
+    await first.grow_to(1000)
+    await second.grow_to(1000)
+
+    def refuse() -> None:
+        raise ValueError("garbage")
+
+    try:
+        parser = await budget.parse(first, threading.current_thread, 1000)
+        assert budget.bytes.used == 1000
+        with pytest.raises(ValueError, match="garbage"):
+            await budget.parse(second, refuse, 1000)
+    finally:
+        budget.close()
+    assert parser is loop_thread
     assert budget.bytes.used == 0
 
 

@@ -3,8 +3,8 @@ bounded body size. Every failure becomes a `ScrapeResult` with an error; nothing
 
 Each model's Scraper keeps its own connections (keep-alive per pod) and timeout, but draws
 slots, body bytes and parse workers from the operator-wide budget (`budget.py`), so the
-number of models does not multiply what scraping may cost, and parsing never runs on the
-event loop.
+number of models does not multiply what scraping may cost, and a large body is never parsed
+on the event loop.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
+from yarl import URL
 
 from pdwarden_operator.watchdog import budget as scrape_budget
 from pdwarden_operator.watchdog.budget import BudgetBusy, Reservation, ScrapeBudget
@@ -71,7 +72,12 @@ class Scraper:
                 use_dns_cache=False,  # pod IPs, no names
             )
             self._session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False, headers={"Accept": "text/plain"}
+                connector=connector,
+                auto_decompress=False,
+                headers={"Accept": "text/plain"},
+                # a pod's cookies never reach another pod, and no jar is kept per response
+                cookie_jar=aiohttp.DummyCookieJar(),
+                timeout=aiohttp.ClientTimeout(),  # each scrape is bounded by its own wait_for
             )
         return self._session
 
@@ -103,8 +109,9 @@ class Scraper:
                         self._fetch(session, target.url, budget, reservation), self.timeout_seconds
                     )
                 parse = functools.partial(parse_metrics, body, max_bytes=self.max_bytes, peers=target.peers)
-                del body  # the parse worker holds the only reference: freed when it is done
-                sample: PodSample | None = await budget.parse(reservation, parse)
+                size = len(body)
+                del body  # the parse holds the only reference: freed when it is done
+                sample: PodSample | None = await budget.parse(reservation, parse, size)
                 error = None
             except TimeoutError:
                 sample, error = None, f"timeout after {self.timeout_seconds:g}s"
@@ -121,7 +128,8 @@ class Scraper:
     async def _fetch(
         self, session: aiohttp.ClientSession, url: str, budget: ScrapeBudget, reservation: Reservation
     ) -> bytearray:
-        async with session.get(url, allow_redirects=False) as resp:
+        # built by targets.metrics_url from the pod's address and port: already encoded
+        async with session.get(URL(url, encoded=True), allow_redirects=False) as resp:
             if resp.status != 200:
                 raise ParseError(f"HTTP {resp.status} from {url}")
             if resp.content_length is not None and resp.content_length > self.max_bytes:
