@@ -4,11 +4,15 @@ and events that race a listing."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 
 import pdwarden_contract as contract
+from pdwarden_operator.kube import scale as kube_scale
+from pdwarden_operator.watchdog import gone_pods, group_health, targets
+from pdwarden_operator.watchdog.ownership import Owners
 from pdwarden_operator.watchdog.pod_cache import RELIST_AFTER_S, PodCache, slim_pod
 
 pytestmark = pytest.mark.unit
@@ -126,11 +130,112 @@ def test_concurrent_rounds_share_one_listing() -> None:
     assert lister.calls == ["ns"]
 
 
-def test_a_cached_pod_keeps_what_the_watchdog_reads_only() -> None:
-    slim = slim_pod(pod("a"))
-    assert "managedFields" not in slim["metadata"] and slim["metadata"]["uid"] == "uid-a"
-    assert slim["spec"]["containers"] == [{"name": "runtime", "ports": [{"containerPort": 1}]}]
-    assert slim["status"]["podIP"] == "198.18.128.9"
+def _full_pod(**status: Any) -> Obj:
+    """A pod as the API server sends it, with fields the watchdog never reads."""
+    return {
+        "metadata": {
+            "name": "m-prefill-0",
+            "namespace": "ns",
+            "uid": "uid-0",
+            "resourceVersion": "9",
+            "generateName": "m-prefill-",
+            "creationTimestamp": "2026-12-01T00:00:00Z",
+            "labels": {
+                contract.LABEL_MODEL: "m",
+                contract.LABEL_ROLE: contract.ROLE_QUARANTINED,
+                contract.LABEL_QUARANTINED_ROLE: "prefill",
+                contract.LABEL_GROUP: "0",
+                contract.LABEL_POD_INDEX: "1",
+            },
+            "annotations": {
+                contract.ANNOTATION_QUARANTINED_AT: "2026-12-01T00:01:00Z",
+                kube_scale.POD_DELETION_COST: kube_scale.REMOVE_FIRST_COST,
+                "kubectl.kubernetes.io/last-applied-configuration": "x" * 4000,
+            },
+            "ownerReferences": [{"apiVersion": "v1", "kind": contract.KIND, "name": "m", "uid": "model-uid"}],
+            "managedFields": [{"manager": "kubelet"}],
+        },
+        "spec": {
+            "nodeName": "n1",
+            "containers": [
+                {
+                    "name": "runtime",
+                    "image": "x",
+                    "env": [{"name": "A", "value": "b"}],
+                    "ports": [
+                        {"name": "http", "containerPort": 30000},
+                        {"name": contract.PORT_NAME_METRICS, "containerPort": 9500},
+                    ],
+                }
+            ],
+        },
+        "status": {
+            "phase": "Running",
+            "podIP": "2001:2::9",
+            "podIPs": [{"ip": "2001:2::9"}, {"ip": "198.18.128.9"}],
+            "hostIP": "198.18.0.1",
+            "startTime": "2026-12-01T00:00:01Z",
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T00:00:05Z"},
+                {"type": "PodScheduled", "status": "True", "lastProbeTime": None},
+            ],
+            "containerStatuses": [
+                {
+                    "name": "runtime",
+                    "image": "x",
+                    "imageID": "x@sha256:1",
+                    "ready": True,
+                    "restartCount": 2,
+                    "state": {"running": {"startedAt": "2026-12-01T00:02:00Z"}},
+                    "lastState": {
+                        "terminated": {
+                            "exitCode": 137,
+                            "reason": "Error",
+                            "finishedAt": "2026-12-01T00:01:30Z",
+                        }
+                    },
+                }
+            ],
+            **status,
+        },
+    }
+
+
+@pytest.mark.parametrize("deleting", [False, True])
+def test_every_reader_answers_the_same_from_a_cached_pod_as_from_the_whole_one(deleting: bool) -> None:
+    full = _full_pod()
+    if deleting:
+        full["metadata"]["deletionTimestamp"] = "2026-12-01T00:03:00Z"
+        full["status"]["containerStatuses"][0]["state"] = {
+            "terminated": {"exitCode": 0, "reason": "Completed"}
+        }
+    slim = slim_pod(full)
+    view = targets.pod_view(full)
+    assert view is not None and targets.pod_view(slim) == view
+    assert targets.metrics_url(slim) == targets.metrics_url(full)
+    assert targets.pod_addresses(slim) == targets.pod_addresses(full) == {"2001:2::9", "198.18.128.9"}
+    assert gone_pods.seen(slim) == gone_pods.seen(full)
+    owners = Owners("model-uid", "ns")
+    assert owners.ours(slim) and owners.ours(full)
+    nodes = {"prefill": 2}
+    assert group_health.groups_of([(view, slim)], "m", nodes) == group_health.groups_of(
+        [(view, full)], "m", nodes
+    )
+    assert group_health.unlabelled_ranks([slim]) == group_health.unlabelled_ranks([full])
+    assert slim["metadata"]["annotations"] == {
+        contract.ANNOTATION_QUARANTINED_AT: "2026-12-01T00:01:00Z",
+        kube_scale.POD_DELETION_COST: kube_scale.REMOVE_FIRST_COST,
+    }
+
+
+def test_a_cached_pod_is_a_fraction_of_the_whole_one() -> None:
+    full = _full_pod()
+    slim = slim_pod(full)
+    assert "managedFields" not in slim["metadata"] and "env" not in str(slim)
+    assert slim["spec"]["containers"] == [
+        {"name": "runtime", "ports": [{"name": contract.PORT_NAME_METRICS, "containerPort": 9500}]}
+    ]
+    assert len(json.dumps(slim)) * 4 < len(json.dumps(full))
 
 
 def test_an_event_without_namespace_or_uid_is_ignored() -> None:

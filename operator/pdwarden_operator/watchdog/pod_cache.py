@@ -11,31 +11,88 @@ in flight are applied over it, so the listing never brings back a pod deleted me
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import pdwarden_contract as contract
+from pdwarden_operator.kube import scale as kube_scale
 
 Obj = dict[str, Any]
 Lister = Callable[[str], Awaitable[list[Obj]]]  # namespace -> its runtime pods (one LIST)
 RELIST_AFTER_S: Final = 300.0
 
 
+# What the watchdog reads of a pod, and nothing else: at 10,000 pods a cached pod's size is
+# most of the operator's memory. Readers: targets.py (view, metrics URL, addresses),
+# gone_pods.py, ownership.py, group_health.py (ranks, restarts, age) and the scaler (the
+# deletion cost of a pod it picked to remove).
+_KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "labels",
+    "ownerReferences",
+    "deletionTimestamp",
+    "creationTimestamp",
+)
+_KEPT_ANNOTATIONS = (contract.ANNOTATION_QUARANTINED_AT, kube_scale.POD_DELETION_COST)
+_KEPT_STATUS = ("phase", "podIP", "podIPs")
+
+
+def _interned(mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """Labels and the like repeat across a model's pods: one copy of each key and value."""
+    return {sys.intern(str(k)): sys.intern(v) if isinstance(v, str) else v for k, v in mapping.items()}
+
+
+def _container_status(status: Mapping[str, Any]) -> Obj:
+    """A container's name, restart count, and how it last ended (its `terminated` states)."""
+    out: Obj = {"name": status.get("name"), "restartCount": status.get("restartCount")}
+    for key in ("state", "lastState"):
+        terminated = (status.get(key) or {}).get("terminated")
+        if terminated:
+            out[key] = {"terminated": dict(terminated)}
+    return out
+
+
+def _metrics_port(port: Any) -> bool:
+    return isinstance(port, Mapping) and port.get("name") == contract.PORT_NAME_METRICS
+
+
 def slim_pod(pod: Mapping[str, Any]) -> Obj:
-    """What the watchdog reads of a pod: metadata, status, and each container's name and
-    ports (the metrics port); the rest of the spec, and managedFields, are left out."""
-    meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
+    """What the watchdog reads of a pod (see _KEPT_METADATA): its identity, labels, owners,
+    the annotations it reads, each container's metrics port, its phase,
+    addresses, conditions and container restarts."""
+    meta = pod.get("metadata") or {}
+    slim_meta: Obj = {sys.intern(k): meta[k] for k in _KEPT_METADATA if k in meta}
+    if isinstance(meta.get("labels"), Mapping):
+        slim_meta["labels"] = _interned(meta["labels"])
+    if isinstance(meta.get("ownerReferences"), list):
+        slim_meta["ownerReferences"] = [
+            _interned(r) if isinstance(r, Mapping) else r for r in meta["ownerReferences"]
+        ]
+    annotations = meta.get("annotations") or {}
+    slim_meta["annotations"] = {k: annotations[k] for k in _KEPT_ANNOTATIONS if k in annotations}
     spec = pod.get("spec") or {}
     containers = [
-        {"name": c.get("name"), "ports": c.get("ports") or []} for c in spec.get("containers") or []
+        {"name": c.get("name"), "ports": [p for p in c.get("ports") or [] if _metrics_port(p)]}
+        for c in spec.get("containers") or []
+        if isinstance(c, Mapping)
     ]
-    return {
-        "metadata": meta,
-        "spec": {"containers": containers, "nodeName": spec.get("nodeName")},
-        "status": dict(pod.get("status") or {}),
-    }
+    status = pod.get("status") or {}
+    slim_status: Obj = {k: status[k] for k in _KEPT_STATUS if k in status}
+    slim_status["conditions"] = [
+        _interned({"type": c.get("type"), "status": c.get("status")})
+        for c in status.get("conditions") or []
+        if isinstance(c, Mapping)
+    ]
+    slim_status["containerStatuses"] = [
+        _container_status(c) for c in status.get("containerStatuses") or [] if isinstance(c, Mapping)
+    ]
+    return {"metadata": slim_meta, "spec": {"containers": containers}, "status": slim_status}
 
 
 @dataclass
