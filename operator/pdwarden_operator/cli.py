@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import logging
 import os
@@ -12,6 +13,7 @@ from types import ModuleType
 from typing import Any
 
 import click
+import uvloop
 
 import pdwarden_contract as contract
 from pdwarden_operator import podpolicy
@@ -227,19 +229,38 @@ def run(
         or os.environ.get(contract.ENV_POD_NAMESPACE)
         or (namespaces[0] if namespaces and not handlers.is_glob(namespaces[0]) else "default")
     )
-    asyncio.run(
-        _main(
-            clusterwide=not namespaces,
-            namespaces=list(namespaces),
-            health=(bind_host, health_port) if health_port else None,
-            lease=(lease_ns, leader_election_id) if leader_elect else None,
-            external_metrics=(
-                (bind_host, external_metrics_port, external_metrics_tls_dir)
-                if external_metrics_port and external_metrics_tls_dir is not None
-                else None
-            ),
+    _quiet_gc()
+    # uvloop, as kopf's own command does when it is installed: a scrape's HTTP request costs
+    # a quarter less CPU on it than on asyncio's own loop
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(
+            _main(
+                clusterwide=not namespaces,
+                namespaces=list(namespaces),
+                health=(bind_host, health_port) if health_port else None,
+                lease=(lease_ns, leader_election_id) if leader_elect else None,
+                external_metrics=(
+                    (bind_host, external_metrics_port, external_metrics_tls_dir)
+                    if external_metrics_port and external_metrics_tls_dir is not None
+                    else None
+                ),
+            )
         )
-    )
+
+
+# Allocations between two young-generation collections of the cyclic garbage collector
+# (Python's default: 700). Each scrape allocates hundreds of short-lived containers, nearly
+# all freed by their reference counts; at the default the collector ran every few scrapes.
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def _quiet_gc() -> None:
+    """What start-up built (modules, kopf's registry) is never scanned again, and the young
+    generation is collected less often: the collector was a fifth of the operator's CPU."""
+    gc.collect()
+    gc.freeze()
+    _young, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def _pod_policy(allowances: tuple[str, ...]) -> podpolicy.PodPolicy:

@@ -13,6 +13,7 @@ make the operator keep what it sends.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,25 +155,26 @@ class PodSample:
         return max(0.0, self.inflight - self.bootstrapping)
 
 
+# The kept lines, found by one expression over the whole body (a Python loop over every
+# line cost nearly twice as much): a sample of a contract metric, or a TYPE or HELP comment about one,
+# whose words are split as `str.split()` splits them (as prometheus_client reads comments).
+# Each match starts at a line's "\n", a literal the expression engine finds fast.
+_NAMES = "|".join(re.escape(prefix) for prefix in _PREFIXES)
+_KEPT_LINE = re.compile(rf"\n((?:{_NAMES})[^\n]*|#\S*[^\S\n]+(?:TYPE|HELP)[^\S\n]+(?:{_NAMES})[^\n]*)")
+
+
 def _relevant_lines(text: str) -> list[str]:
     """The lines about the contract's metrics (samples, and their TYPE and HELP comments),
     each short (their label values are checked as the parser reads them, `_check_labels`)."""
-    keep: list[str] = []
+    keep: list[str] = _KEPT_LINE.findall("\n" + text)
     series = 0
-    for line in text.split("\n"):  # as the text format (and prometheus_client) splits lines
-        if line.startswith(_PREFIXES):
+    for line in keep:
+        if not line.startswith("#"):
             series += 1
             if series > MAX_SERIES:
                 raise ParseError(f"more than {MAX_SERIES} series of the contract's metrics")
-        elif not line.startswith("#"):
-            continue
-        else:
-            parts = line.split(None, 3)
-            if not (len(parts) >= 3 and parts[1] in ("TYPE", "HELP") and parts[2].startswith(_PREFIXES)):
-                continue
         if len(line) > MAX_LINE_CHARS:
             raise ParseError(f"a line of {len(line)} characters ({line[:40]!r}...), at most {MAX_LINE_CHARS}")
-        keep.append(line)
     return keep
 
 

@@ -104,10 +104,9 @@ class Scraper:
             try:
                 # waiting for a slot has its own bound: a busy operator reports the pod
                 # unobserved rather than letting the round run on
-                async with budget.slot(self.timeout_seconds):
-                    body = await asyncio.wait_for(
-                        self._fetch(session, target.url, budget, reservation), self.timeout_seconds
-                    )
+                async with budget.slot(self.timeout_seconds), asyncio.timeout(self.timeout_seconds):
+                    # a timeout, not wait_for: that wraps each fetch in a task of its own
+                    body = await self._fetch(session, target.url, budget, reservation)
                 parse = functools.partial(parse_metrics, body, max_bytes=self.max_bytes, peers=target.peers)
                 size = len(body)
                 del body  # the parse holds the only reference: freed when it is done
