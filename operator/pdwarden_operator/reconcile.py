@@ -401,10 +401,11 @@ async def _finish(
     applied: list[Obj],
 ) -> PassResult:
     """Hand the observation to the status writer (it writes when the status changed). When
-    pods have waited long to run, ask the scheduler's view why first (one pod list)."""
+    pods exist that have waited long to run, ask the scheduler's view why first (one pod list)."""
     deployments = [o for (kind, _), o in children.items() if kind == "Deployment"]
     observed = replace(_observed(body, spec, children), blocked=scheduling.refused(deployments))
-    if _waiting_long(WRITER.preview(body, spec, observed)):
+    waiting = scheduling.pods_not_ready(observed.workloads.values())
+    if waiting and _waiting_long(WRITER.preview(body, spec, observed)):
         pods = await _pods(body)
         if pods is not None:
             observed = replace(observed, blocked={**scheduling.unschedulable(pods), **observed.blocked})
@@ -424,7 +425,9 @@ def _waiting_long(new: Obj) -> bool:
 async def _pods(body: Mapping[str, Any]) -> list[Obj] | None:
     meta = body["metadata"]
     try:
-        return await kube_apply.list_objects("v1", "Pod", meta["namespace"], f"{LABEL_MODEL}={meta['name']}")
+        return await kube_apply.list_objects(
+            "v1", "Pod", meta["namespace"], f"{LABEL_MODEL}={meta['name']}", from_watch_cache=True
+        )
     except KubeApiError as exc:
         log.warning("%s/%s: listing pods failed: %s", meta["namespace"], meta["name"], exc)
         return None  # status without the scheduler's reason this time

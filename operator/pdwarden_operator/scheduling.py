@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pdwarden_contract as contract
+from pdwarden_operator.status import Workload
 
 # Look at pods only once a role has been waiting this long: a new model's pods are Pending
 # for a moment anyway, and an idle or settled model costs no pod listing.
@@ -50,3 +51,11 @@ def refused(deployments: Iterable[Mapping[str, Any]]) -> dict[str, str]:
             if role and c.get("type") == "ReplicaFailure" and c.get("status") == "True":
                 out[role] = f"pods are refused: {str(c.get('message') or c.get('reason'))[:MAX_MESSAGE]}"
     return out
+
+
+def pods_not_ready(workloads: Iterable[Workload]) -> bool:
+    """Whether a workload has pods that are not ready. Without any (none made yet, or the
+    controller has not caught up with a new workload: minutes for a thousand new models on a
+    small cluster) the scheduler has nothing to say, and listing pods would only load the API
+    server."""
+    return any(w.replicas > w.ready for w in workloads)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.scheduling import refused, unschedulable
+from pdwarden_operator.scheduling import pods_not_ready, refused, unschedulable
 from pdwarden_operator.status import Observed, Workload, compute_conditions
 
 pytestmark = pytest.mark.unit
@@ -63,3 +63,12 @@ def test_ready_condition_names_why_pods_do_not_run() -> None:
     plain = Observed(generation=1, workloads=observed.workloads)
     ready = next(c for c in compute_conditions(spec, plain, None) if c["type"] == "Ready")
     assert ready["reason"] == "ReplicasNotReady"
+
+
+def test_pods_are_listed_only_for_a_workload_with_pods_not_ready() -> None:
+    assert not pods_not_ready([])
+    assert not pods_not_ready([Workload(present=True, spec_replicas=2)])  # none made yet
+    assert not pods_not_ready([Workload(present=True, spec_replicas=2, replicas=2, ready=2)])
+    assert pods_not_ready(
+        [Workload(present=True, spec_replicas=2, replicas=2, ready=2), Workload(present=True, replicas=1)]
+    )

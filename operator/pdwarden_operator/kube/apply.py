@@ -58,12 +58,20 @@ async def get(
 
 
 async def list_objects(
-    api_version: str, kind: str, namespace: str | None, label_selector: str | None = None
+    api_version: str,
+    kind: str,
+    namespace: str | None,
+    label_selector: str | None = None,
+    *,
+    from_watch_cache: bool = False,
 ) -> list[Obj]:
-    """The objects of one namespace, or of every namespace when `namespace` is None."""
-    query = [("labelSelector", label_selector)] if label_selector else None
+    """The objects of one namespace, or of every namespace when `namespace` is None.
+    `from_watch_cache`: answered from the API server's watch cache, as `get` explains."""
+    query = [("labelSelector", label_selector)] if label_selector else []
+    if from_watch_cache:
+        query.append(("resourceVersion", "0"))
     path = resource_path(api_version, kind, namespace, all_namespaces=namespace is None)
-    body = await get_client().request("GET", path, query=query)
+    body = await get_client().request("GET", path, query=query or None)
     return list(body.get("items") or [])
 
 
