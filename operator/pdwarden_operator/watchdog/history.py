@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pdwarden_operator.watchdog.parse import PodSample
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Observation:
     """One scrape of one pod at monotonic time `at`: a sample, or the error that prevented one."""
 

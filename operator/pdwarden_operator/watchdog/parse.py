@@ -109,7 +109,7 @@ class ParseError(ValueError):
     """The body cannot be trusted; the message names the problem."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PeerFigures:
     """Per-peer figures of one scrape (peer = the peer pod's IP): rooms in flight, and rooms
     concluded per outcome (counters)."""
@@ -122,7 +122,7 @@ class PeerFigures:
     held_seconds: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PodSample:
     """What one scrape says about a pod: queue depth, oldest room's age, finished rooms (all
     outcomes), and how long its oldest Transferring room has been in that state (None: the pod
