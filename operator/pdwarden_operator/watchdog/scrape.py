@@ -77,7 +77,7 @@ class Scraper:
                 headers={"Accept": "text/plain"},
                 # a pod's cookies never reach another pod, and no jar is kept per response
                 cookie_jar=aiohttp.DummyCookieJar(),
-                timeout=aiohttp.ClientTimeout(),  # each scrape is bounded by its own wait_for
+                timeout=aiohttp.ClientTimeout(),  # each scrape is bounded by its own timeout
             )
         return self._session
 
