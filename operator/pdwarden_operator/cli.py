@@ -232,20 +232,19 @@ def run(
     _quiet_gc()
     # uvloop, as kopf's own command does when it is installed: a scrape's HTTP request costs
     # a quarter less CPU on it than on asyncio's own loop
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(
-            _main(
-                clusterwide=not namespaces,
-                namespaces=list(namespaces),
-                health=(bind_host, health_port) if health_port else None,
-                lease=(lease_ns, leader_election_id) if leader_elect else None,
-                external_metrics=(
-                    (bind_host, external_metrics_port, external_metrics_tls_dir)
-                    if external_metrics_port and external_metrics_tls_dir is not None
-                    else None
-                ),
-            )
+    uvloop.run(
+        _main(
+            clusterwide=not namespaces,
+            namespaces=list(namespaces),
+            health=(bind_host, health_port) if health_port else None,
+            lease=(lease_ns, leader_election_id) if leader_elect else None,
+            external_metrics=(
+                (bind_host, external_metrics_port, external_metrics_tls_dir)
+                if external_metrics_port and external_metrics_tls_dir is not None
+                else None
+            ),
         )
+    )
 
 
 # Allocations between two young-generation collections of the cyclic garbage collector

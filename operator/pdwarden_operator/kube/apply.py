@@ -10,6 +10,8 @@ from pdwarden_operator.kube.client import KubeApiError, get_client, object_path,
 
 Obj = dict[str, Any]
 FIELD_MANAGER = "pdwarden"
+# A read answered from the API server's watch cache instead of a quorum read from etcd.
+_FROM_WATCH_CACHE = ("resourceVersion", "0")
 
 
 async def apply(obj: Obj, *, dry_run: bool = False) -> Obj:
@@ -46,7 +48,7 @@ async def get(
     """The object, or None when it does not exist. `from_watch_cache`: the API server answers
     from its watch cache (resourceVersion=0) instead of a quorum read from etcd: a read that
     may be a moment old, at a fraction of the cost."""
-    query = [("resourceVersion", "0")] if from_watch_cache else None
+    query = [_FROM_WATCH_CACHE] if from_watch_cache else None
     try:
         return await get_client().request(
             "GET", resource_path(api_version, kind, namespace, name), query=query
@@ -69,9 +71,9 @@ async def list_objects(
     `from_watch_cache`: answered from the API server's watch cache, as `get` explains."""
     query = [("labelSelector", label_selector)] if label_selector else []
     if from_watch_cache:
-        query.append(("resourceVersion", "0"))
+        query.append(_FROM_WATCH_CACHE)
     path = resource_path(api_version, kind, namespace, all_namespaces=namespace is None)
-    body = await get_client().request("GET", path, query=query or None)
+    body = await get_client().request("GET", path, query=query)
     return list(body.get("items") or [])
 
 

@@ -156,9 +156,9 @@ class PodSample:
 
 
 # The kept lines, found by one expression over the whole body (a Python loop over every
-# line cost nearly twice as much): a sample of a contract metric, or a TYPE or HELP comment about one,
-# whose words are split as `str.split()` splits them (as prometheus_client reads comments).
-# Each match starts at a line's "\n", a literal the expression engine finds fast.
+# line cost nearly twice as much): a sample of a contract metric, or a TYPE or HELP comment
+# about one, whose words are split as `str.split()` splits them (as prometheus_client reads
+# comments). Each match starts at a line's "\n", a literal the expression engine finds fast.
 _NAMES = "|".join(re.escape(prefix) for prefix in _PREFIXES)
 _KEPT_LINE = re.compile(rf"\n((?:{_NAMES})[^\n]*|#\S*[^\S\n]+(?:TYPE|HELP)[^\S\n]+(?:{_NAMES})[^\n]*)")
 
