@@ -38,7 +38,7 @@ import click
 
 import pdwarden_contract as contract
 from pdwarden_bench.polling import Poller
-from pdwarden_localcluster.waits import serving, wait_for
+from pdwarden_localcluster.waits import WaitTimeout, serving, wait_for
 from pdwarden_operator.render import child_name
 from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, open_env, synthetic_body
 
@@ -80,6 +80,20 @@ def autoscaled_model(namespace: str, name: str, max_replicas: int) -> dict[str, 
     )
 
 
+def send_one(url: str, model: str) -> str | None:
+    """One request of the ramp's prompt to `url`; None when answered 200, else what went wrong."""
+    body = json.dumps(
+        {"model": model, "text": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}
+    ).encode()
+    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as resp:
+            resp.read()
+            return None if resp.status == 200 else f"HTTP {resp.status}"
+    except (urllib.error.URLError, OSError) as exc:
+        return repr(exc)
+
+
 @dataclass
 class RouterClients:
     """Clients of the router's Service, one request after another each; `active` of them send."""
@@ -93,30 +107,18 @@ class RouterClients:
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def _client(self, i: int) -> None:
-        body = json.dumps(
-            {
-                "model": self.model,
-                "text": PROMPT,
-                "sampling_params": {"max_new_tokens": 4, "temperature": 0.0},
-            }
-        ).encode()
         while not self._stop.is_set():
             if i >= self.active:
                 self._stop.wait(0.2)
                 continue
             start = time.monotonic()
-            request = urllib.request.Request(self.url, body, {"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as resp:
-                    resp.read()
-                    ok = resp.status == 200
-            except (urllib.error.URLError, OSError):
-                ok = False
+            ok = send_one(self.url, self.model) is None
             self.results.append((start, time.monotonic(), ok))
             if not ok:
                 self._stop.wait(0.2)
 
     def __enter__(self) -> RouterClients:
+        self._stop.clear()
         self._threads = [
             threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)
         ]
@@ -228,14 +230,20 @@ def bring_up(env: Env, name: str, max_replicas: int, body: dict[str, Any] | None
         API_TRANSIENT,
     )
     url = router_url(env, name)
-    probe = RouterClients(url, name, 1, active=1)
+    failures: list[str] = []
 
     def answered() -> bool:
-        with probe:
-            wait_for(lambda: bool(probe.results), CLIENT_TIMEOUT_S + 5, "a request", 0.2)
-        return probe.results[-1][2]
+        # a fresh request each try: the Service's rules and the router's workers may lag the
+        # pods' readiness by a few seconds
+        error = send_one(url, name)
+        if error is not None:
+            failures.append(error)
+        return error is None
 
-    wait_for(answered, 120, "a request answered through the router", 1.0)
+    try:
+        wait_for(answered, 120, "a request answered through the router", 1.0)
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}; the last failures: {failures[-3:]}") from exc
     return url
 
 
