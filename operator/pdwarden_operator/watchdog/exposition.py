@@ -42,6 +42,8 @@ _SUFFIXES: dict[str, tuple[str, ...]] = {
 # Sample lines remembered (about 500 bytes each): the lines that read the same in every pod
 # of a role (threads, idle states, pool size) stay; lines whose values move are replaced.
 SAMPLE_CACHE_LINES = 4096
+# Comment lines remembered: the runtime's TYPE and HELP lines, the same in every body.
+COMMENT_CACHE_LINES = 256
 
 
 class ExpositionError(ValueError):
@@ -79,6 +81,23 @@ def parse_sample(line: str) -> Sample:
     return Sample(name, labels, _number(value, line), stamp)
 
 
+@functools.lru_cache(maxsize=COMMENT_CACHE_LINES)
+def parse_comment(line: str) -> tuple[str, str, str] | None:
+    """A comment line: ("HELP", name, documentation) or ("TYPE", name, type); None for any
+    other comment. Remembered by its text: every pod sends the same comments every scrape."""
+    parts = line.split(None, 3)
+    if len(parts) < 3 or parts[1] not in ("TYPE", "HELP"):
+        return None
+    keyword, candidate = parts[1], parts[2]
+    if _METRIC_NAME.fullmatch(candidate) is None:
+        raise ExpositionError(f"metric name {candidate[:60]!r}")
+    if keyword == "HELP":
+        return keyword, candidate, _unescape(parts[3], _HELP_ESCAPE) if len(parts) == 4 else ""
+    if len(parts) < 4:
+        raise ExpositionError(f"TYPE line without a type: {line[:60]!r}")
+    return keyword, candidate, parts[3]
+
+
 def _family(name: str, documentation: str, typ: str, samples: list[Sample]) -> Metric:
     # as prometheus_client reports a counter: the family without `_total`, its samples with it
     if typ == "counter":
@@ -113,26 +132,22 @@ def families(lines: Iterable[str]) -> Iterator[Metric]:
             name, documentation, typ, samples, allowed = "", "", "untyped", [], ()
             yield _family(sample.name, "", "untyped", [sample])  # undeclared: a family of its own
             continue
-        parts = line.split(None, 3)
-        if len(parts) < 3 or parts[1] not in ("TYPE", "HELP"):
-            continue  # a comment
-        candidate = parts[2]
-        if _METRIC_NAME.fullmatch(candidate) is None:
-            raise ExpositionError(f"metric name {candidate[:60]!r}")
-        if parts[1] == "HELP":
+        comment = parse_comment(line)
+        if comment is None:
+            continue
+        keyword, candidate, text = comment
+        if keyword == "HELP":
             if candidate != name:
                 if name:
                     yield _family(name, documentation, typ, samples)
                 name, typ, samples, allowed = candidate, "untyped", [], (candidate,)
-            documentation = _unescape(parts[3], _HELP_ESCAPE) if len(parts) == 4 else ""
+            documentation = text
             continue
-        if len(parts) < 4:
-            raise ExpositionError(f"TYPE line without a type: {line[:60]!r}")
         if candidate != name:
             if name:
                 yield _family(name, documentation, typ, samples)
             name, documentation, samples = candidate, "", []
-        typ = parts[3]
+        typ = text
         allowed = tuple(name + suffix for suffix in _SUFFIXES.get(typ, ("",)))
     if name:
         yield _family(name, documentation, typ, samples)

@@ -167,6 +167,8 @@ def _relevant_lines(text: str) -> list[str]:
     """The lines about the contract's metrics (samples, and their TYPE and HELP comments),
     each short (their label values are checked as the parser reads them, `_check_labels`)."""
     keep: list[str] = _KEPT_LINE.findall("\n" + text)
+    if len(keep) <= MAX_SERIES and max(map(len, keep), default=0) <= MAX_LINE_CHARS:
+        return keep  # within both limits: no line to name
     series = 0
     for line in keep:
         if not line.startswith("#"):
