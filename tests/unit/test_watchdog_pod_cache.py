@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -48,17 +49,22 @@ class Clock:
 
 
 class Lister:
-    def __init__(self, *items: Obj) -> None:
-        self.items = list(items)
-        self.calls: list[str] = []
-        self.during: Any = None  # run while "the LIST is on the wire"
+    """A namespace's pods in pages of `page_size`, as the API server serves a LIST in pages."""
 
-    async def __call__(self, namespace: str) -> list[Obj]:
+    def __init__(self, *items: Obj, page_size: int = 2) -> None:
+        self.items = list(items)
+        self.page_size = page_size
+        self.calls: list[str] = []
+        self.during: Any = None  # run while "the LIST is on the wire", between its pages
+
+    async def __call__(self, namespace: str) -> AsyncIterator[list[Obj]]:
         self.calls.append(namespace)
-        if self.during is not None:
-            self.during()
-        await asyncio.sleep(0)
-        return [p for p in self.items if p["metadata"]["namespace"] == namespace]
+        listed = [p for p in self.items if p["metadata"]["namespace"] == namespace]
+        for start in range(0, max(len(listed), 1), self.page_size):
+            if self.during is not None:
+                self.during()
+            await asyncio.sleep(0)
+            yield listed[start : start + self.page_size]
 
 
 def names(pods: list[Obj]) -> list[str]:
@@ -102,6 +108,29 @@ def test_events_during_a_listing_win_over_it() -> None:
     pods = asyncio.run(run())
     assert names(pods) == ["b", "c"]
     assert next(p for p in pods if p["metadata"]["name"] == "b")["metadata"]["resourceVersion"] == "7"
+
+
+def test_a_listing_in_many_pages_keeps_every_pod_and_the_events_between_its_pages() -> None:
+    cache = PodCache(Clock())
+    lister = Lister(*(pod(f"p{i}") for i in range(5)), pod("q", model="n"), page_size=1)
+    pages = 0
+
+    def between_pages() -> None:  # a pod listed on the first page is deleted before the last
+        nonlocal pages
+        pages += 1
+        if pages == 3:
+            cache.event("DELETED", pod("p0"))
+            cache.event("ADDED", pod("r"))
+
+    lister.during = between_pages
+
+    async def run() -> tuple[list[Obj], list[Obj]]:
+        return await cache.pods("ns", "m", lister), await cache.pods("ns", "n", lister)
+
+    m, n = asyncio.run(run())
+    assert pages == 6 and lister.calls == ["ns"]
+    assert names(m) == ["p1", "p2", "p3", "p4", "r"]
+    assert names(n) == ["q"]
 
 
 def test_a_pod_that_changes_model_or_leaves_the_selection_moves_or_goes() -> None:

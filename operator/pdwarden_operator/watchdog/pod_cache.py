@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -21,7 +21,7 @@ import pdwarden_contract as contract
 from pdwarden_operator.kube import scale as kube_scale
 
 Obj = dict[str, Any]
-Lister = Callable[[str], Awaitable[list[Obj]]]  # namespace -> its runtime pods (one LIST)
+Lister = Callable[[str], AsyncIterator[list[Obj]]]  # namespace -> its runtime pods (one LIST, in pages)
 RELIST_AFTER_S: Final = 300.0
 
 
@@ -152,11 +152,12 @@ class PodCache:
     async def _relist(self, ns: _Namespace, namespace: str, lister: Lister) -> None:
         ns.during_list = []
         try:
-            listed = await lister(namespace)
             fresh = _Namespace(lock=ns.lock)
-            for pod in listed:
-                if (pod.get("metadata") or {}).get("uid"):
-                    self._apply(fresh, "ADDED", slim_pod(pod))
+            async for page in lister(namespace):
+                for pod in page:
+                    if (pod.get("metadata") or {}).get("uid"):
+                        self._apply(fresh, "ADDED", slim_pod(pod))
+                page.clear()  # only the slim copies stay while the next page is fetched
             for event_type, pod in ns.during_list:
                 self._apply(fresh, event_type, pod)
             ns.by_model, ns.model_of = fresh.by_model, fresh.model_of
