@@ -12,9 +12,9 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_operator.kube import scale as kube_scale
-from pdwarden_operator.watchdog import gone_pods, group_health, targets
+from pdwarden_operator.watchdog import gone_pods, group_health, pod_cache, targets
 from pdwarden_operator.watchdog.ownership import Owners
-from pdwarden_operator.watchdog.pod_cache import RELIST_AFTER_S, PodCache, slim_pod
+from pdwarden_operator.watchdog.pod_cache import RELIST_AFTER_S, PodCache, share_parts, slim_pod
 
 pytestmark = pytest.mark.unit
 
@@ -275,3 +275,57 @@ def test_an_event_without_namespace_or_uid_is_ignored() -> None:
         return await cache.pods("ns", "m", Lister())
 
     assert asyncio.run(run()) == []
+
+
+def _replica(name: str, ready: str = "True", restarts: Any = 0) -> Obj:
+    """A pod of one ReplicaSet: its own name, uid and address, the set's labels and owner."""
+    full = _full_pod()
+    full["metadata"].update(name=name, uid=f"uid-{name}")
+    full["status"].update(podIP=f"2001:2::{len(name)}", podIPs=[{"ip": f"2001:2::{len(name)}"}])
+    full["status"]["conditions"][0]["status"] = ready
+    full["status"]["containerStatuses"][0]["restartCount"] = restarts
+    return full
+
+
+def test_pods_of_one_replicaset_share_their_repeating_parts_and_nothing_of_their_own() -> None:
+    cache, lister = PodCache(Clock()), Lister(_replica("a"), page_size=1)
+
+    async def run() -> list[Obj]:
+        return await cache.pods("ns", "m", lister)
+
+    asyncio.run(run())  # the listing brings one pod, the watch the other
+    cache.event("ADDED", _replica("bb"))
+
+    a, b = sorted(asyncio.run(run()), key=lambda p: p["metadata"]["name"])
+    for section, key in (
+        ("metadata", "labels"),
+        ("metadata", "ownerReferences"),
+        ("metadata", "annotations"),
+    ):
+        assert a[section][key] is b[section][key]
+    assert a["spec"]["containers"] is b["spec"]["containers"]
+    assert a["status"]["conditions"] is b["status"]["conditions"]
+    assert a["status"]["podIPs"] is not b["status"]["podIPs"]
+    assert (a["metadata"]["name"], b["metadata"]["name"]) == ("a", "bb")
+    assert a["status"]["podIPs"] != b["status"]["podIPs"]
+    # one pod's change is its own: the other keeps what it had
+    cache.event("MODIFIED", _replica("bb", ready="False"))
+    a, b = sorted(asyncio.run(run()), key=lambda p: p["metadata"]["name"])
+    assert [c["status"] for c in a["status"]["conditions"]] == ["True", "True"]
+    assert [c["status"] for c in b["status"]["conditions"]] == ["False", "True"]
+
+
+def test_parts_equal_only_across_json_types_are_not_shared() -> None:
+    table: dict[Any, Any] = {}
+    one = share_parts(slim_pod(_replica("a", restarts=1)), table)
+    true = share_parts(slim_pod(_replica("b", restarts=True)), table)
+    assert one["status"]["containerStatuses"][0]["restartCount"] == 1
+    assert true["status"]["containerStatuses"][0]["restartCount"] is True
+
+
+def test_the_table_of_shared_parts_stays_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pod_cache, "MAX_SHARED_PARTS", 8)
+    table: dict[Any, Any] = {}
+    for i in range(50):
+        share_parts(slim_pod(_replica(f"p{i}", restarts=i)), table)
+        assert len(table) <= 8 + len(pod_cache._SHARED)

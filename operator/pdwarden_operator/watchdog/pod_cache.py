@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -46,6 +46,42 @@ _KEPT_STATUS = ("phase", "podIP", "podIPs")
 def _interned(mapping: Mapping[str, Any]) -> dict[str, Any]:
     """Labels and the like repeat across a model's pods: one copy of each key and value."""
     return {sys.intern(str(k)): sys.intern(v) if isinstance(v, str) else v for k, v in mapping.items()}
+
+
+# Parts of a slim pod that repeat across a namespace's pods (a ReplicaSet's labels, owner and
+# containers; a ready pod's conditions): one copy of each, from the namespace's table, about 3 KB
+# a pod less. A shared part is never changed in place: an event replaces a pod's whole copy.
+_SHARED = (
+    ("metadata", "labels"),
+    ("metadata", "ownerReferences"),
+    ("metadata", "annotations"),
+    ("spec", "containers"),
+    ("status", "conditions"),
+    ("status", "containerStatuses"),
+)
+# More distinct parts than this and the table starts afresh (pods keep the parts they have):
+# a namespace's table is otherwise renewed with each listing.
+MAX_SHARED_PARTS: Final = 10_000
+
+
+def _frozen(value: Any) -> Hashable:
+    """A hashable twin of a JSON value; equal only for values of the same types (True is not 1)."""
+    if isinstance(value, Mapping):
+        return (dict, tuple((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return (list, tuple(_frozen(v) for v in value))
+    return (type(value), value)
+
+
+def share_parts(pod: Obj, table: dict[Hashable, Any]) -> Obj:
+    """`pod` (a slim copy) with its repeating parts replaced by the table's equal ones."""
+    if len(table) > MAX_SHARED_PARTS:
+        table.clear()
+    for section, key in _SHARED:
+        part = pod[section].get(key)
+        if part is not None:
+            pod[section][key] = table.setdefault(_frozen(part), part)
+    return pod
 
 
 def _container_status(status: Mapping[str, Any]) -> Obj:
@@ -99,6 +135,7 @@ def slim_pod(pod: Mapping[str, Any]) -> Obj:
 class _Namespace:
     by_model: dict[str, dict[str, Obj]] = field(default_factory=dict)  # model -> uid -> pod
     model_of: dict[str, str] = field(default_factory=dict)  # uid -> model
+    shared: dict[Hashable, Any] = field(default_factory=dict)  # share_parts' table
     listed_at: float | None = None
     # events seen while a listing is in flight: replayed over it
     during_list: list[tuple[str | None, Obj]] | None = None
@@ -120,7 +157,7 @@ class PodCache:
         if not namespace or not uid:
             return
         ns = self._ns(str(namespace))
-        slim = slim_pod(pod)
+        slim = share_parts(slim_pod(pod), ns.shared)
         if ns.during_list is not None:
             ns.during_list.append((event_type, slim))
         self._apply(ns, event_type, slim)
@@ -156,11 +193,11 @@ class PodCache:
             async for page in lister(namespace):
                 for pod in page:
                     if (pod.get("metadata") or {}).get("uid"):
-                        self._apply(fresh, "ADDED", slim_pod(pod))
+                        self._apply(fresh, "ADDED", share_parts(slim_pod(pod), fresh.shared))
                 page.clear()  # only the slim copies stay while the next page is fetched
             for event_type, pod in ns.during_list:
                 self._apply(fresh, event_type, pod)
-            ns.by_model, ns.model_of = fresh.by_model, fresh.model_of
+            ns.by_model, ns.model_of, ns.shared = fresh.by_model, fresh.model_of, fresh.shared
             ns.listed_at = self._clock()
         finally:
             ns.during_list = None
