@@ -26,8 +26,6 @@ import math
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,7 +38,7 @@ import pdwarden_contract as contract
 from pdwarden_bench.polling import Poller
 from pdwarden_localcluster.waits import WaitTimeout, serving, wait_for
 from pdwarden_operator.render import child_name
-from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, open_env, synthetic_body
+from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, http_json, open_env, synthetic_body
 
 TARGET_INFLIGHT: Final = 3
 RATIO: Final = {"min": 0.5, "max": 2.0}
@@ -82,16 +80,12 @@ def autoscaled_model(namespace: str, name: str, max_replicas: int) -> dict[str, 
 
 def send_one(url: str, model: str) -> str | None:
     """One request of the ramp's prompt to `url`; None when answered 200, else what went wrong."""
-    body = json.dumps(
-        {"model": model, "text": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}
-    ).encode()
-    request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
+    body = {"model": model, "text": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0.0}}
     try:
-        with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as resp:
-            resp.read()
-            return None if resp.status == 200 else f"HTTP {resp.status}"
-    except (urllib.error.URLError, OSError) as exc:
+        status, answer = http_json(url, body, timeout=CLIENT_TIMEOUT_S)
+    except (OSError, ValueError) as exc:  # no answer, or one that is not the JSON it claims
         return repr(exc)
+    return None if status == 200 else f"HTTP {status}: {str(answer)[:120]}"
 
 
 @dataclass
