@@ -1,9 +1,9 @@
-"""Server-side apply with one field manager, and the few reads the reconciler needs."""
+"""Server-side apply with one field manager, and the reads of objects the operator needs."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 from pdwarden_operator.kube.client import KubeApiError, get_client, object_path, resource_path
@@ -72,9 +72,35 @@ async def list_objects(
     query = [("labelSelector", label_selector)] if label_selector else []
     if from_watch_cache:
         query.append(_FROM_WATCH_CACHE)
-    path = resource_path(api_version, kind, namespace, all_namespaces=namespace is None)
-    body = await get_client().request("GET", path, query=query)
+    body = await get_client().request("GET", _list_path(api_version, kind, namespace), query=query)
     return list(body.get("items") or [])
+
+
+async def list_pages(
+    api_version: str, kind: str, namespace: str | None, label_selector: str | None, *, page_size: int
+) -> AsyncIterator[list[Obj]]:
+    """The objects as `list_objects` lists them, `page_size` a page: one LIST whose pages the
+    API server's continue token keeps one snapshot. A page is decoded whole, so a caller that
+    handles each before the next holds one page at a time, however many objects match."""
+    query = [("limit", str(page_size))]
+    if label_selector:
+        query.append(("labelSelector", label_selector))
+    path = _list_path(api_version, kind, namespace)
+    token = ""
+    while True:
+        body = await get_client().request(
+            "GET", path, query=[*query, *([("continue", token)] if token else [])]
+        )
+        token = str((body.get("metadata") or {}).get("continue") or "")
+        page = list(body.get("items") or [])
+        del body  # the page is all the caller holds while the next one is on the wire
+        yield page
+        if not token:
+            return
+
+
+def _list_path(api_version: str, kind: str, namespace: str | None) -> str:
+    return resource_path(api_version, kind, namespace, all_namespaces=namespace is None)
 
 
 async def delete(api_version: str, kind: str, namespace: str | None, name: str) -> bool:

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Final, Literal
 
 import pdwarden_contract as contract
+from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError, get_client, resource_path
 
 Obj = dict[str, Any]
@@ -36,24 +37,9 @@ RUNTIME_PODS_SELECTOR = (
 LIST_PAGE_PODS: Final = 500
 
 
-async def list_namespace_runtime_pods(
-    namespace: str, page_size: int = LIST_PAGE_PODS
-) -> AsyncIterator[list[Obj]]:
-    """Every model's runtime pods in the namespace: one LIST, served `page_size` a page (the
-    API server's continue token keeps the pages one snapshot)."""
-    path = resource_path("v1", "Pod", namespace)
-    query = [("labelSelector", RUNTIME_PODS_SELECTOR), ("limit", str(page_size))]
-    token = ""
-    while True:
-        body = await get_client().request(
-            "GET", path, query=[*query, *([("continue", token)] if token else [])]
-        )
-        token = str((body.get("metadata") or {}).get("continue") or "")
-        page = list(body.get("items") or [])
-        del body  # the page is all the caller holds while the next one is on the wire
-        yield page
-        if not token:
-            return
+def list_namespace_runtime_pods(namespace: str, page_size: int = LIST_PAGE_PODS) -> AsyncIterator[list[Obj]]:
+    """Every model's runtime pods in the namespace: one LIST, `page_size` a page."""
+    return kube_apply.list_pages("v1", "Pod", namespace, RUNTIME_PODS_SELECTOR, page_size=page_size)
 
 
 async def delete_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
