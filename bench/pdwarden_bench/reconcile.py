@@ -143,7 +143,8 @@ async def _run(
     from pdwarden_operator.kube.client import connect, set_client
     from pdwarden_testkit.operator_process import OperatorProcess
 
-    set_client(connect(kubeconfig))
+    client = connect(kubeconfig)
+    set_client(client)
     await kube.apply(build_crd())
     for _ in range(100):
         crd = await kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None, CRD_NAME)
@@ -231,6 +232,7 @@ async def _run(
                 _say(f"namespace {namespace} is still terminating after {TEARDOWN_WAIT_S:.0f}s")
         except Exception as exc:
             _say(f"could not delete namespace {namespace}: {exc}")
+        await client.aclose()
     if not latencies:
         raise click.ClickException(f"no model got a status within {timeout:.0f}s; see {log_path}")
     goal = goal_for(models)

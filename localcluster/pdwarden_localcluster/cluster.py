@@ -40,10 +40,11 @@ from pdwarden_localcluster import (
     topology,
 )
 from pdwarden_localcluster.errors import ClusterError
-from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
+from pdwarden_localcluster.kubeapi import ApiError, KubeApi
 from pdwarden_localcluster.kubelet.container import kill_recorded
 from pdwarden_localcluster.paths import state_dir
 from pdwarden_localcluster.pki import FRONT_PROXY_CLIENT, Pki, ensure_pki
+from pdwarden_operator.kube.credentials import Credentials
 
 Progress = Callable[[str], None]
 DEFAULT_PORT_BASE = 36000

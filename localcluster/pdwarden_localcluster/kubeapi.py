@@ -3,27 +3,25 @@ bearer token.
 
 The process kubelet, the cluster manager and the development tools (the test kit, the
 benchmarks, the demo) talk to the apiserver through this module; the operator has its own
-client (``pdwarden_operator.kube``). It works on plain dicts (what the API serves), one
-requests.Session per thread.
+client (``pdwarden_operator.kube``), whose kubeconfig reader this one shares. It works on
+plain dicts (what the API serves), one requests.Session per thread.
 """
 
 from __future__ import annotations
 
-import base64
 import json
-import os
 import shutil
 import tempfile
 import threading
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import requests
 import urllib3
-import yaml
+
+from pdwarden_operator.kube.credentials import Credentials, from_kubeconfig
 
 JSON = dict[str, Any]
 
@@ -33,63 +31,6 @@ class ApiError(Exception):
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.message = message
-
-
-@dataclass(frozen=True)
-class Credentials:
-    server: str
-    ca_file: Path
-    cert_file: Path | None = None
-    key_file: Path | None = None
-    token: str | None = None
-
-
-class KubeconfigError(ValueError):
-    """A kubeconfig this client cannot use; the message names the file and what is missing."""
-
-
-def _kubeconfig_entry(doc: Any, kind: str, name: str, path: Path) -> dict[str, Any]:
-    for entry in doc.get(f"{kind}s") or []:
-        if entry.get("name") == name:
-            return dict(entry.get(kind) or {})
-    raise KubeconfigError(f"{path}: no {kind} named {name!r}")
-
-
-def credentials_from_kubeconfig(path: Path, files: Path) -> Credentials:
-    """The current context's server and credentials. Inline data (``*-data``) is written
-    to files under ``files`` (owner-only), as the HTTP client reads certificates from files."""
-    doc = yaml.safe_load(path.read_text()) or {}
-    context_name = doc.get("current-context")
-    if not context_name:
-        raise KubeconfigError(f"{path}: no current-context")
-    context = _kubeconfig_entry(doc, "context", context_name, path)
-    cluster = _kubeconfig_entry(doc, "cluster", str(context.get("cluster")), path)
-    user = _kubeconfig_entry(doc, "user", str(context.get("user")), path)
-
-    def file_of(entry: dict[str, Any], key: str, name: str) -> Path | None:
-        if entry.get(f"{key}-data"):
-            target = files / name
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(base64.b64decode(entry[f"{key}-data"]))
-            return target
-        return Path(entry[key]) if entry.get(key) else None
-
-    ca = file_of(cluster, "certificate-authority", "ca.crt")
-    if ca is None or not cluster.get("server"):
-        raise KubeconfigError(f"{path}: cluster {context.get('cluster')!r} needs a server and a CA")
-    creds = Credentials(
-        server=str(cluster["server"]).rstrip("/"),
-        ca_file=ca,
-        cert_file=file_of(user, "client-certificate", "client.crt"),
-        key_file=file_of(user, "client-key", "client.key"),
-        token=user.get("token"),
-    )
-    if creds.token is None and (creds.cert_file is None or creds.key_file is None):
-        raise KubeconfigError(
-            f"{path}: user {context.get('user')!r} has neither a token nor a client certificate"
-        )
-    return creds
 
 
 class KubeApi:
@@ -104,7 +45,7 @@ class KubeApi:
         in a private directory removed with the client."""
         files = Path(tempfile.mkdtemp(prefix="pdwarden-kubeapi-"))
         try:
-            api = cls(credentials_from_kubeconfig(Path(path), files), timeout)
+            api = cls(from_kubeconfig(Path(path), files), timeout)
         except BaseException:
             shutil.rmtree(files, ignore_errors=True)
             raise
@@ -120,8 +61,8 @@ class KubeApi:
             session.verify = str(self.creds.ca_file)
             if self.creds.cert_file is not None and self.creds.key_file is not None:
                 session.cert = (str(self.creds.cert_file), str(self.creds.key_file))
-            if self.creds.token is not None:
-                session.headers["Authorization"] = f"Bearer {self.creds.token}"
+            if (token := self.creds.bearer()) is not None:
+                session.headers["Authorization"] = f"Bearer {token}"
             self._local.session = session
         return session
 

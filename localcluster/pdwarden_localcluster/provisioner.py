@@ -25,8 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
+from pdwarden_localcluster.kubeapi import ApiError, KubeApi
 from pdwarden_localcluster.pki import CLIENTS
+from pdwarden_operator.kube.credentials import Credentials
 
 JSON = dict[str, Any]
 log = logging.getLogger("pdwarden.provisioner")

@@ -310,7 +310,7 @@ async def _main(
     elector = None
     if lease is not None:
         # The Lease is renewed on the elector's own thread, loop and connection: nothing the
-        # handlers do on this loop (or with the main client's workers) can delay a renewal.
+        # handlers do on this loop (or with the main client's connections) can delay a renewal.
         timing = leader.Timing()
         elector = leader.Elector(*lease, timing=timing, client=leader.lease_client(timing))
         leader.set_elector(elector)
@@ -410,20 +410,21 @@ def crd(write: bool, check: bool, apply_: bool, timeout: float) -> None:
 
 
 def _apply_crd(timeout: float) -> None:
-    from kubernetes.config import ConfigException
-
     from pdwarden_operator.crd_install import CrdNotServed, apply_crd
     from pdwarden_operator.kube.client import KubeApiError, connect, set_client
+    from pdwarden_operator.kube.credentials import KubeconfigError
 
     async def run() -> str:
-        set_client(connect())
+        client = connect()
+        set_client(client)
         try:
             return (await apply_crd(timeout)).summary()
         finally:
+            await client.aclose()
             set_client(None)
 
     try:
         click.echo(asyncio.run(run()))
-    except (KubeApiError, CrdNotServed, ConfigException) as exc:
+    except (KubeApiError, CrdNotServed, KubeconfigError) as exc:
         click.echo(f"pdwarden crd --apply: {exc}", err=True)
         sys.exit(1)

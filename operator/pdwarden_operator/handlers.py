@@ -1,5 +1,6 @@
 """kopf handlers: thin adapters from kopf's causes to reconcile.py.
 
+- login -> the credentials of the operator's own client (kube/credentials.py);
 - create / resume / update of a DisaggregatedModel -> `reconcile` (what differs is applied);
 - watch events of DisaggregatedModels and their children feed `cache.Cache`;
 - one background loop resyncs models whose children changed (a deleted or edited child is
@@ -109,6 +110,21 @@ async def prefill() -> int:
     return found
 
 
+@kopf.on.login()
+async def login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's watches and patches use the credentials the operator's own client found (one
+    reader of the kubeconfig or the service account); asked again after a 401, so a rotated
+    service account token is read anew."""
+    creds = get_client().creds
+    return kopf.ConnectionInfo(
+        server=creds.server,
+        ca_path=str(creds.ca_file),
+        certificate_path=str(creds.cert_file) if creds.cert_file else None,
+        private_key_path=str(creds.key_file) if creds.key_file else None,
+        token=creds.bearer(),
+    )
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     apply_settings(settings)
@@ -124,6 +140,7 @@ async def stop(**_: Any) -> None:
         _loop_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await _loop_task
+    await get_client().aclose()
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

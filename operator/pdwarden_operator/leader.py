@@ -11,7 +11,7 @@ is False at once, before any renewal is even attempted.
 
 The operator runs the elector on a thread of its own (`start`), with its own event loop and
 its own API connection (`lease_client`): kopf's handlers and the watchdogs share the main loop
-and the main client's workers, and a loop or pool kept busy by them must not delay a renewal
+and the main client's connections, and a loop or pool kept busy by them must not delay a renewal
 past the deadline (that would end the process: losing the Lease means exiting). `is_leader`
 may be called from any thread.
 """
@@ -43,7 +43,7 @@ T = TypeVar("T")
 DEFAULT_LEASE_NAME = "pdwarden-operator"
 # The elector's own connection: a renewal is two requests, and one stuck on a dead socket
 # must free its worker before the next try (every retry period), not after the default 30 s.
-LEASE_CLIENT_WORKERS = 4
+LEASE_CLIENT_CONNECTIONS = 4
 # How often a caller waiting for leadership looks (standing by costs nothing else).
 _WAIT_POLL_S = 0.1
 
@@ -72,14 +72,9 @@ def may_take(holder: str | None, identity: str, observed_at: float, duration: fl
 
 
 def lease_client(timing: Timing = Timing(), kubeconfig: str | None = None) -> KubeClient:
-    """A connection for the elector alone (its own pool and workers, requests bounded by the
+    """A connection for the elector alone (its own connection pool, requests bounded by the
     retry period)."""
-    return connect(
-        kubeconfig,
-        workers=LEASE_CLIENT_WORKERS,
-        request_timeout=timing.retry_period,
-        thread_name_prefix="pdwarden-lease",
-    )
+    return connect(kubeconfig, max_connections=LEASE_CLIENT_CONNECTIONS, request_timeout=timing.retry_period)
 
 
 class Elector:
@@ -273,6 +268,8 @@ class Elector:
             return await self._unless_stopped(self.hold(), stopping)
         finally:
             stopping.cancel()
+            if self._client is not None:
+                await self._client.aclose()  # its session belongs to this loop, which ends here
 
     async def _unless_stopped(self, phase: Coroutine[Any, Any, None], stopping: asyncio.Task[Any]) -> bool:
         """Run `phase` to its end (True) or until stopped (False: the Lease is handed back). An

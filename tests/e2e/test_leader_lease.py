@@ -29,11 +29,11 @@ TIMING = leader.Timing(lease_duration=6.0, renew_deadline=4.0, retry_period=1.0)
 @pytest.fixture
 async def reader(cluster: ClusterInfo) -> AsyncIterator[KubeClient]:
     """A connection of the test's own, to read the Lease as the API server has it."""
-    client = connect(str(cluster.kubeconfig), workers=2)
+    client = connect(str(cluster.kubeconfig), max_connections=2)
     try:
         yield client
     finally:
-        client.close()
+        await client.aclose()
 
 
 def elector(cluster: ClusterInfo, namespace: str, identity: str) -> tuple[leader.Elector, threading.Event]:

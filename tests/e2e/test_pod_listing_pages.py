@@ -4,7 +4,7 @@ the continue token to the end, every runtime pod once, nothing outside the runti
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -32,11 +32,13 @@ def _pending_pod(name: str, labels: dict[str, str]) -> dict[str, object]:
 
 
 @pytest.fixture
-def api_client(cluster: ClusterInfo) -> Iterator[None]:
-    set_client(connect(str(cluster.kubeconfig), workers=2))
+async def api_client(cluster: ClusterInfo) -> AsyncIterator[None]:
+    client = connect(str(cluster.kubeconfig), max_connections=2)
+    set_client(client)
     try:
         yield
     finally:
+        await client.aclose()
         set_client(None)
 
 

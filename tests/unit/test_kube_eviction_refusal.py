@@ -6,9 +6,8 @@ import json
 from collections.abc import Mapping
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
-from pdwarden_operator.kube.client import _api_error
+from pdwarden_operator.kube.client import KubeApiError, _api_error
 from pdwarden_operator.kube.pods import eviction_refusal
 
 pytestmark = pytest.mark.unit
@@ -16,11 +15,10 @@ pytestmark = pytest.mark.unit
 
 def error(
     body: Mapping[str, object] | None, headers: dict[str, str] | None = None, status: int = 429
-) -> ApiException:
-    exc = ApiException(status=status, reason="Too Many Requests")
-    exc.body = json.dumps(body) if body is not None else None
-    exc.headers = headers
-    return exc
+) -> KubeApiError:
+    """The client's error for an eviction answered `status` with `body` and `headers`."""
+    raw = json.dumps(body).encode() if body is not None else None
+    return _api_error(status, "Too Many Requests", raw, headers, "POST", "/eviction")
 
 
 PDB_BODY = {
@@ -36,14 +34,14 @@ PDB_BODY = {
 
 
 def test_a_disruption_budget_refusal_names_its_cause() -> None:
-    exc = _api_error(error(PDB_BODY), "POST", "/eviction")
+    exc = error(PDB_BODY)
     assert exc.causes == ("DisruptionBudget",) and exc.retry_after is None
     assert eviction_refusal(exc) == "refused-by-pdb"
 
 
 def test_a_stale_budget_refusal_carries_its_retry_after() -> None:
     body = {**PDB_BODY, "details": {"causes": [{"type": "DisruptionBudget"}], "retryAfterSeconds": 10}}
-    exc = _api_error(error(body), "POST", "/eviction")
+    exc = error(body)
     assert eviction_refusal(exc) == "refused-by-pdb" and exc.retry_after == 10
 
 
@@ -53,15 +51,15 @@ def test_throttling_is_not_a_budget_refusal() -> None:
         "reason": "TooManyRequests",
         "message": "too many requests, please try again later",
     }
-    exc = _api_error(error(body, {"Retry-After": "7"}), "POST", "/eviction")
+    exc = error(body, {"Retry-After": "7"})
     assert eviction_refusal(exc) == "throttled" and exc.retry_after == 7
 
 
 @pytest.mark.parametrize("retry_after", ["soon", "-3", "999999"])
 def test_a_nonsense_retry_after_is_ignored(retry_after: str) -> None:
-    exc = _api_error(error(None, {"Retry-After": retry_after}), "POST", "/eviction")
+    exc = error(None, {"Retry-After": retry_after})
     assert exc.retry_after is None and eviction_refusal(exc) == "throttled"
 
 
 def test_other_statuses_are_not_refusals() -> None:
-    assert eviction_refusal(_api_error(error(None, status=500), "POST", "/eviction")) is None
+    assert eviction_refusal(error(None, status=500)) is None

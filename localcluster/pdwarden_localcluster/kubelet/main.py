@@ -18,7 +18,7 @@ from typing import Any
 
 from pdwarden_localcluster import network, topology
 from pdwarden_localcluster.errors import ClusterError
-from pdwarden_localcluster.kubeapi import ApiError, Credentials, KubeApi
+from pdwarden_localcluster.kubeapi import ApiError, KubeApi
 from pdwarden_localcluster.kubelet import apirelay, cgroups, dns, logserver, proxy, streaming
 from pdwarden_localcluster.kubelet.backoff import BASE_S, CAP_S, BackOff
 from pdwarden_localcluster.kubelet.ipam import IpAllocator
@@ -26,6 +26,7 @@ from pdwarden_localcluster.kubelet.node import NodeAgent, NodeShape
 from pdwarden_localcluster.kubelet.podworker import KubeletConfig, PodWorker
 from pdwarden_localcluster.paths import venv_bin
 from pdwarden_localcluster.teardown import cgroup_name
+from pdwarden_operator.kube.credentials import Credentials
 
 JSON = dict[str, Any]
 log = logging.getLogger("pdwarden.kubelet")

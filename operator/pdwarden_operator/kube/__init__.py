@@ -1,6 +1,7 @@
 """The only package of the operator that talks to the Kubernetes API.
 
-client.py holds the connection (kubeconfig or in-cluster) and the error type; apply.py does
+credentials.py finds the API server and our credentials (kubeconfig or in-cluster);
+client.py holds the connection and the error type; apply.py does
 server-side apply, creates and plain reads; model_status.py is the single writer of
 DisaggregatedModel status; pods.py lists, deletes and evicts runtime pods, and labels the
 leader's own pod; events.py posts Events; lease.py reads and writes the leader-election

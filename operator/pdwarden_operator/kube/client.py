@@ -1,28 +1,32 @@
 """One Kubernetes API connection for the operator, used from asyncio.
 
-kopf has no general-purpose client, so requests go through the `kubernetes` package's
-synchronous REST layer (connection pooling, kubeconfig and in-cluster auth) on a small
-thread pool. Responses are parsed as plain JSON dicts: no generated model classes.
+kopf has no general-purpose client, so requests go through an aiohttp session of our own
+(its connection pool bounds the requests in flight), authenticated as `credentials.discover`
+finds. Responses are parsed as plain JSON dicts: no generated model classes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
-from concurrent.futures import ThreadPoolExecutor
+import shutil
+import ssl
+import tempfile
+import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-import kubernetes.client
-import kubernetes.config
-from kubernetes.client.exceptions import ApiException
+import aiohttp
 
 import pdwarden_contract as contract
+from pdwarden_operator.kube.credentials import Credentials, discover
 
 Obj = dict[str, Any]
 REQUEST_TIMEOUT_S = 30
-DEFAULT_WORKERS = 16
+# Requests in flight at once per client; more wait for a free connection.
+DEFAULT_CONNECTIONS = 16
 # Statuses worth retrying: conflicts, throttling, server trouble, and 0 = no response at all.
 RETRIABLE = frozenset({0, 409, 429, 500, 502, 503, 504})
 
@@ -128,18 +132,33 @@ def object_path(obj: Obj) -> str:
 
 
 class KubeClient:
-    """Async facade over the sync REST client."""
+    """Requests to one API server over one connection pool. The session is made on the loop
+    that first uses it (and again on another loop: a session serves one loop only)."""
 
     def __init__(
         self,
-        api_client: kubernetes.client.ApiClient,
-        workers: int = DEFAULT_WORKERS,
+        creds: Credentials,
+        max_connections: int = DEFAULT_CONNECTIONS,
         request_timeout: float = REQUEST_TIMEOUT_S,
-        thread_name_prefix: str = "pdwarden-kube",
     ) -> None:
-        self._api = api_client
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=thread_name_prefix)
-        self._request_timeout = request_timeout
+        self.creds = creds
+        self._max_connections = max_connections
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout)
+        self._ssl = _tls_context(creds)
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _session_here(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl),
+                timeout=self._timeout,
+                trust_env=False,  # proxies from the environment never see our credentials
+                json_serialize=json.dumps,
+            )
+            self._loop = loop
+        return self._session
 
     async def request(
         self,
@@ -150,40 +169,57 @@ class KubeClient:
         query: list[tuple[str, str]] | None = None,
         content_type: str = "application/json",
     ) -> Obj:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
-            self._pool, self._request_sync, method, path, body, query, content_type
-        )
-
-    def _request_sync(
-        self, method: str, path: str, body: Any, query: list[tuple[str, str]] | None, content_type: str
-    ) -> Obj:
+        headers = {"Accept": "application/json"}
+        token = self.creds.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        data = None
+        if body is not None:
+            headers["Content-Type"] = content_type
+            data = json.dumps(body).encode()
         try:
-            resp = self._api.call_api(
-                path,
-                method,
-                query_params=query or [],
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=body,
-                auth_settings=["BearerToken"],
-                _return_http_data_only=True,
-                _preload_content=False,
-                _request_timeout=self._request_timeout,
-            )
-        except ApiException as exc:
-            raise _api_error(exc, method, path) from None
-        except Exception as exc:  # connection refused, timeouts, TLS: no HTTP status at all
+            async with self._session_here().request(
+                method, self.creds.server + path, params=query or None, data=data, headers=headers
+            ) as resp:
+                raw = await resp.read()
+                if resp.status >= 400:
+                    raise _api_error(resp.status, resp.reason or "", raw, resp.headers, method, path)
+        except KubeApiError:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            # connection refused, timeouts, TLS: no HTTP status at all
             raise KubeApiError(0, type(exc).__name__, str(exc), method=method, path=path) from exc
-        data = resp.data
-        return json.loads(data) if data else {}
+        return json.loads(raw) if raw else {}
+
+    async def aclose(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._api.close()
+        """Close the session from its own loop, or leave it to that loop's end."""
+        session, loop = self._session, self._loop
+        self._session = None
+        if session is None or session.closed or loop is None or loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            loop.create_task(session.close())
+        else:
+            asyncio.run_coroutine_threadsafe(session.close(), loop)
 
 
-def _retry_after(headers: Any, details: Any) -> float | None:
-    raw = None
+def _tls_context(creds: Credentials) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(creds.ca_file))
+    if creds.cert_file is not None and creds.key_file is not None:
+        context.load_cert_chain(str(creds.cert_file), str(creds.key_file))
+    return context
+
+
+def _retry_after(headers: Mapping[str, str] | None, details: Any) -> float | None:
+    raw: Any = None
     if headers is not None:
         raw = headers.get("Retry-After")
     if raw is None and isinstance(details, dict):
@@ -195,11 +231,14 @@ def _retry_after(headers: Any, details: Any) -> float | None:
     return value if value is not None and 0 <= value <= 3600 else None
 
 
-def _api_error(exc: ApiException, method: str, path: str) -> KubeApiError:
-    reason, message = str(exc.reason or ""), str(exc.body or "")
+def _api_error(
+    status: int, reason: str, body: bytes | None, headers: Mapping[str, str] | None, method: str, path: str
+) -> KubeApiError:
+    """The error for an answer of 400 or more, from the Status object it carries if any."""
+    message = (body or b"").decode(errors="replace")
     details: Any = None
     try:
-        status_obj = json.loads(exc.body or "{}")
+        status_obj = json.loads(body or b"{}")
         reason = status_obj.get("reason") or reason
         message = status_obj.get("message") or message
         details = status_obj.get("details")
@@ -211,37 +250,32 @@ def _api_error(exc: ApiException, method: str, path: str) -> KubeApiError:
             str(c.get("type") or c.get("reason") or "") for c in details["causes"] if isinstance(c, dict)
         )
     return KubeApiError(
-        int(exc.status or 0),
+        status,
         reason,
         message,
         method=method,
         path=path,
         causes=causes,
-        retry_after=_retry_after(exc.headers, details),
+        retry_after=_retry_after(headers, details),
     )
 
 
 def connect(
     kubeconfig: str | None = None,
-    workers: int = DEFAULT_WORKERS,
+    max_connections: int = DEFAULT_CONNECTIONS,
     request_timeout: float = REQUEST_TIMEOUT_S,
-    thread_name_prefix: str = "pdwarden-kube",
 ) -> KubeClient:
-    """From `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster service account.
-    Each call is a connection pool and worker threads of its own."""
-    cfg = kubernetes.client.Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG")
-    if path or os.path.exists(os.path.expanduser("~/.kube/config")):
-        kubernetes.config.load_kube_config(config_file=path, client_configuration=cfg)
-    else:
-        kubernetes.config.load_incluster_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = workers
-    return KubeClient(
-        kubernetes.client.ApiClient(cfg),
-        workers=workers,
-        request_timeout=request_timeout,
-        thread_name_prefix=thread_name_prefix,
-    )
+    """From `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster service account
+    (`credentials.discover`; `KubeconfigError` when none can be used). Each call is a connection
+    pool of its own; inline certificates live in a private directory removed with the client."""
+    files = Path(tempfile.mkdtemp(prefix="pdwarden-kube-"))
+    try:
+        client = KubeClient(discover(kubeconfig, files), max_connections, request_timeout)
+    except BaseException:
+        shutil.rmtree(files, ignore_errors=True)
+        raise
+    weakref.finalize(client, shutil.rmtree, files, True)
+    return client
 
 
 _client: KubeClient | None = None
