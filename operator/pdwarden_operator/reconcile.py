@@ -152,11 +152,17 @@ async def _dry_run(body: Mapping[str, Any], spec: DisaggregatedModelSpec, objs: 
             raise result
         if result.retriable:
             raise RetryLater(f"dry-run of the children failed: {result}") from result
-        message = (
-            f"{obj['kind']} {obj['metadata']['name']} (from {spec_field(obj)}) was refused by the "
-            f"API server's dry-run; nothing was applied: {result.message}"
-        )
+        message = _refusal(obj, result, "'s dry-run; nothing was applied")
         raise await _reject(body, spec, "ApplyFailed", message) from result
+
+
+def _refusal(obj: Obj, exc: KubeApiError, outcome: str) -> str:
+    """What the status says of a child the API server refused: the child, the spec field it
+    came from, what became of the pass (`outcome`) and the API server's words."""
+    return (
+        f"{obj['kind']} {obj['metadata']['name']} (from {spec_field(obj)}) was refused by the "
+        f"API server{outcome}: {exc.message}"
+    )
 
 
 async def _refuse_foreign(
@@ -164,14 +170,15 @@ async def _refuse_foreign(
     spec: DisaggregatedModelSpec,
     objs: list[Obj],
     known: Mapping[tuple[str, str], Obj],
-) -> None:
+) -> set[tuple[str, str]]:
     """Never take over an object by its name: a child is created only where none exists or the
     one there is already controlled by this model. Server-side apply with force would otherwise
     rewrite another team's object and make it ours (deleting the model would then delete it).
     Children the watch already holds are ours; the others are read once, from the API
     server's watch cache rather than etcd (13 quorum reads per new model were a large part
     of the API server's cost in a burst): a moment old at most, and a read from etcd is no
-    more one step with the apply that follows it."""
+    more one step with the apply that follows it. Returns the children found that the watches
+    did not hold (ours, since nothing else passes)."""
     uid = body["metadata"]["uid"]
     unknown = [o for o in objs if child_key(o) not in known]
     found = await asyncio.gather(
@@ -187,7 +194,7 @@ async def _refuse_foreign(
         ),
         return_exceptions=True,
     )
-    taken = []
+    taken, ours = [], set()
     for obj, current in zip(unknown, found, strict=True):
         if isinstance(current, KubeApiError):
             raise RetryLater(f"reading {'/'.join(child_key(obj))} failed: {current}") from current
@@ -195,12 +202,15 @@ async def _refuse_foreign(
             raise current
         if current is not None and not controlled_by(current, uid):
             taken.append(f"{obj['kind']} {obj['metadata']['name']} ({_controller(current)})")
+        elif current is not None:
+            ours.add(child_key(obj))
     if taken:
         message = (
             f"{', '.join(taken)} already exist and are not this model's; nothing was applied: "
             "rename the model or remove them"
         )
         raise await _reject(body, spec, "NameTaken", message)
+    return ours
 
 
 def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
@@ -318,12 +328,12 @@ async def _worker_key_failed(
 
 async def _with_worker_key(
     body: Mapping[str, Any], spec: DisaggregatedModelSpec, owner: Owner, objs: list[Obj]
-) -> list[Obj]:
-    """`objs`, or, when the model has no worker key's Secret yet, one created now and every
-    child rendered over it."""
+) -> tuple[list[Obj], Obj | None]:
+    """`objs`, or, when the model has no worker key's Secret yet, every child rendered over
+    one created now (and that Secret)."""
     use = owner.worker_key
     if use is None or use.secret != worker_key_secret.pending(owner.name):
-        return objs
+        return objs, None
     secret = worker_key_secret_object(owner, worker_key_secret.new_key())
     try:
         created = await kube_apply.create(secret)
@@ -331,7 +341,13 @@ async def _with_worker_key(
         raise await _worker_key_failed(body, spec, exc) from exc
     name = created["metadata"]["name"]
     log.info("%s/%s: created the worker key's Secret %s", owner.namespace, owner.name, name)
-    return plan.stamped(render_children(replace(owner, worker_key=replace(use, secret=name)), spec))
+    rendered = plan.stamped(render_children(replace(owner, worker_key=replace(use, secret=name)), spec))
+    return rendered, created
+
+
+# Per model (uid), the generation whose children the API server refused: its later passes
+# (resyncs) dry-run first, so a model that stays refused creates and removes nothing again.
+_REFUSED: dict[str, int] = {}
 
 
 async def _apply(
@@ -341,21 +357,50 @@ async def _apply(
     objs: list[Obj],
     known: Mapping[tuple[str, str], Obj],
 ) -> list[Obj]:
-    await _refuse_foreign(body, spec, objs, known)
-    await _dry_run(body, spec, objs)
-    objs = await _with_worker_key(body, spec, owner, objs)
+    """Apply `objs` in waves; a refused child fails the pass with nothing half-applied. A model
+    with no child yet skips the dry-run: should a child be refused, what the pass created is
+    deleted again (a dry-run of a new model's five user-shaped children was a fifth of its
+    applies, for a refusal that admission of the model itself almost always catches first)."""
+    existing = await _refuse_foreign(body, spec, objs, known)
+    fresh = not known and not existing and _REFUSED.get(owner.uid) != _generation(body)
+    if not fresh:
+        await _dry_run(body, spec, objs)
+    objs, secret = await _with_worker_key(body, spec, owner, objs)
     objs = await _fresh_replicas(spec, objs)
-    try:
-        applied: list[Obj] = []
-        for wave in plan.apply_waves(objs):
-            applied += await kube_apply.apply_all(wave)
-        return applied
-    except KubeApiError as exc:
+    made: list[Obj] = []
+    for wave in plan.apply_waves(objs):
+        results = await asyncio.gather(*(kube_apply.apply(o) for o in wave), return_exceptions=True)
+        made += [r for r in results if not isinstance(r, BaseException)]
+        failed = [(o, r) for o, r in zip(wave, results, strict=True) if isinstance(r, BaseException)]
+        if not failed:
+            continue
+        obj, exc = failed[0]
+        if not isinstance(exc, KubeApiError):
+            raise exc
         if exc.retriable:
-            raise RetryLater(f"applying children failed: {exc}") from exc
-        # The API server rejected what we rendered from this spec (e.g. a bad quantity):
+            raise RetryLater(f"applying {'/'.join(child_key(obj))} failed: {exc}") from exc
+        # What we rendered from this spec was refused (a bad quantity, an admission policy):
         # retrying will not help until the spec changes. Say so in status.
-        raise await _reject(body, spec, "ApplyFailed", f"The API server rejected a child: {exc}") from exc
+        _REFUSED[owner.uid] = _generation(body)
+        outcome = ""
+        if fresh:
+            await _undo(owner, [*made, *([secret] if secret is not None else [])])
+            outcome = "; nothing was applied (what this pass had created was deleted)"
+        raise await _reject(body, spec, "ApplyFailed", _refusal(obj, exc, outcome)) from exc
+    _REFUSED.pop(owner.uid, None)
+    return made
+
+
+async def _undo(owner: Owner, made: list[Obj]) -> None:
+    """Delete what a refused first pass created; one that cannot be deleted now stays (the model
+    owns it, and the status already says the pass failed)."""
+    for obj in reversed(made):
+        meta = obj["metadata"]
+        try:
+            await kube_apply.delete(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+        except KubeApiError as exc:
+            where = f"{owner.namespace}/{owner.name}"
+            log.warning("%s: could not delete %s %s: %s", where, *child_key(obj), exc)
 
 
 async def _fresh_replicas(spec: DisaggregatedModelSpec, objs: list[Obj]) -> list[Obj]:

@@ -4,8 +4,9 @@
   namespaces labelled `restricted` and `baseline`, and a model with RDMA (IPC_LOCK) is
   refused in a `baseline` one (the control: admission is really enforced);
 - a podTemplate the CRD accepts but the API server would refuse (a bad toleration, an
-  unknown field) is reported in status naming the field, and nothing is applied; fixing
-  it creates the children;
+  unknown field) is reported in status naming the field, and nothing is applied (a new
+  model's first pass deletes what it created, later passes are refused by the dry-run);
+  fixing it creates the children;
 - (a model on nodes all tainted like GPU nodes: tests/e2e/test_operator_gpu_taint.py, a module
   of its own because it is exclusive);
 - a GPU role's Deployment tolerates the GPU taint by default and not with `gpuToleration: false`;
@@ -158,6 +159,15 @@ def test_a_refused_fragment_is_reported_and_nothing_is_applied(
     assert "frag-decode" in degraded["message"] and "spec.decode" in degraded["message"]
     assert field in degraded["message"], degraded["message"]
     assert _children(kubectl, "frag", namespace) == [], "nothing half-applied"
+    # A new model's first pass applies without a dry-run and deletes what it created; the pass
+    # its deletions cause (and every later one of this generation) validates first instead.
+    validated = wait_for(
+        lambda: ((c := rejected()) is not None and "dry-run" in c["message"]) or None,
+        60,
+        "a later pass refused by the dry-run",
+        1.0,
+    )
+    assert validated and _children(kubectl, "frag", namespace) == []
 
     fixed = copy.deepcopy(manifest)
     fixed["spec"]["decode"]["podTemplate"] = {"spec": {"nodeSelector": {"kubernetes.io/os": "linux"}}}

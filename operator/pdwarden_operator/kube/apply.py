@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pdwarden_operator.kube.client import KubeApiError, get_client, object_path, resource_path
@@ -31,15 +30,6 @@ async def apply(obj: Obj, *, dry_run: bool = False) -> Obj:
         query=query,
         content_type="application/apply-patch+yaml",
     )
-
-
-async def apply_all(objs: Iterable[Obj], *, dry_run: bool = False) -> list[Obj]:
-    """Apply every object concurrently; the first error is raised after all have finished."""
-    results = await asyncio.gather(*(apply(o, dry_run=dry_run) for o in objs), return_exceptions=True)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise r
-    return [r for r in results if not isinstance(r, BaseException)]
 
 
 async def get(
