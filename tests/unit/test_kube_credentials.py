@@ -124,7 +124,11 @@ def test_a_pod_uses_its_service_account_and_the_kubernetes_service(
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
-    creds = credentials.discover(None, tmp_path)
+
+    def no_files() -> Path:
+        raise AssertionError("a pod's credentials need no file of ours (its root may be read-only)")
+
+    creds = credentials.discover(None, no_files)
     assert creds.server == "https://[2001:db8::1]:443" and creds.bearer() == "sa-token"
     assert creds.ca_file == tmp_path / "ca.crt"
 
@@ -137,7 +141,7 @@ def test_outside_a_pod_without_a_kubeconfig_the_error_says_what_was_looked_for(
     monkeypatch.delenv("KUBECONFIG", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(KubeconfigError, match=r"no kubeconfig .*and not in a pod"):
-        credentials.discover(None, tmp_path)
+        credentials.discover(None, lambda: tmp_path)
 
 
 def test_an_explicit_kubeconfig_wins_over_kubeconfig_in_the_environment(

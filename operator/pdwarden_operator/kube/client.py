@@ -267,14 +267,22 @@ def connect(
 ) -> KubeClient:
     """From `kubeconfig`, else $KUBECONFIG / ~/.kube/config, else the in-cluster service account
     (`credentials.discover`; `KubeconfigError` when none can be used). Each call is a connection
-    pool of its own; inline certificates live in a private directory removed with the client."""
-    files = Path(tempfile.mkdtemp(prefix="pdwarden-kube-"))
+    pool of its own; a kubeconfig's inline certificates live in a private directory removed with
+    the client (in a pod, none is made)."""
+    made: list[Path] = []
+
+    def files() -> Path:
+        made.append(Path(tempfile.mkdtemp(prefix="pdwarden-kube-")))
+        return made[-1]
+
     try:
         client = KubeClient(discover(kubeconfig, files), max_connections, request_timeout)
     except BaseException:
-        shutil.rmtree(files, ignore_errors=True)
+        for directory in made:
+            shutil.rmtree(directory, ignore_errors=True)
         raise
-    weakref.finalize(client, shutil.rmtree, files, True)
+    for directory in made:
+        weakref.finalize(client, shutil.rmtree, directory, True)
     return client
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,7 +124,9 @@ def kubeconfig_path(explicit: str | os.PathLike[str] | None = None) -> Path | No
     return home if home.exists() else None
 
 
-def discover(explicit: str | os.PathLike[str] | None, files: Path) -> Credentials:
-    """The credentials `kubeconfig_path` points at, else the pod's own."""
+def discover(explicit: str | os.PathLike[str] | None, files: Callable[[], Path]) -> Credentials:
+    """The credentials `kubeconfig_path` points at (`files()`: where to write its inline data),
+    else the pod's own, which need no file of ours (a pod's root filesystem is often read-only,
+    with no temporary directory)."""
     path = kubeconfig_path(explicit)
-    return from_kubeconfig(path, files) if path is not None else in_cluster()
+    return from_kubeconfig(path, files()) if path is not None else in_cluster()
