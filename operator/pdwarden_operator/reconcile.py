@@ -345,11 +345,6 @@ async def _with_worker_key(
     return rendered, created
 
 
-# Per model (uid), the generation whose children the API server refused: its later passes
-# (resyncs) dry-run first, so a model that stays refused creates and removes nothing again.
-_REFUSED: dict[str, int] = {}
-
-
 async def _apply(
     body: Mapping[str, Any],
     spec: DisaggregatedModelSpec,
@@ -360,9 +355,12 @@ async def _apply(
     """Apply `objs` in waves; a refused child fails the pass with nothing half-applied. A model
     with no child yet skips the dry-run: should a child be refused, what the pass created is
     deleted again (a dry-run of a new model's five user-shaped children was a fifth of its
-    applies, for a refusal that admission of the model itself almost always catches first)."""
+    applies, for a refusal that admission of the model itself almost always catches first). The
+    later passes of a refused generation (the status writer remembers it) dry-run first, so a
+    model that stays refused creates and removes nothing again."""
     existing = await _refuse_foreign(body, spec, objs, known)
-    fresh = not known and not existing and _REFUSED.get(owner.uid) != _generation(body)
+    refused = WRITER.refused(owner.namespace, owner.name, _generation(body))
+    fresh = not known and not existing and not refused
     if not fresh:
         await _dry_run(body, spec, objs)
     objs, secret = await _with_worker_key(body, spec, owner, objs)
@@ -381,13 +379,11 @@ async def _apply(
             raise RetryLater(f"applying {'/'.join(child_key(obj))} failed: {exc}") from exc
         # What we rendered from this spec was refused (a bad quantity, an admission policy):
         # retrying will not help until the spec changes. Say so in status.
-        _REFUSED[owner.uid] = _generation(body)
         outcome = ""
         if fresh:
             await _undo(owner, [*made, *([secret] if secret is not None else [])])
             outcome = "; nothing was applied (what this pass had created was deleted)"
         raise await _reject(body, spec, "ApplyFailed", _refusal(obj, exc, outcome)) from exc
-    _REFUSED.pop(owner.uid, None)
     return made
 
 

@@ -137,6 +137,17 @@ class StatusWriter:
                 raise
             return composed
 
+    def refused(self, namespace: str, name: str, generation: int) -> bool:
+        """Whether the reconciler's last observation of the model says the API server refused
+        a child of `generation` (`ApplyFailed`)."""
+        model = self._models.get((namespace, name))
+        observed = model.observed if model is not None else None
+        return (
+            observed is not None
+            and observed.generation == generation
+            and observed.error_reason == "ApplyFailed"
+        )
+
     def known(self, namespace: str, name: str) -> Mapping[str, Any]:
         model = self._models.get((namespace, name))
         return dict(model.known) if model else {}

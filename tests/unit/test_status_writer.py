@@ -147,3 +147,20 @@ def test_a_failed_write_is_not_remembered_as_written() -> None:
         asyncio.run(writer.findings(BODY, SPEC, findings(1.8e9, ["m-prefill-a"])))
     asyncio.run(writer.findings(BODY, SPEC, findings(1.8e9, ["m-prefill-a"])))
     assert calls[0] == calls[1]  # the same patch again: nothing was taken as written
+
+
+def test_a_refused_generation_is_remembered_until_an_observation_without_the_refusal() -> None:
+    writer = StatusWriter(Recorder())
+    refusal = Observed(3, error_reason="ApplyFailed", error_message="Deployment m-decode was refused")
+
+    async def scenario() -> list[bool]:
+        seen = [writer.refused("ns", "m", 3)]
+        await writer.observed(BODY, SPEC, refusal)
+        seen += [writer.refused("ns", "m", 3), writer.refused("ns", "m", 4)]
+        await writer.observed(BODY, SPEC, Observed(3))
+        seen.append(writer.refused("ns", "m", 3))
+        await writer.observed(BODY, SPEC, refusal)
+        writer.forget("ns", "m")
+        return [*seen, writer.refused("ns", "m", 3)]
+
+    assert asyncio.run(scenario()) == [False, True, False, False, False]

@@ -155,7 +155,6 @@ class KubeClient:
                 connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl),
                 timeout=self._timeout,
                 trust_env=False,  # proxies from the environment never see our credentials
-                json_serialize=json.dumps,
             )
             self._loop = loop
         return self._session
@@ -170,45 +169,33 @@ class KubeClient:
         content_type: str = "application/json",
     ) -> Obj:
         headers = {"Accept": "application/json"}
-        token = self.creds.bearer()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body).encode()
         try:
+            if token := self.creds.bearer():  # a token file unreadable for a moment: retried
+                headers["Authorization"] = f"Bearer {token}"
             async with self._session_here().request(
                 method, self.creds.server + path, params=query or None, data=data, headers=headers
             ) as resp:
-                raw = await resp.read()
-                if resp.status >= 400:
-                    raise _api_error(resp.status, resp.reason or "", raw, resp.headers, method, path)
-        except KubeApiError:
-            raise
+                status, reason, answer_headers, raw = (
+                    resp.status,
+                    resp.reason,
+                    resp.headers,
+                    await resp.read(),
+                )
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
             # connection refused, timeouts, TLS: no HTTP status at all
             raise KubeApiError(0, type(exc).__name__, str(exc), method=method, path=path) from exc
+        if status >= 400:
+            raise _api_error(status, reason or "", raw, answer_headers, method, path)
         return json.loads(raw) if raw else {}
 
     async def aclose(self) -> None:
+        """Close the session, from the loop that uses it (its owner's job: `set_client` does not)."""
         if self._session is not None and not self._session.closed:
             await self._session.close()
-
-    def close(self) -> None:
-        """Close the session from its own loop, or leave it to that loop's end."""
-        session, loop = self._session, self._loop
-        self._session = None
-        if session is None or session.closed or loop is None or loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            loop.create_task(session.close())
-        else:
-            asyncio.run_coroutine_threadsafe(session.close(), loop)
 
 
 def _tls_context(creds: Credentials) -> ssl.SSLContext:
@@ -298,7 +285,7 @@ def get_client() -> KubeClient:
 
 
 def set_client(client: KubeClient | None) -> None:
+    """Make `client` the process-wide one; whoever made the one it replaces closes it
+    (`KubeClient.aclose`, on its loop)."""
     global _client
-    if _client is not None and client is not _client:
-        _client.close()
     _client = client
