@@ -6,12 +6,16 @@ at its transfer deadline); the decode fails the room at its inflight deadline, a
 holds the pages. They stay held past SGLang's 30 s "release anyway" timeout (the synthetic
 engine freed them then before), and are freed once the writer drains (the fault cleared: the
 quarantine sees the handles end, prefill sends its drain ACK) or once the writer is a new
-process at the same address (a restart in place).
+process at the same address (a restart in place). A room that fails for a reason decode did
+not start (its heartbeat to a prefill that is alive but unreachable failed) holds its pages
+the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -31,11 +35,23 @@ FLAGS = serve_flags(allow_fault_injection=True, transfer_deadline=1.5, inflight_
 OLD_RELEASE_TIMEOUT_S = 30.0
 
 
+# A decode that gives a prefill up after one missed heartbeat (SGLang's floor: every 2 s),
+# long before its inflight deadline.
+UNREACHABLE_FLAGS = serve_flags(allow_fault_injection=True, transfer_deadline=1.5, inflight_deadline=120)
+FAST_HEARTBEAT = {
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "1",
+}
+
+
 class Pair:
-    def __init__(self, fleet: Fleet) -> None:
+    def __init__(
+        self, fleet: Fleet, flags: list[str] = FLAGS, decode_env: dict[str, str] | None = None
+    ) -> None:
         self.fleet = fleet
-        self.prefill = fleet.runtime("prefill", extra=FLAGS)
-        self.decode = fleet.runtime("decode", extra=FLAGS)
+        self.flags = flags
+        self.prefill = fleet.runtime("prefill", extra=flags)
+        self.decode = fleet.runtime("decode", extra=flags, env=decode_env)
         wait_healthy([self.prefill, self.decode], timeout=300)
 
     @property
@@ -47,7 +63,7 @@ class Pair:
         old = self.prefill
         old.proc.signal(9)
         old.proc.popen.wait(10)
-        self.prefill = self.fleet.runtime("prefill", extra=FLAGS, bootstrap_port=old.bootstrap_port)
+        self.prefill = self.fleet.runtime("prefill", extra=self.flags, bootstrap_port=old.bootstrap_port)
         wait_healthy([self.prefill], timeout=300)
 
 
@@ -55,6 +71,12 @@ class Pair:
 def pair() -> Iterator[Pair]:
     with Fleet() as fleet:
         yield Pair(fleet)
+
+
+@pytest.fixture(scope="module")
+def unreachable_pair() -> Iterator[Pair]:
+    with Fleet() as fleet:
+        yield Pair(fleet, UNREACHABLE_FLAGS, FAST_HEARTBEAT)
 
 
 def set_fault(rt: Runtime, fault: str) -> None:
@@ -112,5 +134,57 @@ def test_pages_go_when_the_writer_is_a_new_process_at_the_same_address(pair: Pai
     pair.restart_prefill_in_place()
     gone = wait_for(lambda: freed(pair, room), 20, f"room {room}'s pages freed", 0.2)
     assert gone["how"] == "new-incarnation"
+    state = pair.decode.state()
+    assert state["held_rooms"] == [] and state["free_pages"] == state["total_pages"]
+
+
+def test_a_room_failed_by_a_lost_heartbeat_holds_its_pages_until_the_writer_drains(
+    unreachable_pair: Pair,
+) -> None:
+    """The prefill stops answering while its handles for the room may still write (stopped
+    with SIGSTOP: alive, unreachable, as behind a partition). Decode's heartbeat gives it up
+    and fails the room: a failure decode did not start, so it sends the ABORT and holds the
+    pages, through the prefill's return, until the prefill drains."""
+    pair = unreachable_pair
+    room = 8_424_201
+    set_fault(pair.prefill, c.FAULT_STALL)
+    failed_before = pair.decode.state()["outcomes"].get(c.OUTCOME_FAILED, 0)
+
+    def one() -> None:
+        async def request() -> None:
+            async with new_session() as session:
+                await pd_request(session, pair.endpoint, room, prompt_tokens=96, timeout=60)
+
+        asyncio.run(request())
+
+    client = threading.Thread(target=one, daemon=True)
+    client.start()
+    try:
+        # the prefill posted the room's writes (the decode published its pages) and they stall
+        wait_for(
+            lambda: room in pair.prefill.state()["quarantined_rooms"],
+            30,
+            f"the prefill to quarantine room {room}'s writes",
+            0.2,
+        )
+        pair.prefill.proc.signal(signal.SIGSTOP)
+        wait_for(
+            lambda: pair.decode.state()["outcomes"].get(c.OUTCOME_FAILED, 0) > failed_before,
+            30,
+            f"decode to fail room {room} on the lost heartbeat",
+            0.2,
+        )
+        state = pair.decode.state()
+        assert [h["room"] for h in state["held_rooms"]] == [room], state
+        assert state["free_pages"] < state["total_pages"]
+    finally:
+        pair.prefill.proc.signal(signal.SIGCONT)
+    client.join(90)
+    time.sleep(5.0)  # the prefill has read the ABORT; its handles still stall
+    state = pair.decode.state()
+    assert [h["room"] for h in state["held_rooms"]] == [room], state["freed_held_rooms"]
+    set_fault(pair.prefill, c.FAULT_NONE)  # the writes end: prefill drains and acks
+    gone = wait_for(lambda: freed(pair, room), 20, f"room {room}'s pages freed", 0.2)
+    assert gone["how"] == "drained"
     state = pair.decode.state()
     assert state["held_rooms"] == [] and state["free_pages"] == state["total_pages"]

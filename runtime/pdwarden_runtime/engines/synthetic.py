@@ -579,7 +579,12 @@ class DecodeEngine(SyntheticEngine):
                 self.failed += 1
                 # (a room the decode deadline failed was aborted by the receiver's poll)
                 reason = self._failure_reason(receiver)
-                if receiver.abort_notified:  # SGLang's timeout sent an ABORT: wait for the drain
+                if receiver.init_time is not None and not receiver.abort_notified:
+                    # A failure decode did not start (a lost heartbeat, a transport error):
+                    # the prefill may be alive behind a partition and still write these
+                    # pages. As SGLang's decode does: ABORT, and hold them for the drain.
+                    receiver.ensure_abort_notified(force_arm=True)
+                if receiver.abort_notified:  # an ABORT went out: wait for the drain
                     self._spawn(self._release_after_drain(receiver, pages, aux))
                     handed_off = True
                 raise RequestFailed(reason)
