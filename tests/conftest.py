@@ -4,16 +4,21 @@
 - One local cluster for the whole session: the first worker that needs it starts it (under a
   file lock), the main process stops it at the end if this session started it.
 - Each worker hands out host ports from its own share of the test port range.
-- Modules that change what the whole cluster or machine sees (taint every node, an operator in
-  cluster scope, an older CRD, a second local cluster, a soak whose verdict depends on an
-  unloaded machine) are marked ``exclusive``: they run alone. Every other module that runs
-  processes takes a shared hold. A hold spans the whole module, because a module's fixtures
-  (its operator, a model its tests share, manifests applied once) live on the cluster from its
-  first test to its last: an exclusive module waits for the running ones and none starts beside
-  it. Exclusive modules run first, one after the other, so that none waits for the middle of
-  another module. Unit modules (pure logic) run beside anything.
-- Every module is marked ``unit``, ``integration`` or ``e2e``; ``exclusive`` marks a whole module
-  (a test of its own module where a few tests need it), never one test of a shared module.
+- Every module that runs processes holds the machine, and an e2e module the cluster too
+  (`tests/support/session.py`), for the whole module, because a module's fixtures (its
+  operator, a model its tests share, manifests applied once) live from its first test to its
+  last. Modules that need the machine unloaded or load it heavily (a verdict on deadlines of a
+  second or two, a second local cluster) are marked ``exclusive``: they run alone. E2e modules
+  that change what the whole cluster sees (taint every node, an operator in cluster scope, an
+  older CRD, a simulated node) are marked ``cluster_exclusive``: no other e2e module runs beside
+  them, integration modules (processes, no cluster) may. An exclusive holder waits for the
+  running ones and none starts beside it. Exclusive modules run first, one after the other, so
+  that none waits for the middle of another module; then the cluster-exclusive ones, each
+  followed in the queue by integration modules for the other worker to run meanwhile. Unit
+  modules (pure logic) run beside anything.
+- Every module is marked ``unit``, ``integration`` or ``e2e``; ``exclusive`` and
+  ``cluster_exclusive`` mark a whole module (a test of its own module where a few tests need
+  it), never one test of a shared module.
 
 Without xdist all of this still holds, uncontended.
 """
@@ -23,12 +28,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from pdwarden_testkit import ports
-from tests.support.session import ENV_SESSION_DIR, STARTED_CLUSTER, cluster_hold, session_dir
+from tests.support.session import ENV_SESSION_DIR, STARTED_CLUSTER, Hold, cluster_hold, session_dir
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -48,26 +54,52 @@ def _module_marked(item: pytest.Item, name: str) -> bool:
     return module is not None and module.get_closest_marker(name) is not None
 
 
+EXCLUSIVE_MARKS = ("exclusive", "cluster_exclusive")
+
+
 @pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Exclusive modules first, then the modules with multi-minute scenarios, then the other
-    e2e modules, then the rest, each class in the shuffled order: workers take whole modules
-    (``--no-loadscope-reorder`` keeps this order), so exclusive modules run back to back and
-    the session does not end with one worker on a long module while the other idles."""
+    """Exclusive modules first; then the cluster-exclusive ones, interleaved with the
+    integration modules (the other worker runs those meanwhile); then the modules with
+    multi-minute scenarios, then the other e2e modules, then the rest, each class in the
+    shuffled order: workers take whole modules (``--no-loadscope-reorder`` keeps this order),
+    so exclusive modules run back to back and the session does not end with one worker on a
+    long module while the other idles."""
     for item in items:
         if not any(_module_marked(item, kind) for kind in KINDS):
             raise pytest.UsageError(f"{item.path}: mark the module with one of {', '.join(KINDS)}")
-        if item.get_closest_marker("exclusive") is not None and not _module_marked(item, "exclusive"):
+        for mark in EXCLUSIVE_MARKS:
+            if item.get_closest_marker(mark) is not None and not _module_marked(item, mark):
+                raise pytest.UsageError(
+                    f"{item.nodeid}: `{mark}` marks a whole module (the hold spans a module); "
+                    f"move this test to a {mark} module of its own"
+                )
+        if _module_marked(item, "cluster_exclusive") and not _module_marked(item, "e2e"):
             raise pytest.UsageError(
-                f"{item.nodeid}: `exclusive` marks a whole module (the hold spans a module); "
-                "move this test to an exclusive module of its own"
+                f"{item.path}: `cluster_exclusive` is for e2e modules (they hold the cluster)"
             )
 
-    exclusive = {item.path for item in items if _module_marked(item, "exclusive")}
+    def paths(predicate: Callable[[pytest.Item], bool]) -> list[Path]:
+        return list(dict.fromkeys(item.path for item in items if predicate(item)))
+
+    exclusive = paths(lambda item: _module_marked(item, "exclusive"))
+    cluster_exclusive = paths(lambda item: _module_marked(item, "cluster_exclusive"))
+    integration = paths(lambda item: _module_marked(item, "integration"))
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     e2e = {item.path for item in items if item.get_closest_marker("e2e") is not None}
-    order = (exclusive, slow, e2e)
-    items.sort(key=lambda item: next((i for i, paths in enumerate(order) if item.path in paths), len(order)))
+    rank: dict[Path, int] = {}
+    for path in exclusive:
+        rank.setdefault(path, len(rank))
+    # each cluster-exclusive module, then its share of the integration modules
+    share = -(-len(integration) // max(1, len(cluster_exclusive)))
+    for i, path in enumerate(cluster_exclusive):
+        rank.setdefault(path, len(rank))
+        for other in integration[i * share : (i + 1) * share]:
+            rank.setdefault(other, len(rank))
+    for group in (slow, e2e):
+        for path in (item.path for item in items if item.path in group):
+            rank.setdefault(path, len(rank))
+    items.sort(key=lambda item: rank.get(item.path, len(rank)))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,7 +109,15 @@ def _hold_the_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
     if module.get_closest_marker("unit") is not None:
         yield
         return
-    with cluster_hold(module.get_closest_marker("exclusive") is not None):
+    if module.get_closest_marker("exclusive") is not None:
+        hold = Hold.EXCLUSIVE
+    elif module.get_closest_marker("cluster_exclusive") is not None:
+        hold = Hold.CLUSTER_EXCLUSIVE
+    elif module.get_closest_marker("e2e") is not None:
+        hold = Hold.CLUSTER
+    else:
+        hold = Hold.PROCESSES
+    with cluster_hold(hold):
         yield
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from pdwarden_demo import demo_scenario
 
-# exclusive: its operator, in cluster scope, watches every namespace
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.exclusive]
+# cluster_exclusive: its operator, in cluster scope, watches every namespace (no other e2e module beside it)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.cluster_exclusive]
 
 
 def test_demo_detects_remediates_recovers_alerts_and_cleans_up(cluster: Any) -> None:

@@ -2,7 +2,8 @@
 passes `helm test`; uninstalled, it leaves no operator objects (the same checks as the
 namespace scope in tests/e2e/test_helm_install.py).
 
-Exclusive: that operator watches every namespace, other modules' models included."""
+Cluster-exclusive (no other e2e module beside it): that operator watches every namespace, other
+modules' models included."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from .test_helm_install import install_reconcile_uninstall, kubeconfig, namespace
 
-pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster_exclusive]
 __all__ = ["kubeconfig", "namespace"]  # the fixtures, shared with test_helm_install
 
 

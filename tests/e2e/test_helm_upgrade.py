@@ -4,8 +4,8 @@ pre-upgrade hook (templates/crd-upgrade.yaml) applies the new CRD, which Helm al
 would, removes its own objects, and the new operator takes the model over without replacing
 any of its Deployments or pods.
 
-Exclusive: it puts the previous CRD back on the cluster (what a previous install left there)
-for the duration of the test."""
+Cluster-exclusive (no other e2e module beside it): it puts the previous CRD back on the cluster
+(what a previous install left there) for the duration of the test."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pdwarden_operator.crd import CRD_FILENAME, CRD_NAME
 
 from .test_helm_install import EXAMPLE, get_json, helm, helm_install, kubeconfig, kubectl, namespace
 
-pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster_exclusive]
 __all__ = ["kubeconfig", "namespace"]  # the fixtures, shared with test_helm_install
 
 PREVIOUS_CHART = chart.REPO_ROOT / "tests" / "data" / "charts" / "pdwarden-0.1.0-d48ec21.tgz"

@@ -3,8 +3,8 @@ scheduler's reason in its Ready condition; with podTemplate tolerations and node
 and a PersistentVolumeClaim of weights it becomes Ready, and its runtime sees /dev/shm a tmpfs
 of the asked size and the weights at /models, read-only.
 
-Exclusive: it taints every node of the shared cluster, where no other module's pods could then
-be placed."""
+Cluster-exclusive (no other e2e module beside it): it taints every node of the shared cluster,
+where no other module's pods could then be placed."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pdwarden_testkit.operator_process import OperatorProcess
 from ._operator_helpers import Kubectl, condition, operator_module_fixtures
 from .test_operator_pods import _container_proc, _model, _mounts
 
-pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster_exclusive]
 
 kubectl, operator, namespace = operator_module_fixtures("pdwe-gpu-taint-")
 

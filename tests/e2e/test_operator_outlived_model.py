@@ -1,8 +1,9 @@
 """A stored model that a newer rule refuses (the API server never re-validates a stored
 object) is reported Degraded by the operator, with the field named.
 
-Exclusive: the CRD is swapped for an older one (without its CEL rules) for a moment, and no
-other module may apply a model or keep one on the cluster meanwhile."""
+Cluster-exclusive (no other e2e module beside it): the CRD is swapped for an older one (without
+its CEL rules) for a moment, and no other module may apply a model or keep one on the cluster
+meanwhile."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pdwarden_testkit.operator_process import OperatorProcess
 
 from ._operator_helpers import CRD_FILE, idle_model, kubectl_with_crd, new_namespace
 
-pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster_exclusive]
 
 
 def without_cel_rules(node: Any) -> Any:

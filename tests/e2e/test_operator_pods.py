@@ -8,7 +8,7 @@
   model's first pass deletes what it created, later passes are refused by the dry-run);
   fixing it creates the children;
 - (a model on nodes all tainted like GPU nodes: tests/e2e/test_operator_gpu_taint.py, a module
-  of its own because it is exclusive);
+  of its own because it is cluster-exclusive);
 - a GPU role's Deployment tolerates the GPU taint by default and not with `gpuToleration: false`;
 - the NetworkPolicies (on by default) disappear and reappear with `networkPolicy.enabled`;
 - every example is accepted by the API server (server-side dry-run).
