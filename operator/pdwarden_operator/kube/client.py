@@ -24,6 +24,8 @@ import pdwarden_contract as contract
 from pdwarden_operator.kube.credentials import Credentials, discover
 
 Obj = dict[str, Any]
+# A request's bound, from when it has a connection: a burst queued behind the pool (a thousand
+# models at once) waits its turn rather than timing out against a healthy API server.
 REQUEST_TIMEOUT_S = 30
 # Requests in flight at once per client; more wait for a free connection.
 DEFAULT_CONNECTIONS = 16
@@ -143,21 +145,24 @@ class KubeClient:
     ) -> None:
         self.creds = creds
         self._max_connections = max_connections
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout)
+        self._request_timeout = request_timeout
         self._ssl = _tls_context(creds)
         self._session: aiohttp.ClientSession | None = None
+        self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _session_here(self) -> aiohttp.ClientSession:
+    def _session_here(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
-        if self._session is None or self._session.closed or self._loop is not loop:
+        if self._session is None or self._session.closed or self._slots is None or self._loop is not loop:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl),
-                timeout=self._timeout,
+                # aiohttp's own bound would count the wait for a pooled connection too
+                timeout=aiohttp.ClientTimeout(total=None),
                 trust_env=False,  # proxies from the environment never see our credentials
             )
+            self._slots = asyncio.Semaphore(self._max_connections)
             self._loop = loop
-        return self._session
+        return self._session, self._slots
 
     async def request(
         self,
@@ -173,12 +178,17 @@ class KubeClient:
         if body is not None:
             headers["Content-Type"] = content_type
             data = json.dumps(body).encode()
+        session, slots = self._session_here()
         try:
             if token := self.creds.bearer():  # a token file unreadable for a moment: retried
                 headers["Authorization"] = f"Bearer {token}"
-            async with self._session_here().request(
-                method, self.creds.server + path, params=query or None, data=data, headers=headers
-            ) as resp:
+            async with (
+                slots,  # one of the pool's connections is this request's: its time starts now
+                asyncio.timeout(self._request_timeout),
+                session.request(
+                    method, self.creds.server + path, params=query or None, data=data, headers=headers
+                ) as resp,
+            ):
                 status, reason, answer_headers, raw = (
                     resp.status,
                     resp.reason,
