@@ -10,7 +10,11 @@ per minute while the cluster's controllers catch up with the children (each Depl
 observed), then with every model and child unchanged (steady), and a new operator process
 resuming them (seconds
 until it handled each, start-up included, its CPU, and the server-side applies it sent,
-from the API server's own request counter). Last line: JSON.
+from the API server's own request counter). Then the API server's own share (`--floor`): the
+same number of models in another namespace, no operator running, each model's Secret and
+children rendered by the operator's own builders and applied in the operator's waves by one
+client with the operator's connection pool, every model at once: the seconds that leaves no
+operator could beat on this cluster. Last line: JSON.
 """
 
 from __future__ import annotations
@@ -135,16 +139,30 @@ class StatusWatch:
 
 
 async def _run(
+    models: int, kubeconfig: str, health_port: int, timeout: float, steady_s: float, floor: bool
+) -> dict[str, Any]:
+    from pdwarden_operator.kube import apply as kube
+    from pdwarden_operator.kube.client import connect, set_client
+
+    client = connect(kubeconfig)
+    set_client(client)
+    try:
+        result = await _operator_arm(models, kubeconfig, health_port, timeout, steady_s)
+        if floor:
+            result |= await _floor(kube, models)
+        return result
+    finally:
+        await client.aclose()
+
+
+async def _operator_arm(
     models: int, kubeconfig: str, health_port: int, timeout: float, steady_s: float
 ) -> dict[str, Any]:
     from pdwarden_operator import render
     from pdwarden_operator.crd import CRD_NAME, build_crd
     from pdwarden_operator.kube import apply as kube
-    from pdwarden_operator.kube.client import connect, set_client
     from pdwarden_testkit.operator_process import OperatorProcess
 
-    client = connect(kubeconfig)
-    set_client(client)
     await kube.apply(build_crd())
     for _ in range(100):
         crd = await kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", None, CRD_NAME)
@@ -219,20 +237,7 @@ async def _run(
     finally:
         watch.stop()
         await asyncio.to_thread(op.stop)
-        try:
-            await kube.delete("v1", "Namespace", None, namespace)
-            # Wait for the namespace controller to finish, so a run that follows is not measured
-            # against this one's teardown (~1,000 objects to delete).
-            gone_by = time.monotonic() + TEARDOWN_WAIT_S
-            while time.monotonic() < gone_by:
-                if await kube.get("v1", "Namespace", None, namespace) is None:
-                    break
-                await asyncio.sleep(0.5)
-            else:
-                _say(f"namespace {namespace} is still terminating after {TEARDOWN_WAIT_S:.0f}s")
-        except Exception as exc:
-            _say(f"could not delete namespace {namespace}: {exc}")
-        await client.aclose()
+        await _delete_namespace(kube, namespace)
     if not latencies:
         raise click.ClickException(f"no model got a status within {timeout:.0f}s; see {log_path}")
     goal = goal_for(models)
@@ -268,6 +273,66 @@ async def _run(
             peak_rss_mib=peak,
             complete=complete == models,
         ),
+    }
+
+
+async def _delete_namespace(kube: Any, namespace: str) -> None:
+    """Delete `namespace` and wait for the namespace controller to finish, so what follows is
+    not measured against this teardown (thousands of objects to delete)."""
+    try:
+        await kube.delete("v1", "Namespace", None, namespace)
+        gone_by = time.monotonic() + TEARDOWN_WAIT_S
+        while time.monotonic() < gone_by:
+            if await kube.get("v1", "Namespace", None, namespace) is None:
+                return
+            await asyncio.sleep(0.5)
+        _say(f"namespace {namespace} is still terminating after {TEARDOWN_WAIT_S:.0f}s")
+    except Exception as exc:
+        _say(f"could not delete namespace {namespace}: {exc}")
+
+
+async def _floor(kube: Any, models: int) -> dict[str, Any]:
+    """The API server's own share of a reconcile: `models` models (no operator watches their
+    namespace), then for every one at once what a first pass writes, built by the operator's own
+    functions (its worker key's Secret, then its children in `plan.apply_waves` order) and sent
+    by the operator's client (its connection pool bounds the requests in flight). Seconds from
+    the first write to the last answer."""
+    from dataclasses import replace
+
+    from pdwarden_operator import plan, render, worker_key_secret
+    from pdwarden_operator.models import parse_spec
+
+    namespace = f"pdw-bench-floor-{uuid.uuid4().hex[:6]}"
+    await kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    try:
+        _say(f"floor: {models} models in {namespace}, no operator")
+        bodies = [await kube.apply(_model(f"floor-{i:04d}", namespace)) for i in range(models)]
+
+        async def first_pass(body: dict[str, Any]) -> int:
+            owner = render.Owner.from_body(body)
+            spec = parse_spec(dict(body["spec"]))
+            writes = 0
+            use = worker_key_secret.plan_use([], owner.name, spec.worker_key.enabled)
+            if use is not None:
+                secret = await kube.create(
+                    render.worker_key_secret_object(owner, worker_key_secret.new_key())
+                )
+                owner = replace(owner, worker_key=replace(use, secret=secret["metadata"]["name"]))
+                writes += 1
+            for wave in plan.apply_waves(plan.stamped(render.render_children(owner, spec))):
+                await asyncio.gather(*(kube.apply(o) for o in wave))
+                writes += len(wave)
+            return writes
+
+        begun = time.monotonic()
+        writes = sum(await asyncio.gather(*(first_pass(b) for b in bodies)))
+        seconds = time.monotonic() - begun
+    finally:
+        await _delete_namespace(kube, namespace)
+    return {
+        "floor_all_written_s": round(seconds, 3),
+        "floor_writes": writes,
+        "floor_writes_per_s": round(writes / seconds, 1) if seconds > 0 else None,
     }
 
 
@@ -365,6 +430,12 @@ def _kubeconfig(explicit: str | None) -> str:
     show_default=True,
     help="Then measure the operator's CPU this long with every model unchanged (0: skip).",
 )
+@click.option(
+    "--floor/--no-floor",
+    default=True,
+    show_default=True,
+    help="Then write the same models' Secrets and children with no operator (the API server's share).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
 def reconcile(
     models: int,
@@ -372,11 +443,12 @@ def reconcile(
     health_port: int,
     timeout: float,
     steady_seconds: float,
+    floor: bool,
     as_json: bool,
 ) -> None:
     """Apply N zero-replica models; p50/p99 seconds to children + status, operator RSS, then
-    the operator's CPU per minute with all of them unchanged."""
-    result = asyncio.run(_run(models, _kubeconfig(kubeconfig), health_port, timeout, steady_seconds))
+    the operator's CPU per minute with all of them unchanged, then the API server's own share."""
+    result = asyncio.run(_run(models, _kubeconfig(kubeconfig), health_port, timeout, steady_seconds, floor))
     if not as_json:
         _say(
             f"p50 {result['p50_s']}s p99 {result['p99_s']}s, RSS {result['operator_rss_mib']} MiB "
