@@ -33,7 +33,8 @@ lint: setup
 	$(VENV)/bin/mypy
 
 # Test processes side by side (pytest-xdist; a module's tests stay on one worker, and the
-# `exclusive` ones run alone: tests/conftest.py). TEST_WORKERS=0 runs everything in one process.
+# `exclusive` ones run alone, `cluster_exclusive` ones beside no other e2e module: tests/conftest.py).
+# TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 2
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
