@@ -50,32 +50,23 @@ async def server() -> AsyncIterator[tuple[str, list[int]]]:
     await runner.cleanup()
 
 
-def _client(server: str) -> KubeClient:
-    return KubeClient(Credentials(server=server, ca_file=Path(certifi.where())), POOL, TIMEOUT_S)
+@pytest.fixture
+async def client(server: tuple[str, list[int]]) -> AsyncIterator[KubeClient]:
+    kube = KubeClient(Credentials(server=server[0], ca_file=Path(certifi.where())), POOL, TIMEOUT_S)
+    yield kube
+    await kube.aclose()
 
 
 async def test_a_burst_past_the_pool_waits_its_turn_and_every_request_is_answered(
-    server: tuple[str, list[int]],
+    server: tuple[str, list[int]], client: KubeClient
 ) -> None:
-    url, inflight = server
-    client = _client(url)
-    try:
-        answers = await asyncio.gather(*(client.request("GET", f"/api/v1/n{i}") for i in range(BURST)))
-    finally:
-        await client.aclose()
+    answers = await asyncio.gather(*(client.request("GET", f"/api/v1/n{i}") for i in range(BURST)))
     assert [a["path"] for a in answers] == [f"/api/v1/n{i}" for i in range(BURST)]
-    assert inflight[1] == POOL  # the pool bounded what the server held at once
+    assert server[1][1] == POOL  # the pool bounded what the server held at once
 
 
-async def test_a_request_the_server_holds_past_the_timeout_fails_as_no_response(
-    server: tuple[str, list[int]],
-) -> None:
-    url, _ = server
-    client = _client(url)
-    try:
-        with pytest.raises(KubeApiError) as raised:
-            await client.request("GET", "/api/v1/slow", query=[("hold", str(TIMEOUT_S * 3))])
-    finally:
-        await client.aclose()
+async def test_a_request_the_server_holds_past_the_timeout_fails_as_no_response(client: KubeClient) -> None:
+    with pytest.raises(KubeApiError) as raised:
+        await client.request("GET", "/api/v1/slow", query=[("hold", str(TIMEOUT_S * 3))])
     assert raised.value.status == 0 and raised.value.retriable
     assert "TimeoutError" in str(raised.value)
