@@ -147,22 +147,23 @@ class KubeClient:
         self._max_connections = max_connections
         self._request_timeout = request_timeout
         self._ssl = _tls_context(creds)
-        self._session: aiohttp.ClientSession | None = None
-        self._slots: asyncio.Semaphore | None = None
+        # the session and the slots that bound its requests in flight, and their loop
+        self._pool: tuple[aiohttp.ClientSession, asyncio.Semaphore] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _session_here(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
-        if self._session is None or self._session.closed or self._slots is None or self._loop is not loop:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl),
-                # aiohttp's own bound would count the wait for a pooled connection too
+        if self._pool is None or self._pool[0].closed or self._loop is not loop:
+            session = aiohttp.ClientSession(
+                # the slots bound the connections; aiohttp's own limit and total timeout would
+                # count the wait for a pooled connection in the request's time
+                connector=aiohttp.TCPConnector(limit=0, ssl=self._ssl),
                 timeout=aiohttp.ClientTimeout(total=None),
                 trust_env=False,  # proxies from the environment never see our credentials
             )
-            self._slots = asyncio.Semaphore(self._max_connections)
+            self._pool = (session, asyncio.Semaphore(self._max_connections))
             self._loop = loop
-        return self._session, self._slots
+        return self._pool
 
     async def request(
         self,
@@ -204,8 +205,8 @@ class KubeClient:
 
     async def aclose(self) -> None:
         """Close the session, from the loop that uses it (its owner's job: `set_client` does not)."""
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
+        if self._pool is not None and not self._pool[0].closed:
+            await self._pool[0].close()
 
 
 def _tls_context(creds: Credentials) -> ssl.SSLContext:
