@@ -301,6 +301,7 @@ async def _floor(kube: Any, models: int) -> dict[str, Any]:
 
     from pdwarden_operator import plan, render, worker_key_secret
     from pdwarden_operator.models import parse_spec
+    from pdwarden_operator.reconcile import with_worker_key
 
     namespace = f"pdw-bench-floor-{uuid.uuid4().hex[:6]}"
     await kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -309,20 +310,16 @@ async def _floor(kube: Any, models: int) -> dict[str, Any]:
         bodies = [await kube.apply(_model(f"floor-{i:04d}", namespace)) for i in range(models)]
 
         async def first_pass(body: dict[str, Any]) -> int:
-            owner = render.Owner.from_body(body)
             spec = parse_spec(dict(body["spec"]))
-            writes = 0
+            owner = render.Owner.from_body(body)
+            # a new model: no workload uses a key yet (the Secret's name is still the stand-in)
             use = worker_key_secret.plan_use([], owner.name, spec.worker_key.enabled)
-            if use is not None:
-                secret = await kube.create(
-                    render.worker_key_secret_object(owner, worker_key_secret.new_key())
-                )
-                owner = replace(owner, worker_key=replace(use, secret=secret["metadata"]["name"]))
-                writes += 1
-            for wave in plan.apply_waves(plan.stamped(render.render_children(owner, spec))):
+            owner = replace(owner, worker_key=use)
+            rendered = plan.stamped(render.render_children(owner, spec))
+            objs, secret = await with_worker_key(body, spec, owner, rendered)
+            for wave in plan.apply_waves(objs):
                 await asyncio.gather(*(kube.apply(o) for o in wave))
-                writes += len(wave)
-            return writes
+            return len(objs) + (secret is not None)
 
         begun = time.monotonic()
         writes = sum(await asyncio.gather(*(first_pass(b) for b in bodies)))

@@ -326,7 +326,7 @@ async def _worker_key_failed(
     return await _reject(body, spec, "WorkerKeyFailed", message)
 
 
-async def _with_worker_key(
+async def with_worker_key(
     body: Mapping[str, Any], spec: DisaggregatedModelSpec, owner: Owner, objs: list[Obj]
 ) -> tuple[list[Obj], Obj | None]:
     """`objs`, or, when the model has no worker key's Secret yet, every child rendered over
@@ -363,7 +363,7 @@ async def _apply(
     fresh = not known and not existing and not refused
     if not fresh:
         await _dry_run(body, spec, objs)
-    objs, secret = await _with_worker_key(body, spec, owner, objs)
+    objs, secret = await with_worker_key(body, spec, owner, objs)
     objs = await _fresh_replicas(spec, objs)
     made: list[Obj] = []
     for wave in plan.apply_waves(objs):
