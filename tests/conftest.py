@@ -82,23 +82,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def paths(predicate: Callable[[pytest.Item], bool]) -> list[Path]:
         return list(dict.fromkeys(item.path for item in items if predicate(item)))
 
-    exclusive = paths(lambda item: _module_marked(item, "exclusive"))
     cluster_exclusive = paths(lambda item: _module_marked(item, "cluster_exclusive"))
     integration = paths(lambda item: _module_marked(item, "integration"))
-    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
-    e2e = {item.path for item in items if item.get_closest_marker("e2e") is not None}
-    rank: dict[Path, int] = {}
-    for path in exclusive:
-        rank.setdefault(path, len(rank))
     # each cluster-exclusive module, then its share of the integration modules
     share = -(-len(integration) // max(1, len(cluster_exclusive)))
-    for i, path in enumerate(cluster_exclusive):
+    interleaved = [
+        path
+        for i, module in enumerate(cluster_exclusive)
+        for path in (module, *integration[i * share : (i + 1) * share])
+    ]
+    order = [
+        *paths(lambda item: _module_marked(item, "exclusive")),
+        *interleaved,
+        *paths(lambda item: item.get_closest_marker("slow") is not None),
+        *paths(lambda item: item.get_closest_marker("e2e") is not None),
+    ]
+    rank: dict[Path, int] = {}
+    for path in order:  # a module's first place is its place
         rank.setdefault(path, len(rank))
-        for other in integration[i * share : (i + 1) * share]:
-            rank.setdefault(other, len(rank))
-    for group in (slow, e2e):
-        for path in (item.path for item in items if item.path in group):
-            rank.setdefault(path, len(rank))
     items.sort(key=lambda item: rank.get(item.path, len(rank)))
 
 

@@ -21,12 +21,12 @@ def session_dir() -> Path:
 
 class Hold(enum.Enum):
     """What a module holds while it runs: the machine (every module that runs processes) and
-    the cluster (the e2e ones), each shared or exclusive."""
+    the cluster (the e2e ones; None: not held), each exclusively (True) or shared."""
 
-    PROCESSES = ("shared", None)  # integration: processes on the machine, no cluster
-    CLUSTER = ("shared", "shared")  # e2e
-    CLUSTER_EXCLUSIVE = ("shared", "exclusive")  # e2e that changes what the whole cluster sees
-    EXCLUSIVE = ("exclusive", "exclusive")  # needs the machine unloaded, or loads it heavily
+    PROCESSES = (False, None)  # integration: processes on the machine, no cluster
+    CLUSTER = (False, False)  # e2e
+    CLUSTER_EXCLUSIVE = (False, True)  # e2e that changes what the whole cluster sees
+    EXCLUSIVE = (True, True)  # needs the machine unloaded, or loads it heavily
 
 
 @contextmanager
@@ -46,9 +46,9 @@ def cluster_hold(hold: Hold) -> Iterator[None]:
     """The machine's lock, then (e2e) the cluster's: always in that order, so no two holders
     wait for each other."""
     machine, cluster = hold.value
-    with _lock("machine", machine == "exclusive"):
+    with _lock("machine", machine):
         if cluster is None:
             yield
             return
-        with _lock("cluster", cluster == "exclusive"):
+        with _lock("cluster", cluster):
             yield
