@@ -101,6 +101,9 @@ ROUTER_METRICS_PORT: Final = 29000
 # With the model's worker key, smg listens on loopback here behind the router pod's gate.
 ROUTER_LOOPBACK_PORT: Final = 28000
 METRICS_PATH: Final = "/metrics"
+# A query parameter of METRICS_PATH, repeated, as prometheus_client's own handlers take it: only
+# the metric families with these sample names (the watchdog asks for the few it reads).
+METRICS_NAME_PARAM: Final = "name[]"
 
 # After SIGTERM a runtime or router pod goes on serving this long before it stops listening:
 # SGLang's router (smg) drops a terminating pod from its workers about a second after the pod's

@@ -11,7 +11,7 @@ A scrape also enforces the inflight deadline (``expire_on_scrape``).
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Final
 from wsgiref.simple_server import WSGIServer
@@ -26,7 +26,7 @@ from prometheus_client import (
     start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, RestrictedRegistry
 
 import pdwarden_contract as c
 from pdwarden_runtime.inflight import InflightTracker
@@ -76,7 +76,7 @@ def pdwarden_version() -> str:
 
 
 class RuntimeMetrics:
-    """The contract metrics of one runtime (one role), in its own CollectorRegistry."""
+    """The contract metrics of one runtime (one role), in its own ContractRegistry."""
 
     def __init__(
         self,
@@ -100,7 +100,7 @@ class RuntimeMetrics:
         if role not in c.RUNTIME_ROLES:
             raise ValueError(f"unknown runtime role {role!r}; expected one of {c.RUNTIME_ROLES}")
         self.role = role
-        self.registry = CollectorRegistry()
+        self.registry = ContractRegistry()
         # Per-peer figures: the engine binds each room to its peer(s) once known.
         self.peers = PeerCounters()
         tracker.add_conclude_listener(self.peers.concluded)
@@ -172,8 +172,8 @@ class RuntimeMetrics:
     def _observe_conclusion(self, room: int, outcome: str, seconds: float) -> None:
         self._seconds.observe(seconds)
 
-    def exposition(self) -> tuple[bytes, str]:
-        return exposition(self.registry)
+    def exposition(self, names: Collection[str] = ()) -> tuple[bytes, str]:
+        return exposition(self.registry, names)
 
 
 class _StateCollector(Collector):
@@ -351,9 +351,46 @@ def _held_by_peer(held: HeldPages) -> dict[str, tuple[int, float]]:
 
 
 # --- serving -------------------------------------------------------------------------------
-def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
-    """The Prometheus text exposition of ``registry`` and its Content-Type."""
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+class _WholeFamilies(RestrictedRegistry):
+    """The families of a registry with one of ``names`` as a sample name, each whole, one
+    with no sample yet too: a labelled counter before its first child is only a TYPE line,
+    which says the runtime has it (prometheus_client's own restriction drops it)."""
+
+    def __init__(self, names: Iterable[str], registry: CollectorRegistry) -> None:
+        super().__init__(names, registry)
+        self._names = frozenset(names)
+        self._source = registry
+
+    def collect(self) -> Iterator[Metric]:
+        names = self._names
+        for family in self._source.collect():
+            # a counter family is named without `_total`, its samples with it
+            if (
+                family.name in names
+                or f"{family.name}_total" in names
+                or any(sample.name in names for sample in family.samples)
+            ):
+                yield family
+
+
+class ContractRegistry(CollectorRegistry):
+    """A runtime's registry: a scrape that names metrics (``contract.METRICS_NAME_PARAM``, on
+    this project's handlers and on prometheus_client's own server alike) gets their whole
+    families."""
+
+    def restricted_registry(self, names: Iterable[str]) -> RestrictedRegistry:
+        return _WholeFamilies(names, self)
+
+
+def exposition(registry: CollectorRegistry, names: Collection[str] = ()) -> tuple[bytes, str]:
+    """The Prometheus text exposition of ``registry`` and its Content-Type; with ``names``, only
+    the families those sample names belong to (whole in a ``ContractRegistry``)."""
+    return generate_latest(registry.restricted_registry(names) if names else registry), CONTENT_TYPE_LATEST
+
+
+def requested_names(request: web.Request) -> list[str]:
+    """The sample names a scrape asks for (none: every family)."""
+    return request.query.getall(c.METRICS_NAME_PARAM, [])
 
 
 def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awaitable[web.Response]]:
@@ -361,7 +398,7 @@ def metrics_handler(registry: CollectorRegistry) -> Callable[[web.Request], Awai
     from aiohttp import web
 
     async def handle(request: web.Request) -> web.Response:
-        body, content_type = exposition(registry)
+        body, content_type = exposition(registry, requested_names(request))
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     return handle
@@ -394,7 +431,7 @@ class MetricsServer:
 
 
 def serve_metrics(
-    registry: CollectorRegistry, host: str = "127.0.0.1", port: int = c.DEFAULT_METRICS_PORT
+    registry: ContractRegistry, host: str = "127.0.0.1", port: int = c.DEFAULT_METRICS_PORT
 ) -> MetricsServer:
     """Serve ``registry`` over HTTP on host:port (port 0 picks a free one)."""
     httpd, thread = start_http_server(port, addr=host, registry=registry)

@@ -31,6 +31,7 @@ from pdwarden_runtime.group import GroupError, GroupOptions, Leader
 from pdwarden_runtime.hardening import installed_versions
 from pdwarden_runtime.hardening.config import ConfigError
 from pdwarden_runtime.kvpoll import KVPoll
+from pdwarden_runtime.metrics import requested_names
 from pdwarden_runtime.transfer.kvpool import PagesExhausted
 from pdwarden_runtime.worker_key import require_key
 
@@ -166,7 +167,7 @@ class RuntimeServer:
         rt = self.engine.rt
         if rt is None:
             return _error(503, "engine is starting")
-        body, content_type = rt.metrics.exposition()
+        body, content_type = rt.metrics.exposition(requested_names(request))
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def debug_state(self, request: web.Request) -> web.Response:

@@ -185,3 +185,40 @@ def test_hostile_bodies_over_http_never_escape_the_scraper(
             assert all(math.isfinite(v) and v >= 0 for v in (s.inflight, s.oldest_age, s.transfers))
 
     asyncio.run(once())
+
+
+async def test_a_scrape_asks_the_runtime_for_what_the_watchdog_reads_and_reads_it_whole() -> None:
+    """Against a runtime's own handler: the request names METRICS_READ, the answer is a fraction
+    of the body and reads as the whole one."""
+    from pdwarden_contract import METRICS_NAME_PARAM, METRICS_PATH
+    from pdwarden_operator.watchdog.parse import METRICS_READ, parse_metrics
+    from pdwarden_runtime.metrics import exposition, metrics_handler
+    from tests.support.runtime_metrics import runtime
+
+    *_, metrics = runtime()
+    asked: list[list[str]] = []
+    sent: list[int] = []
+    serve = metrics_handler(metrics.registry)
+
+    async def handler(request: web.Request) -> web.Response:
+        asked.append(request.query.getall(METRICS_NAME_PARAM, []))
+        response = await serve(request)
+        sent.append(len(response.body or b""))  # type: ignore[arg-type]
+        return response
+
+    app = web.Application()
+    app.router.add_get(METRICS_PATH, handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port(HOST)
+    await web.TCPSite(runner, HOST, port).start()
+    scraper = Scraper(concurrency=1, timeout_seconds=5.0)
+    try:
+        (result,) = await scraper.scrape([Target("p", f"http://{HOST}:{port}{METRICS_PATH}")])
+    finally:
+        await scraper.close()
+        await runner.cleanup()
+    assert asked == [list(METRICS_READ)]
+    whole = exposition(metrics.registry)[0]
+    assert sent[0] * 2 < len(whole), (sent, len(whole))
+    assert result.error is None and result.sample == parse_metrics(whole)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 import pdwarden_contract as contract
 from pdwarden_operator.metrics import OperatorMetrics
-from pdwarden_operator.watchdog.parse import parse_metrics
+from pdwarden_operator.watchdog.parse import METRICS_READ, parse_metrics
 from pdwarden_operator.watchdog.targets import metrics_url, pod_view
 from pdwarden_runtime.kvpoll import KVPoll
 from tests.support.runtime_metrics import runtime
@@ -30,6 +31,39 @@ def test_parses_the_runtime_exposition_through_a_room_lifecycle() -> None:
     table.update(8, KVPoll.Failed)
     done = parse_metrics(metrics.exposition()[0])
     assert (done.inflight, done.transfers) == (0, 2)  # success and failure both count as progress
+
+
+def test_what_a_scrape_names_parses_as_the_whole_body_in_a_fraction_of_it() -> None:
+    """The names the watchdog asks for lose nothing it reads: every state of a room, per-peer
+    series, a fresh runtime's empty per-peer counter (prometheus_client's own restriction would
+    drop that family, and with it every figure taken from it)."""
+    clock, table, _, metrics = runtime()
+    peers = {"198.18.0.9"}
+
+    def both() -> tuple[bytes, bytes]:
+        return metrics.exposition()[0], metrics.exposition(METRICS_READ)[0]
+
+    seen = []
+    for step in range(4):
+        if step == 1:
+            table.open(7, KVPoll.Bootstrapping)
+            metrics.peers.bind(7, ["198.18.0.9"])
+            table.update(7, KVPoll.Transferring)
+            clock.now += 3.0
+        elif step == 2:
+            table.open(8, KVPoll.Bootstrapping)
+        elif step == 3:
+            table.update(7, KVPoll.Failed, outcome=contract.OUTCOME_DEADLINE)
+        full, named = both()
+        assert len(named) * 2 < len(full), (len(named), len(full))
+        sample, whole = parse_metrics(named, peers=peers), parse_metrics(full, peers=peers)
+        # the per-state age is read on the table's own clock, at each exposition's instant
+        assert (sample.transferring_age is None) == (whole.transferring_age is None)
+        assert replace(sample, transferring_age=None) == replace(whole, transferring_age=None)
+        seen.append(sample)
+    assert [s.inflight for s in seen] == [0, 1, 2, 1]
+    assert seen[0].peers is not None and seen[3].peers is not None
+    assert seen[3].peers.outcomes["198.18.0.9"][contract.OUTCOME_DEADLINE] == 1
 
 
 def pod(**overrides: object) -> dict:

@@ -19,7 +19,7 @@ def reference(text: str) -> list[str]:
     keep: list[str] = []
     series = 0
     for line in text.split("\n"):
-        if line.startswith(parse._PREFIXES):
+        if line.startswith(parse.METRICS_READ):
             series += 1
             if series > parse.MAX_SERIES:
                 raise ParseError(f"more than {parse.MAX_SERIES} series of the contract's metrics")
@@ -28,7 +28,7 @@ def reference(text: str) -> list[str]:
         else:
             words = line.split(None, 3)
             if not (
-                len(words) >= 3 and words[1] in ("TYPE", "HELP") and words[2].startswith(parse._PREFIXES)
+                len(words) >= 3 and words[1] in ("TYPE", "HELP") and words[2].startswith(parse.METRICS_READ)
             ):
                 continue
         if len(line) > parse.MAX_LINE_CHARS:
@@ -48,7 +48,7 @@ def outcome(read: object, text: str) -> object:
 
 NAMES = st.sampled_from(
     [
-        *parse._PREFIXES,
+        *parse.METRICS_READ,
         "pdwarden_kv_rooms_abandoned",
         "pdwarden_kv_transfer_seconds_bucket",
         "pdwarden_runtime_info",

@@ -2,9 +2,10 @@
 
 prometheus_client's text parser scans each label block character by character in Python: at
 10,000 pods every 10 s its share of a scrape was most of the operator's CPU. This reads the
-same lines with a few compiled regular expressions and yields prometheus_client's own
-`Metric` and `Sample`, grouped exactly as its `text_string_to_metric_families` groups them
-(a test compares the two over generated bodies). It is stricter on form: a sample line is
+same lines with a few compiled regular expressions and yields each family as a `Family` (the
+name, documentation, type and samples of prometheus_client's `Metric`, with its own `Sample`),
+grouped exactly as its `text_string_to_metric_families` groups them (a test compares the two
+over generated bodies). It is stricter on form: a sample line is
 `name{labels} value [timestamp]` and nothing else, so a line the library would read loosely
 is an `ExpositionError` here (the pod is then unobserved, never judged on it).
 """
@@ -14,8 +15,9 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Iterator
+from typing import NamedTuple
 
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import METRIC_TYPES
 from prometheus_client.samples import Sample
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -37,6 +39,10 @@ _SUFFIXES: dict[str, tuple[str, ...]] = {
     "summary": ("_count", "_sum", ""),
     "histogram": ("_count", "_sum", "_bucket"),
 }
+
+
+# A TYPE line's word -> the family type prometheus_client reports.
+_TYPES: dict[str, str] = {typ: typ for typ in METRIC_TYPES} | {"untyped": "unknown"}
 
 
 # Sample lines remembered (about 500 bytes each): the lines that read the same in every pod
@@ -98,22 +104,32 @@ def parse_comment(line: str) -> tuple[str, str, str] | None:
     return keyword, candidate, parts[3]
 
 
-def _family(name: str, documentation: str, typ: str, samples: list[Sample]) -> Metric:
+class Family(NamedTuple):
+    """One metric family as prometheus_client's parser reports it (name, documentation, type
+    and samples alike), without building its `Metric` (a name check per family, again)."""
+
+    name: str
+    documentation: str
+    type: str
+    samples: list[Sample]
+
+
+def _family(name: str, documentation: str, typ: str, samples: list[Sample]) -> Family:
     # as prometheus_client reports a counter: the family without `_total`, its samples with it
     if typ == "counter":
         if name.endswith("_total"):
             name = name[:-6]
         else:
             samples = [Sample(s.name + "_total", *s[1:]) for s in samples]
-    try:
-        family = Metric(name, documentation, typ)
-    except ValueError as exc:  # an unknown type
-        raise ExpositionError(f"{name[:60]}: {exc}") from None
-    family.samples = samples
-    return family
+    if not name:  # `_total` alone: names are checked by the expressions that read them
+        raise ExpositionError("a counter named `_total`")
+    typ = _TYPES.get(typ, "")
+    if not typ:
+        raise ExpositionError(f"{name[:60]}: unknown type")
+    return Family(name, documentation, typ, samples)
 
 
-def families(lines: Iterable[str]) -> Iterator[Metric]:
+def families(lines: Iterable[str]) -> Iterator[Family]:
     """The families of `lines` (comments, samples and blank lines of the text format)."""
     name, documentation, typ = "", "", "untyped"
     samples: list[Sample] = []

@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from pdwarden_contract import (
     KV_STATE_BOOTSTRAPPING,
@@ -72,17 +72,21 @@ _COUNTER_FAMILIES: dict[str, tuple[str, ...]] = {
 }
 # Optional gauges: absent (an older runtime) means unknown, never an error.
 _OPTIONAL_GAUGES = (METRIC_KV_ROOMS_ABANDONED, METRIC_KV_POOL_PAGES, METRIC_KV_PAGES_IN_USE)
-# Only lines about these names reach the parser.
-_PREFIXES = (
-    METRIC_KV_ROOMS,  # also covers METRIC_KV_ROOMS_ABANDONED
+# The sample names the watchdog reads: a scrape asks the pod for only these
+# (`contract.METRICS_NAME_PARAM`), and only lines that start with one reach the parser.
+METRICS_READ: Final = (
     METRIC_INFLIGHT_REQUESTS,
     METRIC_INFLIGHT_OLDEST_AGE,
+    METRIC_KV_ROOMS,
+    METRIC_KV_ROOMS_ABANDONED,
     METRIC_KV_TRANSFERS_TOTAL,
     METRIC_KV_OLDEST_IN_STATE,
-    METRIC_RUNTIME_THREADS,  # also covers METRIC_RUNTIME_THREADS_EXPECTED
+    METRIC_RUNTIME_THREADS,
+    METRIC_RUNTIME_THREADS_EXPECTED,
     METRIC_KV_PEER_INFLIGHT,
     METRIC_KV_PEER_TRANSFERS_TOTAL,
-    METRIC_KV_PAGES_HELD,  # also covers METRIC_KV_PAGES_HELD_SECONDS
+    METRIC_KV_PAGES_HELD,
+    METRIC_KV_PAGES_HELD_SECONDS,
     METRIC_KV_PAGES_IN_USE,
     METRIC_KV_POOL_PAGES,
 )
@@ -159,7 +163,31 @@ class PodSample:
 # line cost nearly twice as much): a sample of a contract metric, or a TYPE or HELP comment
 # about one, whose words are split as `str.split()` splits them (as prometheus_client reads
 # comments). Each match starts at a line's "\n", a literal the expression engine finds fast.
-_NAMES = "|".join(re.escape(prefix) for prefix in _PREFIXES)
+def _prefix_pattern(prefixes: Collection[str]) -> str:
+    """An expression matching a string that starts with one of `prefixes`, as a tree of their
+    shared starts (one alternative per character where they part, not one per prefix: a line
+    that starts with none is given up after a few characters)."""
+    tree: dict[str, Any] = {}
+    for prefix in sorted(prefixes, key=len):  # shorter first: a longer one it starts is covered
+        node = tree
+        for char in prefix:
+            if node.get("") is not None:
+                break
+            node = node.setdefault(char, {})
+        else:
+            node.clear()
+            node[""] = {}
+
+    def alternatives(node: dict[str, Any]) -> str:
+        if "" in node:
+            return ""
+        branches = [re.escape(char) + alternatives(child) for char, child in sorted(node.items())]
+        return branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+
+    return alternatives(tree)
+
+
+_NAMES = _prefix_pattern(METRICS_READ)
 _KEPT_LINE = re.compile(rf"\n((?:{_NAMES})[^\n]*|#\S*[^\S\n]+(?:TYPE|HELP)[^\S\n]+(?:{_NAMES})[^\n]*)")
 
 
@@ -181,10 +209,22 @@ def _relevant_lines(text: str) -> list[str]:
 
 
 def _check_labels(family: Any, peers: Collection[str] | None) -> None:
-    """Every label value of the parsed family, as the parser read it."""
+    """Every label value of the parsed family, as the parser read it (the common case tested
+    here, at once; `_check_value` names what is wrong)."""
     for sample in family.samples:
         for label, value in sample.labels.items():
-            _check_value(sample.name, label, value, peers)
+            known = _KNOWN_VALUES.get(label)
+            if (
+                len(value) > MAX_LABEL_VALUE_CHARS
+                or (known is not None and value not in known)
+                or (
+                    label == LABEL_METRIC_PEER
+                    and peers is not None
+                    and value != PEER_OTHER
+                    and value not in peers
+                )
+            ):
+                _check_value(sample.name, label, value, peers)
 
 
 def _check_value(name: str, label: str, value: str, peers: Collection[str] | None) -> None:
@@ -202,6 +242,8 @@ def _check_value(name: str, label: str, value: str, peers: Collection[str] | Non
 
 
 def _checked(name: str, value: float) -> float:
+    if type(value) is float and 0.0 <= value <= MAX_PLAUSIBLE_VALUE:  # NaN compares False
+        return value
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         raise ParseError(f"{name}: value {value!r} is not a number")
     if math.isnan(value) or math.isinf(value):

@@ -14,13 +14,26 @@ import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
+from urllib.parse import urlencode
 
 import aiohttp
 from yarl import URL
 
+import pdwarden_contract as contract
 from pdwarden_operator.watchdog import budget as scrape_budget
 from pdwarden_operator.watchdog.budget import BudgetBusy, Reservation, ScrapeBudget
-from pdwarden_operator.watchdog.parse import DEFAULT_MAX_BYTES, ParseError, PodSample, parse_metrics
+from pdwarden_operator.watchdog.parse import (
+    DEFAULT_MAX_BYTES,
+    METRICS_READ,
+    ParseError,
+    PodSample,
+    parse_metrics,
+)
+
+# Asks a runtime for the families the watchdog reads, a fifth of its body (one that ignores
+# the question sends them all; the parser keeps the same lines either way).
+READ_QUERY: Final = urlencode([(contract.METRICS_NAME_PARAM, name) for name in METRICS_READ])
 
 
 @dataclass(frozen=True)
@@ -128,7 +141,7 @@ class Scraper:
         self, session: aiohttp.ClientSession, url: str, budget: ScrapeBudget, reservation: Reservation
     ) -> bytearray:
         # built by targets.metrics_url from the pod's address and port: already encoded
-        async with session.get(URL(url, encoded=True), allow_redirects=False) as resp:
+        async with session.get(URL(f"{url}?{READ_QUERY}", encoded=True), allow_redirects=False) as resp:
             if resp.status != 200:
                 raise ParseError(f"HTTP {resp.status} from {url}")
             if resp.content_length is not None and resp.content_length > self.max_bytes:

@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from pdwarden_contract import METRIC_RUNTIME_THREADS
-from pdwarden_runtime.metrics import MetricsServer, serve_metrics
+from pdwarden_runtime.metrics import ContractRegistry, MetricsServer, serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -213,8 +213,8 @@ def _max_without_pid(samples: list[Sample]) -> list[Sample]:
     return list(merged.values())
 
 
-def contract_registry(path: str) -> CollectorRegistry:
-    registry = CollectorRegistry()
+def contract_registry(path: str) -> ContractRegistry:
+    registry = ContractRegistry()
     registry.register(ContractCollector(path))
     return registry
 

@@ -10,6 +10,7 @@ from aiohttp import web
 
 import pdwarden_contract as contract
 from pdwarden_localcluster import network
+from pdwarden_runtime.metrics import requested_names
 from pdwarden_testkit.fleet.node import FleetNode
 from pdwarden_testkit.fleet.runtimes import FleetRuntimes
 
@@ -34,7 +35,7 @@ def app(node: FleetNode, runtimes: FleetRuntimes) -> web.Application:
         pod = node.pod_at(sockname[0]) if sockname else None
         if pod is None or pod.role not in contract.RUNTIME_ROLES:
             raise web.HTTPNotFound(text="no runtime pod at this address\n")
-        body, ctype = runtimes.body(pod.role, pod.mode)
+        body, ctype = runtimes.body(pod.role, pod.mode, tuple(requested_names(request)))
         return web.Response(body=body, headers={"Content-Type": ctype})
 
     application = web.Application()

@@ -32,6 +32,7 @@ BODY_TTL_S: Final = 0.25
 TICK_S: Final = 0.1
 IN_FLIGHT: Final = 2  # rooms a serving pod holds at once
 POOL_PAGES: Final = 4096
+MAX_NAME_SETS: Final = 8  # bodies kept per state, one per set of requested names
 
 
 def mode_of(annotations: dict[str, str] | None) -> Mode:
@@ -50,7 +51,8 @@ class _State:
         self._rooms: Iterator[int] = itertools.count(1)
         self._open: list[int] = []
         self._lock = threading.Lock()
-        self._body: tuple[float, bytes, str] | None = None
+        # per requested names (the watchdog always asks for the same ones): when rendered, body
+        self._bodies: dict[tuple[str, ...], tuple[float, bytes, str]] = {}
         if wedged:
             room = next(self._rooms)
             self.runtime.table.open(room, KVPoll.WaitingForInput)
@@ -74,12 +76,15 @@ class _State:
             table.clear(done)
             self.runtime.metrics.add_bytes(16 * 65536)
 
-    def body(self, now: float) -> tuple[bytes, str]:
+    def body(self, now: float, names: tuple[str, ...] = ()) -> tuple[bytes, str]:
         with self._lock:
-            if self._body is None or now - self._body[0] >= BODY_TTL_S:
-                data, ctype = exposition(self.runtime.metrics.registry)
-                self._body = (now, data, ctype)
-            return self._body[1], self._body[2]
+            cached = self._bodies.get(names)
+            if cached is None or now - cached[0] >= BODY_TTL_S:
+                if cached is None and len(self._bodies) >= MAX_NAME_SETS:
+                    self._bodies.clear()  # a client asking for ever other names
+                data, ctype = exposition(self.runtime.metrics.registry, names)
+                cached = self._bodies[names] = (now, data, ctype)
+            return cached[1], cached[2]
 
 
 class FleetRuntimes:
@@ -103,8 +108,10 @@ class FleetRuntimes:
             for state in self._states.values():
                 state.tick()
 
-    def body(self, role: str, mode: Mode) -> tuple[bytes, str]:
+    def body(self, role: str, mode: Mode, names: tuple[str, ...] = ()) -> tuple[bytes, str]:
+        """What a pod of `role` in `mode` exports; `names`: only those metrics' families, as a
+        runtime answers a scrape that names them."""
         state = self._states.get((role, mode))
         if state is None:
             raise KeyError(f"no runtime state for role {role!r}")
-        return state.body(time.monotonic())
+        return state.body(time.monotonic(), names)
