@@ -36,6 +36,22 @@ def test_child_events_mark_their_model_dirty_and_keep_a_slim_copy() -> None:
     assert cache.take_dirty() == [("ns", "m")]
 
 
+def test_a_reader_gets_its_own_copy_of_a_child_as_the_watch_sent_it() -> None:
+    """What a reader changes stays its own: the next reader gets the child as the watch sent it."""
+    cache = Cache()
+    cache.model_event(None, _dm("m"))
+    sent = _child("m-prefill", "m")
+    sent["status"] = {"replicas": 2, "conditions": [{"type": "Available", "status": "True"}]}
+    cache.child_event("apps/v1", "Deployment", "MODIFIED", sent)
+    first = cache.child(("ns", "m"), "Deployment", "m-prefill")
+    assert first is not None and first["status"] == sent["status"] and first["spec"] == sent["spec"]
+    first["status"]["conditions"].clear()
+    first["spec"]["replicas"] = 9
+    again = cache.children_of(("ns", "m"))[("Deployment", "m-prefill")]
+    assert again["status"] == sent["status"] and again["spec"] == {"replicas": 1}
+    assert cache.child(("ns", "m"), "Deployment", "m-decode") is None
+
+
 def test_foreign_objects_and_unknown_models_are_ignored() -> None:
     cache = Cache()
     assert cache.child_event("apps/v1", "Deployment", "ADDED", _child("other", None)) is None
