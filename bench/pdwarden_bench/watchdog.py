@@ -180,6 +180,8 @@ def run(
         rss, peak = op.rss_mib()
         _say("wedging one pod")
         wedge = _wedge_one(env, op, timeout=10 * interval + 60)
+        # the JSON line comes after this: thousands of pods take minutes to go
+        _say(f"cleaning up: deleting {env.namespace} and waiting for its {endpoints} pods to go")
     rounds = count1 - count0
     cores = cpu / measure_s
     result = {
