@@ -357,8 +357,8 @@ class _WholeFamilies(RestrictedRegistry):
     which says the runtime has it (prometheus_client's own restriction drops it)."""
 
     def __init__(self, names: Iterable[str], registry: CollectorRegistry) -> None:
-        super().__init__(names, registry)
-        self._names = frozenset(names)
+        self._names = frozenset(names)  # read once: `names` may be an iterator
+        super().__init__(self._names, registry)
         self._source = registry
 
     def collect(self) -> Iterator[Metric]:
