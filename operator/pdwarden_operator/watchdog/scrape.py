@@ -31,8 +31,8 @@ from pdwarden_operator.watchdog.parse import (
     parse_metrics,
 )
 
-# Asks a runtime for the families the watchdog reads, a fifth of its body (one that ignores
-# the question sends them all; the parser keeps the same lines either way).
+# Asks a runtime for the families the watchdog reads, about a quarter of its body (one that
+# ignores the question sends them all; the parser keeps the same lines either way).
 READ_QUERY: Final = urlencode([(contract.METRICS_NAME_PARAM, name) for name in METRICS_READ])
 
 
