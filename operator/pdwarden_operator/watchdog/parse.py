@@ -209,36 +209,26 @@ def _relevant_lines(text: str) -> list[str]:
 
 
 def _check_labels(family: Any, peers: Collection[str] | None) -> None:
-    """Every label value of the parsed family, as the parser read it (the common case tested
-    here, at once; `_check_value` names what is wrong)."""
+    """Every label value of the parsed family, as the parser read it: bounded and from its known
+    set (`peer`: the model's pods), else the pod is unobserved. Checked here in one loop, not a
+    call per value: it runs for every label of every kept line of every scrape."""
     for sample in family.samples:
         for label, value in sample.labels.items():
-            known = _KNOWN_VALUES.get(label)
-            if (
-                len(value) > MAX_LABEL_VALUE_CHARS
-                or (known is not None and value not in known)
-                or (
-                    label == LABEL_METRIC_PEER
-                    and peers is not None
-                    and value != PEER_OTHER
-                    and value not in peers
+            if len(value) > MAX_LABEL_VALUE_CHARS:
+                raise ParseError(
+                    f"{sample.name[:60]}: label {label[:40]!r} has a value of {len(value)} characters, "
+                    f"at most {MAX_LABEL_VALUE_CHARS}"
                 )
+            known = _KNOWN_VALUES.get(label)
+            if known is not None and value not in known:
+                raise ParseError(f"{sample.name[:60]}: {label} {value[:40]!r} is not one of the contract's")
+            if (
+                label == LABEL_METRIC_PEER
+                and peers is not None
+                and value != PEER_OTHER
+                and value not in peers
             ):
-                _check_value(sample.name, label, value, peers)
-
-
-def _check_value(name: str, label: str, value: str, peers: Collection[str] | None) -> None:
-    """A label value bounded and from its known set: the pod is unobserved otherwise."""
-    if len(value) > MAX_LABEL_VALUE_CHARS:
-        raise ParseError(
-            f"{name[:60]}: label {label[:40]!r} has a value of {len(value)} characters, "
-            f"at most {MAX_LABEL_VALUE_CHARS}"
-        )
-    known = _KNOWN_VALUES.get(label)
-    if known is not None and value not in known:
-        raise ParseError(f"{name[:60]}: {label} {value[:40]!r} is not one of the contract's")
-    if label == LABEL_METRIC_PEER and peers is not None and value != PEER_OTHER and value not in peers:
-        raise ParseError(f"{name[:60]}: peer {value[:40]!r} is not a pod of this model")
+                raise ParseError(f"{sample.name[:60]}: peer {value[:40]!r} is not a pod of this model")
 
 
 def _checked(name: str, value: float) -> float:
