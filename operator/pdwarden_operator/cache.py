@@ -35,6 +35,12 @@ def _packed(obj: Obj) -> bytes:
     return marshal.dumps(obj)
 
 
+def _unpacked(data: bytes) -> Obj:
+    """A `_packed` child, as a fresh copy of its own."""
+    obj: Obj = marshal.loads(data)
+    return obj
+
+
 def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The object's controller owner reference, if it has one."""
     for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
@@ -161,12 +167,12 @@ class Cache:
 
     def children_of(self, key: ModelKey) -> dict[ChildKey, Obj]:
         """The model's children as the watch holds them (fresh copies: the caller's own)."""
-        return {ckey: marshal.loads(data) for ckey, data in self.children.get(key, {}).items()}
+        return {ckey: _unpacked(data) for ckey, data in self.children.get(key, {}).items()}
 
     def child(self, key: ModelKey, kind: str, name: str) -> Obj | None:
         """One child as the watch holds it (read each round: one child, not the model's)."""
         data = self.children.get(key, {}).get((kind, name))
-        return None if data is None else marshal.loads(data)
+        return None if data is None else _unpacked(data)
 
 
 # The one cache of the process: the reconciler keeps it, the watchdog's autoscaler reads the
