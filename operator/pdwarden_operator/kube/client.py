@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -133,6 +133,15 @@ def object_path(obj: Obj) -> str:
     return resource_path(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
 
 
+class _Pool(NamedTuple):
+    """A client's session, the slots that bound its requests in flight, and the loop both
+    belong to: made together, replaced together."""
+
+    session: aiohttp.ClientSession
+    slots: asyncio.Semaphore
+    loop: asyncio.AbstractEventLoop
+
+
 class KubeClient:
     """Requests to one API server over one connection pool. The session is made on the loop
     that first uses it (and again on another loop: a session serves one loop only)."""
@@ -147,13 +156,11 @@ class KubeClient:
         self._max_connections = max_connections
         self._request_timeout = request_timeout
         self._ssl = _tls_context(creds)
-        # the session and the slots that bound its requests in flight, and their loop
-        self._pool: tuple[aiohttp.ClientSession, asyncio.Semaphore] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pool: _Pool | None = None
 
     def _session_here(self) -> tuple[aiohttp.ClientSession, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
-        if self._pool is None or self._pool[0].closed or self._loop is not loop:
+        if self._pool is None or self._pool.session.closed or self._pool.loop is not loop:
             session = aiohttp.ClientSession(
                 # the slots bound the connections; aiohttp's own limit and total timeout would
                 # count the wait for a pooled connection in the request's time
@@ -161,9 +168,8 @@ class KubeClient:
                 timeout=aiohttp.ClientTimeout(total=None),
                 trust_env=False,  # proxies from the environment never see our credentials
             )
-            self._pool = (session, asyncio.Semaphore(self._max_connections))
-            self._loop = loop
-        return self._pool
+            self._pool = _Pool(session, asyncio.Semaphore(self._max_connections), loop)
+        return self._pool.session, self._pool.slots
 
     async def request(
         self,
@@ -205,8 +211,8 @@ class KubeClient:
 
     async def aclose(self) -> None:
         """Close the session, from the loop that uses it (its owner's job: `set_client` does not)."""
-        if self._pool is not None and not self._pool[0].closed:
-            await self._pool[0].close()
+        if self._pool is not None and not self._pool.session.closed:
+            await self._pool.session.close()
 
 
 def _tls_context(creds: Credentials) -> ssl.SSLContext:
