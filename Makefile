@@ -11,7 +11,7 @@ export PIP_CACHE_DIR ?= $(HOME)/.cache/pip
 export MYPY_CACHE_DIR ?= $(PDWARDEN_CACHE)/mypy
 ARGS ?=
 
-.PHONY: setup tools test test-fast test-unit test-integration test-e2e lint demo clean crds
+.PHONY: setup tools binaries test test-fast test-unit test-integration test-e2e lint demo clean crds
 
 # The four distributions, editable: core (the command and the contract), the operator, the
 # runtime with its engines, and the development tools with the test tools (pyproject.toml).
@@ -30,6 +30,12 @@ setup: $(VENV)/.installed tools
 tools: $(VENV)/.installed
 	$(VENV)/bin/python -m pdwarden_localcluster.tools install
 
+# The local cluster's components and its monitoring stack, built from Go modules into the cache
+# (keyed by their sources and pins; a hit costs a stat). A cold build takes minutes on every
+# core: done here, before pytest, so that no test's time limit is spent on it.
+binaries: setup
+	$(PDW) cluster build
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -43,13 +49,13 @@ PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKER
 
 # Every test, the multi-minute safety scenarios (marked `slow`) included, in a random order
 # (pytest-randomly prints its seed; ARGS=--randomly-seed=N repeats an order).
-test: setup
+test: setup binaries
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly $(PYTEST_PARALLEL) --durations=25 $(ARGS)
 
 # The inner loop: everything but the `slow` scenarios.
-test-fast: setup
+test-fast: setup binaries
 	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly $(PYTEST_PARALLEL) -m "not slow" $(ARGS)
 
 test-unit: setup
@@ -58,7 +64,7 @@ test-unit: setup
 test-integration: setup
 	$(VENV)/bin/python -m pytest -m integration
 
-test-e2e: setup
+test-e2e: setup binaries
 	$(VENV)/bin/python -m pytest -m e2e
 
 crds: $(VENV)/.installed

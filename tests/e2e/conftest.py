@@ -28,8 +28,9 @@ def cluster() -> Iterator[ClusterInfo]:
         # both lock: one worker installs and starts, the others then find everything up
         tools.install(progress=False)
         info = localcluster.ensure_up()
-        # the monitoring stack's binaries too, before any test runs (a miss builds for minutes
-        # on every core: better than under a test beside it; a hit costs a stat)
+        # the monitoring stack's binaries too, before any test runs (`make test` built them all
+        # first, `make binaries`: a hit costs a stat; a miss here builds for minutes under this
+        # test's time limit)
         build.ensure_monitoring_built()
         if info.started:
             (session_dir() / STARTED_CLUSTER).touch()

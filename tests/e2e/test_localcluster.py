@@ -267,6 +267,17 @@ def test_up_twice_is_harmless(cluster: ClusterInfo) -> None:
     assert set(ports().listening(len(info["nodes"]))) <= reserved_ports.reserved()
 
 
+def test_cluster_build_finds_every_binary_in_the_cache(cluster: ClusterInfo) -> None:
+    """What `make test` runs before pytest: after the session's cluster started, every binary is
+    cached, so it builds nothing and names the directories the cluster runs from."""
+    proc = subprocess.run([PDWARDEN, "cluster", "build"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(build.bin_dir()), str(build.monitoring_bin_dir())]
+    assert "go build" not in proc.stderr and "waiting for the build lock" not in proc.stderr
+    assert build.is_built(build.bin_dir())
+    assert build.coredns_binary().exists() and build.network_policies_binary().exists()
+
+
 def test_kubectl_logs_shows_the_current_and_previous_run(
     kubectl: Kubectl, namespace: str, tmp_path: Path
 ) -> None:
