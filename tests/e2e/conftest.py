@@ -28,12 +28,12 @@ def cluster() -> Iterator[ClusterInfo]:
         # both lock: one worker installs and starts, the others then find everything up
         tools.install(progress=False)
         info = localcluster.ensure_up()
+        if info.started:  # before anything else can fail: the session's end stops what it started
+            (session_dir() / STARTED_CLUSTER).touch()
         # the monitoring stack's binaries too, before any test runs (`make test` built them all
         # first, `make binaries`: a hit costs a stat; a miss here builds for minutes under this
         # test's time limit)
         build.ensure_monitoring_built()
-        if info.started:
-            (session_dir() / STARTED_CLUSTER).touch()
     except ClusterError as exc:
         pytest.fail(f"the local cluster cannot start: {exc}", pytrace=False)
     previous = os.environ.get("KUBECONFIG")
