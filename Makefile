@@ -34,7 +34,7 @@ tools: $(VENV)/.installed
 # (keyed by their sources and pins; a hit costs a stat). A cold build takes minutes on every
 # core: done here, before pytest, so that no test's time limit is spent on it.
 binaries: setup
-	$(PDW) cluster build
+	$(VENV)/bin/python -m pdwarden_localcluster.build
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -1,11 +1,14 @@
 """Build the control-plane binaries from Go modules, cached outside the checkout.
 
-`python -m pdwarden_localcluster.build` (or `ensure_built()`) produces kube-apiserver,
-kube-controller-manager, kube-scheduler, kube-proxy, pdwarden-etcd and pdwarden-streaming in
-`<cache>/bin/<key>/`, where the key names the pinned kubernetes version and a hash of the Go
-sources and the Go toolchain version. A hit costs a stat; a miss builds (20-40 min cold on
-2 cores) under a file lock so concurrent callers build once. CoreDNS and kube-network-policies
-come from Go modules of their own, each cached the same way under a key of its own.
+`ensure_built()` produces kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy,
+pdwarden-etcd and pdwarden-streaming in `<cache>/bin/<key>/`, where the key names the pinned
+kubernetes version and a hash of the Go sources and the Go toolchain version. A hit costs a
+stat; a miss builds (about 4 min cold on 2 cores, every module downloaded) under a file lock so
+concurrent callers build once. CoreDNS and kube-network-policies
+come from Go modules of their own, each cached the same way under a key of its own, and so do
+the monitoring stack's binaries (`ensure_monitoring_built()`). `python -m
+pdwarden_localcluster.build` (`make binaries`, which `make test` runs before pytest so that no
+test's time limit is spent on a cold build) builds them all and prints their directories.
 """
 
 from __future__ import annotations
@@ -503,14 +506,14 @@ def _interrupt(signum: int, _frame: object) -> None:
 def main() -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        path = ensure_built()
+        paths = (ensure_built(), ensure_monitoring_built())
     except ClusterError as exc:
         _stderr(f"error: {exc}")
         return 1
     except KeyboardInterrupt:
         _stderr("interrupted")
         return 130
-    print(path)
+    print(*paths, sep="\n")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""`pdwarden cluster up|down|status|build|kubeconfig|logs`: the embedded local cluster."""
+"""`pdwarden cluster up|down|status|kubeconfig|logs`: the embedded local cluster."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 import click
 
-from pdwarden_localcluster import build, topology
 from pdwarden_localcluster import cluster as local
 from pdwarden_localcluster import monitoring as monitoring_stack
+from pdwarden_localcluster import topology
 from pdwarden_localcluster.errors import ClusterError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -100,24 +100,6 @@ def up(nodes: int | None, cpu_nodes: int | None, gpus: int, monitoring: bool, as
         click.echo(f"monitoring ready in {stack.seconds:.1f}s")
         click.echo(f"  Prometheus   {stack.prometheus_url}")
         click.echo(f"  Alertmanager {stack.alertmanager_url}")
-
-
-@cluster.command("build")
-@click.option(
-    "--monitoring/--no-monitoring",
-    default=True,
-    show_default=True,
-    help="Also the monitoring stack's binaries (prometheus-operator, Prometheus, Alertmanager).",
-)
-@friendly
-def build_binaries(monitoring: bool) -> None:
-    """Build every binary the cluster runs from its Go modules, or find them in the cache
-    (keyed by their sources and pins). A cold build takes minutes on every core: `make test`
-    runs this before its tests, so no test's time limit is spent on it."""
-    progress = lambda m: click.echo(m, err=True)  # noqa: E731
-    click.echo(build.ensure_built(progress))
-    if monitoring:
-        click.echo(build.ensure_monitoring_built(progress))
 
 
 @cluster.command()

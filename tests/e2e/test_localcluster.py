@@ -270,7 +270,9 @@ def test_up_twice_is_harmless(cluster: ClusterInfo) -> None:
 def test_cluster_build_finds_every_binary_in_the_cache(cluster: ClusterInfo) -> None:
     """What `make test` runs before pytest: after the session's cluster started, every binary is
     cached, so it builds nothing and names the directories the cluster runs from."""
-    proc = subprocess.run([PDWARDEN, "cluster", "build"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pdwarden_localcluster.build"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(build.bin_dir()), str(build.monitoring_bin_dir())]
     assert "go build" not in proc.stderr and "waiting for the build lock" not in proc.stderr
