@@ -1,6 +1,7 @@
 """The watchdog keeps exactly the lines about the contract's metrics that a reading line by
-line keeps (samples of its names, and TYPE and HELP comments about them, whose words are
-split as prometheus_client splits them), in order, with the same limits (hypothesis)."""
+line keeps (samples of its names, and TYPE comments about them, whose words are split as
+prometheus_client splits them; never a HELP comment), in order, with the same limits
+(hypothesis)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,7 @@ def reference(text: str) -> list[str]:
             continue
         else:
             words = line.split(None, 3)
-            if not (
-                len(words) >= 3 and words[1] in ("TYPE", "HELP") and words[2].startswith(parse.METRICS_READ)
-            ):
+            if not (len(words) >= 3 and words[1] == "TYPE" and words[2].startswith(parse.METRICS_READ)):
                 continue
         if len(line) > parse.MAX_LINE_CHARS:
             raise ParseError(
@@ -90,7 +89,12 @@ def test_the_kept_lines_are_those_a_line_by_line_reading_keeps(
 def test_too_many_series_and_a_long_line_are_refused_in_the_order_they_come() -> None:
     sample = 'pdwarden_kv_rooms{state="bootstrapping"} 1\n'
     many = sample * (parse.MAX_SERIES + 1)
-    long = f"# HELP pdwarden_kv_rooms {'h' * 600}\n"
+    long = f"# TYPE pdwarden_kv_rooms gauge{' ' * 600}\n"
     assert outcome(parse._relevant_lines, many + long) == outcome(reference, many + long)
     assert "more than" in str(outcome(parse._relevant_lines, many + long))
     assert "at most" in str(outcome(parse._relevant_lines, long + many))
+
+
+def test_a_help_comment_is_never_kept_whatever_its_length() -> None:
+    help_line = f"# HELP pdwarden_kv_rooms {'h' * 600}"
+    assert parse._relevant_lines(f"{help_line}\npdwarden_kv_rooms 1\n") == ["pdwarden_kv_rooms 1"]

@@ -74,6 +74,8 @@ GOOD = {
     "a known state": in_state(c.KV_STATE_TRANSFERRING),
     "a long line of a metric the watchdog does not read": f'other_metric{{x="{"y" * 5000}"}} 1\n',
     "many series of other metrics": "".join(f'other_metric{{i="{i}"}} 1\n' for i in range(5000)),
+    # documentation is never read: a HELP comment of any length is passed over
+    "a long HELP comment": f"# HELP pdwarden_kv_rooms {'h' * 600}\n",
 }
 
 BAD = {
@@ -109,7 +111,7 @@ BAD = {
         f'pdwarden_kv_peer_inflight{{role="prefill",peer="{DECODE_IP}"}} 1{" " * 600}\n',
         "at most 512",
     ),
-    "a HELP line too long": (f"# HELP pdwarden_kv_rooms {'h' * 600}\n", "at most 512"),
+    "a TYPE line too long": (f"# TYPE pdwarden_kv_rooms gauge{' ' * 600}\n", "at most 512"),
     "too many series": (
         "".join(
             f'pdwarden_kv_peer_inflight{{role="prefill",peer="{DECODE_IP}",n="{i}"}} 1\n'
@@ -131,6 +133,20 @@ def test_unknown_label_values_make_the_pod_unobserved(extra: str, reason: str) -
     with pytest.raises(ParseError) as caught:
         parse_metrics(BASE + extra, peers=MODEL_PODS)
     assert reason in str(caught.value)
+
+
+def test_untyped_rooms_per_state_count_every_series_and_refuse_a_repeated_one() -> None:
+    # no TYPE comment: each sample is a family of its own, as prometheus_client reads it
+    rooms = "".join(
+        f'pdwarden_kv_rooms{{role="prefill",state="{s}"}} {n}\n'
+        for s, n in ((c.KV_STATE_BOOTSTRAPPING, 1), (c.KV_STATE_TRANSFERRING, 2))
+    )
+    for documented in ("", "# HELP pdwarden_kv_rooms Rooms per KV status.\n"):
+        sample = parse_metrics(BASE + documented + rooms, peers=MODEL_PODS)
+        assert (sample.bootstrapping, sample.transferring) == (1.0, 1.0)  # each at most inflight
+        repeated = rooms + f'pdwarden_kv_rooms{{state="{c.KV_STATE_TRANSFERRING}",role="prefill"}} 2\n'
+        with pytest.raises(ParseError, match="duplicate series"):
+            parse_metrics(BASE + documented + repeated, peers=MODEL_PODS)
 
 
 def test_peers_are_unchecked_only_when_no_pod_list_is_given() -> None:
