@@ -44,6 +44,24 @@ async def huge_streamed(request: web.Request) -> web.StreamResponse:
     return resp
 
 
+async def huge_sized(_: web.Request) -> web.Response:
+    return web.Response(body=b"#" * (2 << 20))  # 2 MiB with its Content-Length: refused unread
+
+
+async def padded(_: web.Request) -> web.Response:
+    # a good body past the size read whole, with its Content-Length: read in chunks instead
+    return web.Response(text="# padding\n" * 10_000 + GOOD)
+
+
+async def cut_short(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Length": "4096"})
+    await resp.prepare(request)
+    await resp.write(GOOD.encode())  # fewer bytes than it said, then the connection closes
+    assert request.transport is not None
+    request.transport.close()
+    return resp
+
+
 async def binary(_: web.Request) -> web.Response:
     return web.Response(body=bytes(range(256)) * 10)
 
@@ -69,6 +87,9 @@ async def server() -> AsyncIterator[str]:
         ("/good", good),
         ("/slow", slow),
         ("/huge", huge_streamed),
+        ("/huge-sized", huge_sized),
+        ("/padded", padded),
+        ("/cut-short", cut_short),
         ("/binary", binary),
         ("/error", error),
         ("/redirect", redirect),
@@ -89,7 +110,18 @@ async def server() -> AsyncIterator[str]:
 async def test_every_failure_is_reported_per_pod_and_the_round_completes(server: str) -> None:
     scraper = Scraper(concurrency=4, timeout_seconds=1.0, max_bytes=1 << 20)
     try:
-        names = ["good", "slow", "huge", "binary", "error", "redirect", "reset"]
+        names = [
+            "good",
+            "slow",
+            "huge",
+            "huge-sized",
+            "padded",
+            "cut-short",
+            "binary",
+            "error",
+            "redirect",
+            "reset",
+        ]
         targets = [Target(n, f"{server}/{n}") for n in names]
         targets.append(Target("closed", f"http://{HOST}:{free_port(HOST)}/metrics"))  # nobody listens
         results = await asyncio.wait_for(scraper.scrape(targets), timeout=20)
@@ -100,6 +132,11 @@ async def test_every_failure_is_reported_per_pod_and_the_round_completes(server:
         assert (ok.sample.inflight, ok.sample.oldest_age, ok.sample.transfers) == (2, 1.5, 8)
         assert by_key["slow"].error == "timeout after 1s"
         assert "exceeds the limit" in (by_key["huge"].error or "")
+        assert by_key["huge-sized"].error == f"body of {2 << 20} bytes exceeds the limit of {1 << 20}"
+        assert by_key["padded"].error is None and by_key["padded"].sample == ok.sample
+        assert by_key["cut-short"].sample is None and "ClientPayloadError" in (
+            by_key["cut-short"].error or ""
+        )
         assert by_key["binary"].error == "body is not UTF-8"
         assert by_key["error"].error == f"HTTP 503 from {server}/error"
         assert "HTTP 302" in (by_key["redirect"].error or "")

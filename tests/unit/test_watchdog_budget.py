@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from pdwarden_operator.watchdog import budget as scrape_budget
 from pdwarden_operator.watchdog.budget import BudgetBusy, Limiter, Reservation, ScrapeBudget
 
 pytestmark = pytest.mark.unit
@@ -91,6 +92,27 @@ async def test_more_than_the_capacity_is_refused_and_over_release_is_a_bug() -> 
         limiter.release(1)
 
 
+async def test_a_wait_that_runs_out_leaves_the_queue_and_a_late_grant_is_given_back() -> None:
+    limiter = Limiter(2)
+    await limiter.acquire(2)
+    with pytest.raises(TimeoutError):
+        await limiter.acquire(1, 0.02)
+    assert limiter.waiting == 0 and limiter.used == 2
+    # granted, and its time runs out before the grant's wake-up lands: the grant comes back
+    waiting = asyncio.create_task(limiter.acquire(1, 10.0))
+    await settle()
+    (waiter,) = limiter._waiters
+    limiter.release(1)
+    assert waiter.granted and limiter.used == 2
+    scrape_budget._expire(waiter.future)
+    with pytest.raises(TimeoutError):
+        await waiting
+    await settle()
+    assert limiter.used == 1 and limiter.waiting == 0
+    limiter.release(1)
+    await limiter.acquire(2, 0.01)  # all free again: taken at once
+
+
 async def test_a_reservation_grows_and_is_released_once() -> None:
     limiter = Limiter(100)
     reservation = Reservation(limiter)
@@ -99,6 +121,21 @@ async def test_a_reservation_grows_and_is_released_once() -> None:
     await reservation.grow_to(500)  # capped at the whole budget
     assert reservation.held == 100 and limiter.used == 100
     reservation.release()
+    reservation.release()
+    assert limiter.used == 0
+
+
+async def test_a_reservation_that_cannot_grow_in_time_times_out_holding_what_it_held() -> None:
+    limiter = Limiter(100)
+    other, reservation = Reservation(limiter), Reservation(limiter)
+    await other.grow_to(80)
+    await reservation.grow_to(20, 0.05)  # fits: taken at once
+    with pytest.raises(TimeoutError):
+        await reservation.grow_to(60, 0.05)  # 40 more of none free
+    assert reservation.held == 20 and limiter.used == 100 and limiter.waiting == 0
+    other.release()
+    await reservation.grow_to(60, 0.05)
+    assert reservation.held == 60 and limiter.used == 60
     reservation.release()
     assert limiter.used == 0
 

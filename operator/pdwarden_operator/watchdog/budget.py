@@ -85,20 +85,26 @@ class Limiter:
                 return True
             return False
 
-    async def acquire(self, amount: int) -> None:
+    async def acquire(self, amount: int, wait_seconds: float | None = None) -> None:
+        """Take `amount`, waiting for room when there is too little; a TimeoutError when none
+        was granted within `wait_seconds` (None: no bound)."""
         if not 0 <= amount <= self.capacity:
             raise ValueError(f"cannot take {amount} of a capacity of {self.capacity}")
-        loop = asyncio.get_running_loop()
         with self._lock:
             if self._free >= amount:
                 self._take(amount)
                 return
+            # the loop only for a wait: each lookup of it costs a system call (its process id)
+            loop = asyncio.get_running_loop()
             waiter = _Waiter(amount, loop.create_future())
             self._waiters.append(waiter)
+        # one timer that fails the wait, not an asyncio.timeout (a timer too, and three more
+        # lookups of the loop): a busy round has many waits
+        timer = loop.call_later(wait_seconds, _expire, waiter.future) if wait_seconds is not None else None
         try:
             await waiter.future
         except BaseException:
-            # cancelled (a timeout): give back what was granted meanwhile, or stop waiting
+            # timed out or cancelled: give back what was granted meanwhile, or stop waiting
             with self._lock:
                 if waiter.granted:
                     self._free += amount
@@ -107,6 +113,9 @@ class Limiter:
                 woken = self._grant()
             _wake(woken)
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def release(self, amount: int) -> None:
         with self._lock:
@@ -146,6 +155,11 @@ def _wake(waiters: list[_Waiter]) -> None:
             waiter.future.cancel()
 
 
+def _expire(future: asyncio.Future[None]) -> None:
+    if not future.done():  # a grant on its way is given back by the waiter (acquire)
+        future.set_exception(TimeoutError())
+
+
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -160,13 +174,16 @@ class Reservation:
         self.held = 0
         self._released = False
 
-    async def grow_to(self, amount: int) -> None:
+    async def grow_to(self, amount: int, wait_seconds: float | None = None) -> None:
+        """Hold `amount` bytes; a wait for them, when the budget has too few free, ends in a
+        TimeoutError after `wait_seconds` (None: unbounded). No timer when none is needed."""
         amount = min(amount, self._limiter.capacity)
         if amount > self.held:
-            await self._limiter.acquire(amount - self.held)
+            more = amount - self.held
+            await self._limiter.acquire(more, wait_seconds)
             with self._lock:
                 if self._released:  # released while waiting (never in practice): give it back
-                    self._limiter.release(amount - self.held)
+                    self._limiter.release(more)
                     return
                 self.held = amount
 
@@ -191,11 +208,8 @@ class Slot:
         self._wait_seconds = wait_seconds
 
     async def __aenter__(self) -> None:
-        if self._limiter.try_acquire(1):  # none waits when one is free (release grants first)
-            return
         try:
-            async with asyncio.timeout(self._wait_seconds):
-                await self._limiter.acquire(1)
+            await self._limiter.acquire(1, self._wait_seconds)
         except TimeoutError:
             raise BudgetBusy(
                 f"no scrape slot within {self._wait_seconds:g}s "

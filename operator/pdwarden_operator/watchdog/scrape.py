@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -68,10 +69,17 @@ class Scraper:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         self.concurrency = concurrency  # this model's share; the budget bounds all models together
         self.timeout_seconds = timeout_seconds
+        # Each request bounded by aiohttp's own timer, from its start to its body's last byte:
+        # an asyncio.timeout around it cost twice as much CPU (its own timer, and three looks
+        # at the running loop, each a system call). Exact, not rounded up to a whole second.
+        self._request_timeout = aiohttp.ClientTimeout(total=timeout_seconds, ceil_threshold=math.inf)
         self.max_bytes = max_bytes
         self.keepalive_seconds = keepalive_seconds
         self._budget = budget
         self._session: aiohttp.ClientSession | None = None
+        # target URL -> the request's (built by targets.metrics_url from the pod's address and
+        # port: already encoded)
+        self._urls: dict[str, URL] = {}
 
     @property
     def budget(self) -> ScrapeBudget:
@@ -106,10 +114,20 @@ class Scraper:
         if self.max_bytes > budget.max_body:
             raise ValueError(f"max_bytes {self.max_bytes} exceeds the budget's body limit {budget.max_body}")
         own = asyncio.Semaphore(self.concurrency)
-        return list(await asyncio.gather(*(self._one(session, budget, own, t) for t in targets)))
+        # the request URLs, built once per pod rather than once per scrape (kept for this
+        # round's targets only)
+        known = self._urls
+        urls = {t.url: known.get(t.url) or URL(f"{t.url}?{READ_QUERY}", encoded=True) for t in targets}
+        self._urls = urls
+        return list(await asyncio.gather(*(self._one(session, budget, own, t, urls[t.url]) for t in targets)))
 
     async def _one(
-        self, session: aiohttp.ClientSession, budget: ScrapeBudget, own: asyncio.Semaphore, target: Target
+        self,
+        session: aiohttp.ClientSession,
+        budget: ScrapeBudget,
+        own: asyncio.Semaphore,
+        target: Target,
+        url: URL,
     ) -> ScrapeResult:
         async with own:
             started = time.perf_counter()
@@ -117,9 +135,8 @@ class Scraper:
             try:
                 # waiting for a slot has its own bound: a busy operator reports the pod
                 # unobserved rather than letting the round run on
-                async with budget.slot(self.timeout_seconds), asyncio.timeout(self.timeout_seconds):
-                    # a timeout, not wait_for: that wraps each fetch in a task of its own
-                    body = await self._fetch(session, target.url, budget, reservation)
+                async with budget.slot(self.timeout_seconds):
+                    body = await self._fetch(session, url, budget, reservation)
                 parse = functools.partial(parse_metrics, body, max_bytes=self.max_bytes, peers=target.peers)
                 size = len(body)
                 del body  # the parse holds the only reference: freed when it is done
@@ -138,25 +155,31 @@ class Scraper:
             return ScrapeResult(target.key, sample, error, time.perf_counter() - started)
 
     async def _fetch(
-        self, session: aiohttp.ClientSession, url: str, budget: ScrapeBudget, reservation: Reservation
-    ) -> bytearray:
-        # built by targets.metrics_url from the pod's address and port: already encoded
-        async with session.get(URL(f"{url}?{READ_QUERY}", encoded=True), allow_redirects=False) as resp:
+        self, session: aiohttp.ClientSession, url: URL, budget: ScrapeBudget, reservation: Reservation
+    ) -> bytes | bytearray:
+        # what is left of the scrape's time bounds a wait for the body's bytes, which the
+        # request's timer does not see (it watches only aiohttp's own awaits)
+        deadline = time.monotonic() + self.timeout_seconds
+        async with session.get(url, allow_redirects=False, timeout=self._request_timeout) as resp:
             if resp.status != 200:
-                raise ParseError(f"HTTP {resp.status} from {url}")
-            if resp.content_length is not None and resp.content_length > self.max_bytes:
-                raise ParseError(f"body of {resp.content_length} bytes exceeds the limit of {self.max_bytes}")
+                raise ParseError(f"HTTP {resp.status} from {url.with_query(None)}")
+            length = resp.content_length
+            if length is not None and length > self.max_bytes:
+                raise ParseError(f"body of {length} bytes exceeds the limit of {self.max_bytes}")
             # what the body will hold, before reading it: its length, else a first share
             await reservation.grow_to(
-                resp.content_length
-                if resp.content_length is not None
-                else min(budget.first_reservation, self.max_bytes)
+                length if length is not None else min(budget.first_reservation, self.max_bytes),
+                deadline - time.monotonic(),
             )
+            if length is not None and length <= budget.inline_parse_bytes:
+                # a runtime's few KiB (prometheus_client sends the length): read whole, as the
+                # HTTP parser reads no byte past the length it was given
+                return await resp.read()
             body = bytearray()  # one buffer, not chunks and then their join
             async for chunk in resp.content.iter_any():
                 if len(body) + len(chunk) > self.max_bytes:
                     raise ParseError(f"body exceeds the limit of {self.max_bytes} bytes")
                 if len(body) + len(chunk) > reservation.held:  # a chunked body beyond its first share
-                    await reservation.grow_to(self.max_bytes)
+                    await reservation.grow_to(self.max_bytes, deadline - time.monotonic())
                 body += chunk
             return body
