@@ -4,11 +4,11 @@
 pdwarden-etcd and pdwarden-streaming in `<cache>/bin/<key>/`, where the key names the pinned
 kubernetes version and a hash of the Go sources and the Go toolchain version. A hit costs a
 stat; a miss builds (about 4 min cold on 2 cores, every module downloaded) under a file lock so
-concurrent callers build once. CoreDNS and kube-network-policies
-come from Go modules of their own, each cached the same way under a key of its own, and so do
-the monitoring stack's binaries (`ensure_monitoring_built()`). `python -m
-pdwarden_localcluster.build` (`make binaries`, which `make test` runs before pytest so that no
-test's time limit is spent on a cold build) builds them all and prints their directories.
+concurrent callers build once. CoreDNS and kube-network-policies come from Go modules of their
+own, each cached the same way under a key of its own, and so do the monitoring stack's binaries
+(`ensure_monitoring_built()`). `python -m pdwarden_localcluster.build` (`make binaries`, which
+`make test` runs before pytest so that no test's time limit is spent on a cold build) builds
+them all and prints their directories.
 """
 
 from __future__ import annotations

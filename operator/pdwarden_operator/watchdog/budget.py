@@ -78,13 +78,6 @@ class Limiter:
         with self._lock:
             return len(self._waiters)
 
-    def try_acquire(self, amount: int) -> bool:
-        with self._lock:
-            if self._free >= amount:
-                self._take(amount)
-                return True
-            return False
-
     async def acquire(self, amount: int, wait_seconds: float | None = None) -> None:
         """Take `amount`, waiting for room when there is too little; a TimeoutError when none
         was granted within `wait_seconds` (None: no bound)."""

@@ -304,7 +304,8 @@ def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str]
             continue
         if family.name == METRIC_KV_ROOMS:
             # an untyped body's samples are families of one each: every one counts
-            per_state = _per_state(family, seen, {} if per_state is None else per_state)
+            per_state = {} if per_state is None else per_state
+            _add_per_state(family, seen, per_state)
             continue
         if family.name in optional:
             if family.type not in ("gauge", "unknown"):
@@ -383,11 +384,11 @@ def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str]
     )
 
 
-def _per_state(
+def _add_per_state(
     family: Any, seen: set[tuple[str, tuple[tuple[str, str], ...]]], counts: dict[str, float]
-) -> dict[str, float]:
-    """`counts` (rooms per state) with the family's added; a state label outside the contract's
-    is garbage."""
+) -> None:
+    """The family's rooms added to `counts` (rooms per state); a state label outside the
+    contract's is garbage."""
     if family.type not in ("gauge", "unknown"):
         raise ParseError(f"{family.name}: type {family.type!r}, expected a gauge")
     for sample in family.samples:
@@ -401,7 +402,6 @@ def _per_state(
         if state not in KV_STATES:
             raise ParseError(f"{sample.name}: unknown state {state[:40]!r}")
         counts[state] = counts.get(state, 0.0) + _checked(sample.name, sample.value)
-    return counts
 
 
 def _peer_figures(families: list[Any]) -> PeerFigures | None:
