@@ -1,0 +1,97 @@
+"""bench watchdog's verdict is the median of its steady windows, each window's CPU beside it, and
+its counts are over every window."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pdwarden_bench.watchdog import Reading, Window, goal_met, steady_figures, window
+
+pytestmark = pytest.mark.unit
+
+
+def _window(
+    cpu_s: float, rounds: int = 600, late: int = 0, errors: int = 0, counted_s: float = 60.0
+) -> Window:
+    return Window(
+        seconds=60.0,
+        cpu_s=cpu_s,
+        counted_seconds=counted_s,
+        rounds=rounds,
+        round_seconds=rounds * 0.25,
+        rounds_late=late,
+        scrape_errors=errors,
+    )
+
+
+def _reading(at: float, cpu_s: float, rounds: float) -> Reading:
+    """A reading whose fetch took 2 s, 0.5 s of it the operator's CPU."""
+    return Reading(
+        before_at=at,
+        cpu_before_s=cpu_s,
+        after_at=at + 2.0,
+        cpu_after_s=cpu_s + 0.5,
+        rounds=rounds,
+        round_seconds=rounds / 4,
+        rounds_late=1.0,
+        scrape_errors=rounds / 100,
+        unobserved_pods=0.0,
+    )
+
+
+def test_a_window_leaves_out_the_fetches_that_bound_it() -> None:
+    """Serving the bench's fetch of the operator's metrics is counted in neither window it
+    bounds; the rounds are counted from one fetch to the next."""
+    w = window(_reading(at=100.0, cpu_s=10.0, rounds=100.0), _reading(at=162.0, cpu_s=25.5, rounds=700.0))
+    assert (w.seconds, w.cpu_s, w.cores) == (60.0, 15.0, 0.25)
+    assert w.counted_seconds == 62.0
+    assert (w.rounds, w.round_seconds, w.rounds_late, w.scrape_errors) == (600, 150.0, 0, 6)
+
+
+def test_cores_is_the_median_window_and_one_noisy_window_does_not_decide() -> None:
+    figures = steady_figures([_window(13.2), _window(19.8), _window(14.4)], models=100, interval=10)
+    assert figures["cores"] == 0.24
+    assert (figures["cores_min"], figures["cores_max"]) == (0.22, 0.33)
+    assert figures["cores_windows"] == [0.22, 0.33, 0.24]
+    assert figures["windows"] == 3
+
+
+def test_counts_are_over_every_window() -> None:
+    figures = steady_figures(
+        [_window(12.0, rounds=590, late=1), _window(12.0, rounds=610, errors=2)], models=100, interval=10
+    )
+    # the rounds a window expects follow the span its counts cover
+    assert figures["rounds"] == 1200
+    assert figures["expected_rounds"] == 1200
+    assert figures["round_mean_s"] == 0.25
+    assert (figures["rounds_late"], figures["scrape_errors"]) == (1, 2)
+    assert figures["operator_cpu_s"] == 24.0
+
+
+def test_no_window_is_an_error_not_a_verdict() -> None:
+    with pytest.raises(ValueError, match="no steady window"):
+        steady_figures([], models=1, interval=10)
+
+
+def _run(**overrides: Any) -> dict[str, Any]:
+    figures = steady_figures([_window(14.0), _window(16.0), _window(14.5)], models=100, interval=10)
+    figures |= {"operator_peak_rss_mib": 280.0, "unobserved_pods": 0, "wedge_remediated_s": 12.0}
+    return figures | overrides
+
+
+@pytest.mark.parametrize(
+    ("overrides", "met"),
+    [
+        ({}, True),
+        ({"cores": 0.26}, False),
+        ({"operator_peak_rss_mib": 301.0}, False),
+        ({"rounds_late": 1}, False),
+        ({"scrape_errors": 1}, False),
+        ({"unobserved_pods": 1}, False),
+        ({"wedge_remediated_s": None}, False),
+    ],
+)
+def test_the_goal(overrides: dict[str, Any], met: bool) -> None:
+    assert goal_met(_run(**overrides)) is met
