@@ -45,6 +45,7 @@ MAX_ENDPOINTS: Final = 10000
 GOAL_CORES: Final = 0.25
 GOAL_RSS_MIB: Final = 300.0
 REMEDIATION_COUNTED_S: Final = 30.0
+GC_COLLECTIONS: Final = "python_gc_collections_total"  # prometheus_client's, on the operator's page
 
 
 def _say(msg: str) -> None:
@@ -84,6 +85,8 @@ class Reading:
     rounds_late: float
     scrape_errors: float
     unobserved_pods: float  # a gauge: pods the last rounds could not read
+    full_collections: float  # the garbage collector's runs over every generation
+    rss_mib: float
 
     @property
     def counted_at(self) -> float:
@@ -103,6 +106,8 @@ class Window:
     round_seconds: float
     rounds_late: int
     scrape_errors: int
+    full_collections: int
+    rss_mib: float  # at its end
 
     @property
     def cores(self) -> float:
@@ -124,6 +129,8 @@ def _read(op: OperatorProcess) -> Reading:
         rounds_late=metric_sum(found, contract.METRIC_OPERATOR_ROUNDS_LATE_TOTAL),
         scrape_errors=metric_sum(found, contract.METRIC_OPERATOR_SCRAPE_ERRORS_TOTAL),
         unobserved_pods=metric_sum(found, contract.METRIC_OPERATOR_UNOBSERVED_PODS),
+        full_collections=metric_sum(found, GC_COLLECTIONS, generation="2"),
+        rss_mib=op.rss_mib()[0],
     )
 
 
@@ -136,6 +143,8 @@ def window(before: Reading, after: Reading) -> Window:
         round_seconds=after.round_seconds - before.round_seconds,
         rounds_late=int(after.rounds_late - before.rounds_late),
         scrape_errors=int(after.scrape_errors - before.scrape_errors),
+        full_collections=int(after.full_collections - before.full_collections),
+        rss_mib=after.rss_mib,
     )
 
 
@@ -158,6 +167,8 @@ def steady_figures(windows: Sequence[Window], models: int, interval: int) -> dic
         "cores_min": round(min(cores), 4),
         "cores_max": round(max(cores), 4),
         "cores_windows": [round(c, 4) for c in cores],
+        "full_collections_windows": [w.full_collections for w in windows],
+        "rss_windows_mib": [round(w.rss_mib, 1) for w in windows],
     }
 
 

@@ -8,7 +8,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+)
 
 from pdwarden_contract import (
     ENV_POD_IP,
@@ -44,6 +52,10 @@ class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
+        # The process's own CPU, memory and open descriptors (`process_*`) and its garbage
+        # collections per generation (`python_gc_*`): what a fleet's size costs the operator.
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
         self.wedged_pods = Gauge(
             METRIC_OPERATOR_WEDGED_PODS,
             "Runtime pods the watchdog judges wedged now",

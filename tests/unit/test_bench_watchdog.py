@@ -23,6 +23,8 @@ def _window(
         round_seconds=rounds * 0.25,
         rounds_late=late,
         scrape_errors=errors,
+        full_collections=1,
+        rss_mib=250.0,
     )
 
 
@@ -38,6 +40,8 @@ def _reading(at: float, cpu_s: float, rounds: float) -> Reading:
         rounds_late=1.0,
         scrape_errors=rounds / 100,
         unobserved_pods=0.0,
+        full_collections=rounds / 200,
+        rss_mib=at,
     )
 
 
@@ -48,6 +52,7 @@ def test_a_window_leaves_out_the_fetches_that_bound_it() -> None:
     assert (w.seconds, w.cpu_s, w.cores) == (60.0, 15.0, 0.25)
     assert w.counted_seconds == 62.0
     assert (w.rounds, w.round_seconds, w.rounds_late, w.scrape_errors) == (600, 150.0, 0, 6)
+    assert (w.full_collections, w.rss_mib) == (3, 162.0)  # the RSS as the window ends
 
 
 def test_cores_is_the_median_window_and_one_noisy_window_does_not_decide() -> None:
@@ -56,6 +61,8 @@ def test_cores_is_the_median_window_and_one_noisy_window_does_not_decide() -> No
     assert (figures["cores_min"], figures["cores_max"]) == (0.22, 0.33)
     assert figures["cores_windows"] == [0.22, 0.33, 0.24]
     assert figures["windows"] == 3
+    assert figures["full_collections_windows"] == [1, 1, 1]
+    assert figures["rss_windows_mib"] == [250.0, 250.0, 250.0]
 
 
 def test_counts_are_over_every_window() -> None:

@@ -143,6 +143,21 @@ def test_operator_metric_names_follow_the_contract() -> None:
     assert "pdwarden_operator_wedged_pods{" not in generate_latest(m.registry).decode()
 
 
+def test_the_operator_exports_its_own_process_cpu_memory_and_collections() -> None:
+    """What a fleet costs the operator, readable from its page (the watchdog bench reads its
+    garbage collections per window from it)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {
+        f.name: f
+        for f in text_string_to_metric_families(generate_latest(OperatorMetrics().registry).decode())
+    }
+    assert families["process_cpu_seconds"].samples[0].value > 0
+    assert families["process_resident_memory_bytes"].samples[0].value > 1 << 20
+    assert {s.labels["generation"] for s in families["python_gc_collections"].samples} == {"0", "1", "2"}
+
+
 def test_a_gone_models_series_all_leave_the_page_and_no_other_models() -> None:
     """Every metric labelled with a model is in `per_model`, and forgetting a model drops its
     series from each of them (counters and histograms too), not another model's."""
