@@ -1,5 +1,5 @@
-"""The watchdog's pod cache: watch events, namespace listings (at most one per RELIST_AFTER_S),
-and events that race a listing."""
+"""The watchdog's pod cache: watch events, namespace listings (after the watch listed the pods
+again, else at most one per RELIST_AFTER_S), and events that race a listing."""
 
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def test_a_pod_that_changes_model_or_leaves_the_selection_moves_or_goes() -> Non
     async def run() -> None:
         lister = Lister()
         await cache.pods("ns", "m", lister)
-        cache.event(None, pod("a"))  # kopf's own initial listing reports with no type
+        cache.event("ADDED", pod("a"))
         cache.event("MODIFIED", pod("a", model="n"))
         assert names(await cache.pods("ns", "m", lister)) == []
         assert names(await cache.pods("ns", "n", lister)) == ["a"]
@@ -147,6 +147,81 @@ def test_a_pod_that_changes_model_or_leaves_the_selection_moves_or_goes() -> Non
         assert names(await cache.pods("ns", "n", lister)) == []
 
     asyncio.run(run())
+
+
+def test_a_listing_by_the_watch_makes_the_next_round_list_the_namespace() -> None:
+    """kopf lists the pods again when its watch's version expired, and its listing (events with
+    no type) says nothing of a pod deleted in the gap: the cache lists the namespace itself."""
+    clock, lister = Clock(), Lister(pod("a"), pod("b"))
+    cache = PodCache(clock)
+
+    async def run() -> None:
+        assert names(await cache.pods("ns", "m", lister)) == ["a", "b"]
+        cache.event("MODIFIED", pod("a", rv="2"))  # the watch going on: no listing
+        clock.now += RELIST_AFTER_S - 1
+        assert names(await cache.pods("ns", "m", lister)) == ["a", "b"]
+        assert lister.calls == ["ns"]
+        lister.items = [pod("a", rv="2")]  # b was deleted while the watch was away
+        cache.event(None, pod("a", rv="2"))
+        assert names(await cache.pods("ns", "m", lister)) == ["a"]
+        assert lister.calls == ["ns", "ns"]
+        assert names(await cache.pods("ns", "m", lister)) == ["a"]
+        assert lister.calls == ["ns", "ns"]  # once per listing by the watch
+
+    asyncio.run(run())
+
+
+def test_a_failed_listing_is_tried_again_next_round() -> None:
+    clock, lister = Clock(), Lister(pod("a"))
+    cache = PodCache(clock)
+
+    def api_down() -> None:
+        raise ConnectionError("the API server is away")
+
+    async def run() -> list[Obj]:
+        await cache.pods("ns", "m", lister)
+        cache.event(None, pod("a"))
+        lister.during = api_down
+        with pytest.raises(ConnectionError):
+            await cache.pods("ns", "m", lister)
+        lister.during = None
+        lister.items = []
+        return await cache.pods("ns", "m", lister)
+
+    assert asyncio.run(run()) == []
+    assert lister.calls == ["ns", "ns", "ns"]
+
+
+def test_a_listing_by_the_watch_during_the_caches_own_asks_for_another() -> None:
+    cache, lister = PodCache(Clock()), Lister(pod("a"))
+    lister.during = lambda: cache.event(None, pod("a"))
+
+    async def run() -> None:
+        await cache.pods("ns", "m", lister)
+        lister.during = None
+        await cache.pods("ns", "m", lister)
+        await cache.pods("ns", "m", lister)
+
+    asyncio.run(run())
+    assert lister.calls == ["ns", "ns"]
+
+
+def test_a_listing_keeps_the_cached_copy_of_a_pod_whose_version_is_the_same() -> None:
+    clock, lister = Clock(), Lister(pod("a"), pod("b"))
+    cache = PodCache(clock)
+
+    async def run() -> tuple[list[Obj], list[Obj]]:
+        before = await cache.pods("ns", "m", lister)
+        lister.items = [pod("a"), pod("b", rv="2")]
+        clock.now += RELIST_AFTER_S + 1
+        return before, await cache.pods("ns", "m", lister)
+
+    before, after = asyncio.run(run())
+    assert len(lister.calls) == 2
+    old, new = ({p["metadata"]["name"]: p for p in pods} for pods in (before, after))
+    assert new["a"] is old["a"]  # unchanged: no second copy
+    assert new["b"] is not old["b"] and new["b"]["metadata"]["resourceVersion"] == "2"
+    assert "managedFields" not in new["b"]["metadata"]  # a changed pod is slimmed as any other
 
 
 def test_concurrent_rounds_share_one_listing() -> None:

@@ -2,10 +2,14 @@
 
 A round used to LIST its model's pods each scrape interval: a thousand models at 10 s is a
 hundred LISTs a second with nothing changed. The pods now come from one watch the API server
-filters by label (kopf_handlers.py), and each namespace is listed at most once per
-`RELIST_AFTER_S` besides: a watch can miss a deletion across a reconnect, and a listing
-bounds how long a pod that is gone can linger here. Events that arrive while a listing is
-in flight are applied over it, so the listing never brings back a pod deleted meanwhile.
+filters by label (kopf_handlers.py). The watch resumes from its last resourceVersion across
+reconnects; when that version has expired, kopf lists the pods again, and a listing reports
+the pods there are, not those deleted in the gap: so after such a listing (its events have no
+type) the cache lists the namespace itself on the next round, and besides once per
+`RELIST_AFTER_S`, which bounds how long a pod that is gone can linger here. Events that arrive
+while a listing is in flight are applied over it, so the listing never brings back a pod
+deleted meanwhile. A listed pod whose resourceVersion is the cached one keeps its cached copy:
+at 10,000 pods a listing then costs the decoding of its pages, not a second copy of the fleet.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pdwarden_operator.kube import scale as kube_scale
 
 Obj = dict[str, Any]
 Lister = Callable[[str], AsyncIterator[list[Obj]]]  # namespace -> its runtime pods (one LIST, in pages)
-RELIST_AFTER_S: Final = 300.0
+RELIST_AFTER_S: Final = 900.0
 
 
 # What the watchdog reads of a pod, and nothing else: at 10,000 pods a cached pod's size is
@@ -137,6 +141,9 @@ class _Namespace:
     model_of: dict[str, str] = field(default_factory=dict)  # uid -> model
     shared: dict[Hashable, Any] = field(default_factory=dict)  # share_parts' table
     listed_at: float | None = None
+    # the watch listed the pods again since this cache's last listing (a deletion in the
+    # watch's gap may be unseen): the next round lists the namespace
+    watch_listed: bool = False
     # events seen while a listing is in flight: replayed over it
     during_list: list[tuple[str | None, Obj]] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -157,6 +164,8 @@ class PodCache:
         if not namespace or not uid:
             return
         ns = self._ns(str(namespace))
+        if event_type is None:
+            ns.watch_listed = True
         slim = share_parts(slim_pod(pod), ns.shared)
         if ns.during_list is not None:
             ns.during_list.append((event_type, slim))
@@ -178,27 +187,45 @@ class PodCache:
 
     async def pods(self, namespace: str, model: str, lister: Lister) -> list[Obj]:
         """The model's runtime pods (prefill, decode, quarantined), listing the namespace first
-        when it was never listed or not for RELIST_AFTER_S."""
+        when it was never listed, the watch listed the pods since, or not for RELIST_AFTER_S."""
         ns = self._ns(namespace)
-        if ns.listed_at is None or self._clock() - ns.listed_at > RELIST_AFTER_S:
+        if self._listing_due(ns):
             async with ns.lock:
-                if ns.listed_at is None or self._clock() - ns.listed_at > RELIST_AFTER_S:
+                if self._listing_due(ns):
                     await self._relist(ns, namespace, lister)
         return list(ns.by_model.get(model, {}).values())
 
+    def _listing_due(self, ns: _Namespace) -> bool:
+        return ns.listed_at is None or ns.watch_listed or self._clock() - ns.listed_at > RELIST_AFTER_S
+
     async def _relist(self, ns: _Namespace, namespace: str, lister: Lister) -> None:
         ns.during_list = []
+        asked, ns.watch_listed = (
+            ns.watch_listed,
+            False,
+        )  # a listing by the watch from here on asks for another
         try:
-            fresh = _Namespace(lock=ns.lock)
+            # the share table is kept (MAX_SHARED_PARTS bounds it): unchanged pods keep their parts
+            fresh = _Namespace(lock=ns.lock, shared=ns.shared)
             async for page in lister(namespace):
                 for pod in page:
-                    if (pod.get("metadata") or {}).get("uid"):
-                        self._apply(fresh, "ADDED", share_parts(slim_pod(pod), fresh.shared))
+                    meta = pod.get("metadata") or {}
+                    uid = meta.get("uid")
+                    if not uid:
+                        continue
+                    cached = ns.by_model.get(ns.model_of.get(str(uid), ""), {}).get(str(uid))
+                    version = meta.get("resourceVersion")
+                    if cached is None or not version or cached["metadata"].get("resourceVersion") != version:
+                        cached = share_parts(slim_pod(pod), fresh.shared)
+                    self._apply(fresh, "ADDED", cached)
                 page.clear()  # only the slim copies stay while the next page is fetched
             for event_type, pod in ns.during_list:
                 self._apply(fresh, event_type, pod)
             ns.by_model, ns.model_of, ns.shared = fresh.by_model, fresh.model_of, fresh.shared
             ns.listed_at = self._clock()
+        except BaseException:
+            ns.watch_listed |= asked  # not listed: still asked for
+            raise
         finally:
             ns.during_list = None
 
