@@ -34,7 +34,7 @@ import click
 import pdwarden_contract as contract
 from pdwarden_localcluster.kubeapi import ApiError
 from pdwarden_localcluster.waits import wait_for
-from pdwarden_testkit.cluster_env import Env, http_json, open_env, operator_metric
+from pdwarden_testkit.cluster_env import Env, open_env, operator_metric, operator_page
 from pdwarden_testkit.fleet.model import fleet_model
 from pdwarden_testkit.fleet.process import FleetProcess
 from pdwarden_testkit.fleet.runtimes import MODE_ANNOTATION
@@ -116,9 +116,9 @@ class Window:
 
 def _read(op: OperatorProcess) -> Reading:
     before_at, cpu_before = time.monotonic(), op.cpu_seconds()
-    _, text = http_json(f"http://127.0.0.1:{op.metrics_port}{contract.METRICS_PATH}")
+    text = operator_page(op)
     cpu_after, after_at = op.cpu_seconds(), time.monotonic()
-    found = samples(str(text))
+    found = samples(text)
     return Reading(
         before_at=before_at,
         cpu_before_s=cpu_before,
@@ -186,10 +186,9 @@ def goal_met(figures: dict[str, Any]) -> bool:
 
 def _models_rounding(op: OperatorProcess, models: int) -> bool:
     """Every model's watchdog has run a round that saw its pods (its per-role gauges exist)."""
-    _, text = http_json(f"http://127.0.0.1:{op.metrics_port}{contract.METRICS_PATH}")
     seen = {
         s.labels.get("model")
-        for s in samples(str(text), {contract.METRIC_OPERATOR_WEDGED_PODS})
+        for s in samples(operator_page(op), {contract.METRIC_OPERATOR_WEDGED_PODS})
         if s.labels.get("role") == contract.ROLE_PREFILL
     }
     return len(seen) >= models

@@ -447,10 +447,15 @@ def epoch(stamp: str) -> float:
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
+def operator_page(op: OperatorProcess) -> str:
+    """The operator's /metrics page, as text."""
+    _, text = http_json(f"http://127.0.0.1:{op.metrics_port}{contract.METRICS_PATH}")
+    return str(text)
+
+
 def operator_metric(op: OperatorProcess, name: str, **labels: str) -> float:
     """The sum of one of the operator's series (all models: the operator watches one namespace)."""
-    _, text = http_json(f"http://127.0.0.1:{op.metrics_port}{contract.METRICS_PATH}")
-    return metric_sum(samples(str(text)), name, **labels)
+    return metric_sum(samples(operator_page(op)), name, **labels)
 
 
 def wait_rounds(op: OperatorProcess, model: str, rounds: int, timeout: float = 120) -> None:

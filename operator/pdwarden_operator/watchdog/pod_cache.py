@@ -148,6 +148,10 @@ class _Namespace:
     during_list: list[tuple[str | None, Obj]] | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    def pod(self, uid: str) -> Obj | None:
+        """The cached copy of the pod with `uid`, if any."""
+        return self.by_model.get(self.model_of.get(uid, ""), {}).get(uid)
+
 
 class PodCache:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -200,10 +204,8 @@ class PodCache:
 
     async def _relist(self, ns: _Namespace, namespace: str, lister: Lister) -> None:
         ns.during_list = []
-        asked, ns.watch_listed = (
-            ns.watch_listed,
-            False,
-        )  # a listing by the watch from here on asks for another
+        # a listing by the watch from here on asks for another
+        asked, ns.watch_listed = ns.watch_listed, False
         try:
             # the share table is kept (MAX_SHARED_PARTS bounds it): unchanged pods keep their parts
             fresh = _Namespace(lock=ns.lock, shared=ns.shared)
@@ -213,7 +215,7 @@ class PodCache:
                     uid = meta.get("uid")
                     if not uid:
                         continue
-                    cached = ns.by_model.get(ns.model_of.get(str(uid), ""), {}).get(str(uid))
+                    cached = ns.pod(str(uid))
                     version = meta.get("resourceVersion")
                     if cached is None or not version or cached["metadata"].get("resourceVersion") != version:
                         cached = share_parts(slim_pod(pod), fresh.shared)
@@ -221,7 +223,7 @@ class PodCache:
                 page.clear()  # only the slim copies stay while the next page is fetched
             for event_type, pod in ns.during_list:
                 self._apply(fresh, event_type, pod)
-            ns.by_model, ns.model_of, ns.shared = fresh.by_model, fresh.model_of, fresh.shared
+            ns.by_model, ns.model_of = fresh.by_model, fresh.model_of
             ns.listed_at = self._clock()
         except BaseException:
             ns.watch_listed |= asked  # not listed: still asked for
