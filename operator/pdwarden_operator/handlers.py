@@ -33,9 +33,9 @@ RESYNC_INTERVAL_S = 30.0  # safety net; events drive the usual case
 # Every model, settled and Ready ones too: with a thousand unchanged models the 30 s pass over
 # all of them was most of the operator's idle CPU.
 FULL_RESYNC_INTERVAL_S = 300.0
-# Coalesce a burst of child events into one resync: a new model's three Deployments and three
-# PDBs get their first status from the controllers within about a second; one status write
-# for all of them instead of one each.
+# Coalesce a burst of child events into one resync: a new model's three Deployments (and the
+# disruption budgets of its roles with pods) get their first status from the controllers within
+# about a second; one status write for all of them instead of one each.
 DEBOUNCE_S = 1.0
 RESYNC_CONCURRENCY = 8
 # Full reconciles (create, resume, spec change) running at once. kopf starts one per object; a

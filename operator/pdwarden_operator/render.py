@@ -754,6 +754,19 @@ def router_service(owner: Owner) -> Obj:
     }
 
 
+def pod_disruption_budgets(owner: Owner, spec: DisaggregatedModelSpec) -> list[Obj]:
+    """A budget for each role that runs pods. A role scaled to zero gets none (an autoscaled
+    role never is: its floor is one pod): there is nothing to protect, and the disruption
+    controller would write its status and a `NoPods` event for every such budget, which for a
+    fleet of idle models was a quarter of the API writes a new model costs. Scaling the role up
+    renders the budget again; scaling it to zero deletes it (`OPTIONAL_KINDS`)."""
+    return [
+        pod_disruption_budget(owner, spec, role)
+        for role in ROLES
+        if replicas.desired(spec, role, owner.deployed.get(role)) > 0
+    ]
+
+
 def pod_disruption_budget(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> Obj:
     return {
         "apiVersion": "policy/v1",
@@ -846,8 +859,8 @@ CHILD_KINDS: Final = (
 # Kinds rendered only when the spec asks for them: one that is observed but no longer rendered
 # is deleted.
 # (A group's StatefulSet after a scale-down, a role's Deployment or ranks Service after its
-# nodesPerReplica changed.)
-OPTIONAL_KINDS = ("NetworkPolicy", "StatefulSet", "Deployment", "Service")
+# nodesPerReplica changed, a role's PodDisruptionBudget once it is scaled to zero.)
+OPTIONAL_KINDS = ("NetworkPolicy", "StatefulSet", "Deployment", "Service", "PodDisruptionBudget")
 # Kinds whose content the spec shapes freely (a pod template, NetworkPolicy peers): the API
 # server dry-runs them before anything is applied.
 USER_SHAPED_KINDS = ("Deployment", "StatefulSet", "NetworkPolicy")
@@ -875,7 +888,7 @@ def render_children(owner: Owner, spec: DisaggregatedModelSpec) -> list[Obj]:
         router_role_binding(owner),
         router_deployment(owner, spec),
         router_service(owner),
-        *(pod_disruption_budget(owner, spec, role) for role in ROLES),
+        *pod_disruption_budgets(owner, spec),
         *(
             [network_policy(owner, spec), router_network_policy(owner, spec)]
             if spec.network_policy.enabled

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pdwarden_bench.reconcile import CHILDREN_PER_MODEL
+from pdwarden_bench.reconcile import children_per_model
 from pdwarden_localcluster.cluster import ClusterInfo
 
 pytestmark = pytest.mark.e2e
@@ -43,5 +43,5 @@ def test_small_run_reconciles_every_model_completely(cluster: ClusterInfo) -> No
     # a second operator process resumed every model (the warm-up one too)
     assert figures["resume_models_handled"] == MODELS + 1 and figures["resume_seconds"] > 0
     # the API server's share: each model's worker key Secret and children, written with no operator
-    assert figures["floor_writes"] == MODELS * (CHILDREN_PER_MODEL + 1)
+    assert figures["floor_writes"] == MODELS * (children_per_model() + 1)
     assert figures["floor_all_written_s"] > 0 and figures["floor_writes_per_s"] > 0

@@ -226,6 +226,25 @@ def test_network_policy_follows_the_spec(kubectl: Kubectl, operator: OperatorPro
     assert kubectl.get("deployment", "np-prefill", namespace) is not None, "only the policy goes"
 
 
+def test_a_roles_disruption_budget_comes_with_its_pods_and_goes_with_them(
+    kubectl: Kubectl, operator: OperatorProcess, namespace: str
+) -> None:
+    kubectl.apply(_model("budget", decode={"replicas": 1}), namespace)
+    budget = wait_for(lambda: kubectl.get("pdb", "budget-decode", namespace), 120, "the decode's budget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"]["pdwarden.io/role"] == "decode"
+    assert [p["metadata"]["name"] for p in kubectl.items("pdb", namespace, "pdwarden.io/model=budget")] == [
+        "budget-decode"
+    ], "the roles scaled to zero have none"
+    kubectl.run(
+        "patch", "disaggregatedmodel", "budget", "-n", namespace, "--type=merge",
+        "-p", '{"spec": {"decode": {"replicas": 0}}}',
+    )  # fmt: skip
+    wait_for(lambda: kubectl.get("pdb", "budget-decode", namespace) is None, 120, "the budget deleted")
+    deployment = kubectl.get("deployment", "budget-decode", namespace)
+    assert deployment is not None and deployment["spec"]["replicas"] == 0, "only the budget goes"
+
+
 def _container_proc(pod: dict[str, Any]) -> Path:
     """/proc of the pod's first container (the local kubelet's container id is its pid): its
     root and mount table are the container's own."""

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 import pdwarden_contract as contract
+from pdwarden_operator import plan
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.render import Owner, child_key, render_children
 from pdwarden_operator.worker_key_secret import KeyUse
@@ -363,6 +364,34 @@ def test_pdb_per_role_uses_watchdog_max_unavailable() -> None:
         pdb = objs[("PodDisruptionBudget", f"m1-{role}")]
         assert pdb["spec"]["maxUnavailable"] == 2
         assert pdb["spec"]["selector"]["matchLabels"][contract.LABEL_ROLE] == role
+
+
+def _budgets(spec: dict[str, Any], deployed: dict[str, int] | None = None) -> set[str]:
+    owner = Owner(name="m1", namespace="ns1", uid=UID, worker_key=KeyUse(KEY_SECRET), deployed=deployed or {})
+    return {
+        o["metadata"]["name"]
+        for o in render_children(owner, parse_spec(spec))
+        if o["kind"] == "PodDisruptionBudget"
+    }
+
+
+def test_a_role_scaled_to_zero_has_no_disruption_budget_and_loses_it_when_scaled_down() -> None:
+    spec = dict(CASES["sglang-gpu"][0])
+    assert _budgets(spec) == {"m1-prefill", "m1-decode", "m1-router"}
+    idle = {**spec, "decode": {**spec["decode"], "replicas": 0}, "router": {"replicas": 0}}
+    assert _budgets(idle) == {"m1-prefill"}
+    # what reconcile deletes once the role is scaled to zero, and only that
+    owner = Owner(name="m1", namespace="ns1", uid=UID, worker_key=KeyUse(KEY_SECRET))
+    observed = _by_key(render_children(owner, parse_spec(spec)))
+    gone = plan.to_delete(render_children(owner, parse_spec(idle)), observed)
+    assert [child_key(o) for o in gone] == [
+        ("PodDisruptionBudget", "m1-decode"),
+        ("PodDisruptionBudget", "m1-router"),
+    ]
+    # an autoscaled role always has its floor's pods, so its budget, whatever its Deployment says
+    scaled = {**idle, "decode": {"replicas": 0, "autoscaling": {"minReplicas": 1, "maxReplicas": 4}}}
+    assert _budgets(scaled, deployed={"decode": 3}) == {"m1-prefill", "m1-decode"}
+    assert _budgets(scaled, deployed={"decode": 0}) == {"m1-prefill", "m1-decode"}
 
 
 def test_scaling_one_role_changes_only_that_roles_deployment() -> None:
