@@ -42,7 +42,13 @@ import click
 
 import pdwarden_contract as contract
 from pdwarden_localcluster.waits import serving, wait_for
-from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, http_json, open_env, synthetic_model
+from pdwarden_testkit.cluster_env import (
+    API_TRANSIENT,
+    Env,
+    open_env,
+    operator_page,
+    synthetic_model,
+)
 from pdwarden_testkit.promtext import metric_sum, samples
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
@@ -233,8 +239,7 @@ class Window:
 
 
 def _operator_page(op: Any) -> list[Any]:
-    _, text = http_json(f"http://127.0.0.1:{op.metrics_port}{contract.METRICS_PATH}", timeout=5)
-    return samples(str(text))
+    return samples(operator_page(op, timeout=5))
 
 
 def _measure(env: Env, op: Any, seconds: float, interval: float, timeout: float) -> Window:

@@ -447,9 +447,9 @@ def epoch(stamp: str) -> float:
     return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def operator_page(op: OperatorProcess) -> str:
+def operator_page(op: OperatorProcess, timeout: float = 10.0) -> str:
     """The operator's /metrics page, as text."""
-    _, text = http_json(f"http://127.0.0.1:{op.metrics_port}{contract.METRICS_PATH}")
+    _, text = http_json(f"http://127.0.0.1:{op.metrics_port}{contract.METRICS_PATH}", timeout=timeout)
     return str(text)
 
 

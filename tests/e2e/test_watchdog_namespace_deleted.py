@@ -13,7 +13,7 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_localcluster.waits import wait_for
-from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, http_json
+from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, operator_page
 from pdwarden_testkit.kubectl import Kubectl
 from pdwarden_testkit.operator_process import OperatorProcess
 from pdwarden_testkit.promtext import samples
@@ -30,8 +30,7 @@ WATCHDOG = {"stuckAfterSeconds": 20, "scrapeIntervalSeconds": 2}
 
 def _series(op: OperatorProcess, namespace: str) -> list[str]:
     """The operator's series that name `namespace`."""
-    _, text = http_json(f"http://127.0.0.1:{op.metrics_port}{contract.METRICS_PATH}")
-    return sorted({s.name for s in samples(str(text)) if s.labels.get("namespace") == namespace})
+    return sorted({s.name for s in samples(operator_page(op)) if s.labels.get("namespace") == namespace})
 
 
 def test_deleting_a_models_namespace_ends_its_watchdog_and_its_series(
