@@ -43,6 +43,9 @@ pytestmark = pytest.mark.e2e
 
 NS_PREFIX = "pdwe-pods-"
 ROLES = ("prefill", "decode", "router")
+# An idle model's children: 3 Deployments, 2 ServiceAccounts, a Role and its binding, the
+# router's Service, 2 NetworkPolicies (no role runs pods, so no disruption budget).
+IDLE_CHILDREN = 10
 
 
 kubectl, operator, namespace = operator_module_fixtures(NS_PREFIX)
@@ -173,7 +176,9 @@ def test_a_refused_fragment_is_reported_and_nothing_is_applied(
     fixed["spec"]["decode"]["podTemplate"] = {"spec": {"nodeSelector": {"kubernetes.io/os": "linux"}}}
     kubectl.apply(fixed, namespace)
     wait_for(
-        lambda: len(_children(kubectl, "frag", namespace)) == 13 or None, 120, "the children after the fix"
+        lambda: len(_children(kubectl, "frag", namespace)) == IDLE_CHILDREN or None,
+        120,
+        "the children after the fix",
     )
     degraded = condition(kubectl.get("disaggregatedmodel", "frag", namespace), "Degraded")
     assert degraded.get("reason") != "ApplyFailed", degraded
