@@ -238,10 +238,6 @@ class Window:
     api_unreachable: int = 0  # samples whose read of the Lease failed
 
 
-def _operator_page(op: Any) -> list[Any]:
-    return samples(operator_page(op, timeout=5))
-
-
 def _measure(env: Env, op: Any, seconds: float, interval: float, timeout: float) -> Window:
     window = Window(interval, timeout, cpu0=op.cpu_seconds())
     counts: dict[str, tuple[float, float]] = {}
@@ -260,7 +256,7 @@ def _measure(env: Env, op: Any, seconds: float, interval: float, timeout: float)
             window.operator_exited = True
             break
         with contextlib.suppress(*API_TRANSIENT):
-            page = _operator_page(op)
+            page = samples(operator_page(op, timeout=5))
             failed = {CALM: False, BOMB: False}  # did a healthy pod's scrape fail since the last sample
             for key in (
                 (CALM, contract.ROLE_PREFILL),

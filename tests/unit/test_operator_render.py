@@ -366,11 +366,14 @@ def test_pdb_per_role_uses_watchdog_max_unavailable() -> None:
         assert pdb["spec"]["selector"]["matchLabels"][contract.LABEL_ROLE] == role
 
 
+def _owner(deployed: dict[str, int] | None = None) -> Owner:
+    return Owner(name="m1", namespace="ns1", uid=UID, worker_key=KeyUse(KEY_SECRET), deployed=deployed or {})
+
+
 def _budgets(spec: dict[str, Any], deployed: dict[str, int] | None = None) -> set[str]:
-    owner = Owner(name="m1", namespace="ns1", uid=UID, worker_key=KeyUse(KEY_SECRET), deployed=deployed or {})
     return {
         o["metadata"]["name"]
-        for o in render_children(owner, parse_spec(spec))
+        for o in render_children(_owner(deployed), parse_spec(spec))
         if o["kind"] == "PodDisruptionBudget"
     }
 
@@ -381,7 +384,7 @@ def test_a_role_scaled_to_zero_has_no_disruption_budget_and_loses_it_when_scaled
     idle = {**spec, "decode": {**spec["decode"], "replicas": 0}, "router": {"replicas": 0}}
     assert _budgets(idle) == {"m1-prefill"}
     # what reconcile deletes once the role is scaled to zero, and only that
-    owner = Owner(name="m1", namespace="ns1", uid=UID, worker_key=KeyUse(KEY_SECRET))
+    owner = _owner()
     observed = _by_key(render_children(owner, parse_spec(spec)))
     gone = plan.to_delete(render_children(owner, parse_spec(idle)), observed)
     assert [child_key(o) for o in gone] == [
@@ -398,7 +401,7 @@ def test_scaling_one_role_changes_only_that_roles_deployment() -> None:
     spec = dict(CASES["sglang-gpu"][0])
     before = _by_key(_render("sglang-gpu"))
     scaled_spec = {**spec, "prefill": {**spec["prefill"], "replicas": 5}}
-    owner = Owner(name="m1", namespace="ns1", uid=UID, worker_key=KeyUse(KEY_SECRET))
+    owner = _owner()
     after = _by_key(render_children(owner, parse_spec(scaled_spec)))
     changed = sorted(k for k in before if before[k] != after[k])
     assert changed == [("Deployment", "m1-prefill")]

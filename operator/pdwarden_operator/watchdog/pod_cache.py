@@ -8,8 +8,9 @@ the pods there are, not those deleted in the gap: so after such a listing (its e
 type) the cache lists the namespace itself on the next round, and besides once per
 `RELIST_AFTER_S`, which bounds how long a pod that is gone can linger here. Events that arrive
 while a listing is in flight are applied over it, so the listing never brings back a pod
-deleted meanwhile. A listed pod whose resourceVersion is the cached one keeps its cached copy:
-at 10,000 pods a listing then costs the decoding of its pages, not a second copy of the fleet.
+deleted meanwhile. A pod listed (by kopf or by the cache) with the cached copy's
+resourceVersion keeps that copy: at 10,000 pods a listing then costs the decoding of its
+pages, not a second copy of the fleet.
 """
 
 from __future__ import annotations
@@ -152,6 +153,18 @@ class _Namespace:
         """The cached copy of the pod with `uid`, if any."""
         return self.by_model.get(self.model_of.get(uid, ""), {}).get(uid)
 
+    def slimmed(self, pod: Mapping[str, Any], *, listed: bool) -> Obj:
+        """What the cache keeps of `pod`: a slim copy sharing its parts through this
+        namespace's table, or, for a pod from a listing (kopf's or this cache's, which repeats
+        every unchanged pod), its cached copy when that has the same resourceVersion."""
+        if listed:
+            meta = pod.get("metadata") or {}
+            cached = self.pod(str(meta.get("uid", "")))
+            version = meta.get("resourceVersion")
+            if cached is not None and version and cached["metadata"].get("resourceVersion") == version:
+                return cached
+        return share_parts(slim_pod(pod), self.shared)
+
 
 class PodCache:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -170,7 +183,7 @@ class PodCache:
         ns = self._ns(str(namespace))
         if event_type is None:
             ns.watch_listed = True
-        slim = share_parts(slim_pod(pod), ns.shared)
+        slim = ns.slimmed(pod, listed=event_type is None)
         if ns.during_list is not None:
             ns.during_list.append((event_type, slim))
         self._apply(ns, event_type, slim)
@@ -207,19 +220,13 @@ class PodCache:
         # a listing by the watch from here on asks for another
         asked, ns.watch_listed = ns.watch_listed, False
         try:
-            # the share table is kept (MAX_SHARED_PARTS bounds it): unchanged pods keep their parts
+            # the share table is kept (MAX_SHARED_PARTS bounds it): unchanged pods keep their
+            # cached copies, read from `ns` until the listing replaces its pods
             fresh = _Namespace(lock=ns.lock, shared=ns.shared)
             async for page in lister(namespace):
                 for pod in page:
-                    meta = pod.get("metadata") or {}
-                    uid = meta.get("uid")
-                    if not uid:
-                        continue
-                    cached = ns.pod(str(uid))
-                    version = meta.get("resourceVersion")
-                    if cached is None or not version or cached["metadata"].get("resourceVersion") != version:
-                        cached = share_parts(slim_pod(pod), fresh.shared)
-                    self._apply(fresh, "ADDED", cached)
+                    if (pod.get("metadata") or {}).get("uid"):
+                        self._apply(fresh, "ADDED", ns.slimmed(pod, listed=True))
                 page.clear()  # only the slim copies stay while the next page is fetched
             for event_type, pod in ns.during_list:
                 self._apply(fresh, event_type, pod)
