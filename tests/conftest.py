@@ -15,7 +15,9 @@
   running ones and none starts beside it. Exclusive modules run first, one after the other, so
   that none waits for the middle of another module; then the cluster-exclusive ones, each
   followed in the queue by integration modules for the other worker to run meanwhile. Unit
-  modules (pure logic) run beside anything.
+  modules (pure logic) run beside anything. A worker takes the first queued module that runs
+  beside what the others were given, not one that would only wait for them
+  (`tests/support/module_scheduler.py`).
 - Every module is marked ``unit``, ``integration`` or ``e2e``; ``exclusive`` and
   ``cluster_exclusive`` mark a whole module (a test of its own module where a few tests need
   it), never one test of a shared module.
@@ -29,12 +31,24 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pdwarden_testkit import ports
-from tests.support.session import ENV_SESSION_DIR, STARTED_CLUSTER, Hold, cluster_hold, session_dir
+from tests.support.module_scheduler import longest_first, measured_seconds
+from tests.support.session import (
+    ENV_SESSION_DIR,
+    STARTED_CLUSTER,
+    Hold,
+    cluster_hold,
+    session_dir,
+    write_module_holds,
+)
+
+if TYPE_CHECKING:
+    from xdist.remote import Producer
+    from xdist.scheduler import Scheduling
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,14 +71,19 @@ def _module_marked(item: pytest.Item, name: str) -> bool:
 EXCLUSIVE_MARKS = ("exclusive", "cluster_exclusive")
 
 
+def _module_id(item: pytest.Item) -> str:
+    """The item's module as node ids and xdist's work units name it."""
+    return item.nodeid.split("::", 1)[0]
+
+
 @pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Exclusive modules first; then the cluster-exclusive ones, interleaved with the
-    integration modules (the other worker runs those meanwhile); then the modules with
-    multi-minute scenarios, then the other e2e modules, then the rest, each class in the
-    shuffled order: workers take whole modules (``--no-loadscope-reorder`` keeps this order),
-    so exclusive modules run back to back and the session does not end with one worker on a
-    long module while the other idles."""
+    integration modules (the other worker runs those meanwhile); then the other e2e modules,
+    then the rest; each class longest first (tests/support/module_durations.json), in the
+    shuffled order within a minute: workers take whole modules (``--no-loadscope-reorder``
+    keeps this order), so exclusive modules run back to back and the session does not end with
+    one worker on a long module while the other idles."""
     for item in items:
         if not any(_module_marked(item, kind) for kind in KINDS):
             raise pytest.UsageError(f"{item.path}: mark the module with one of {', '.join(KINDS)}")
@@ -79,8 +98,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.path}: `cluster_exclusive` is for e2e modules (they hold the cluster)"
             )
 
-    def paths(predicate: Callable[[pytest.Item], bool]) -> list[Path]:
-        return list(dict.fromkeys(item.path for item in items if predicate(item)))
+    seconds = measured_seconds()
+
+    def paths(predicate: Callable[[pytest.Item], bool]) -> list[str]:
+        return longest_first(list(dict.fromkeys(_module_id(i) for i in items if predicate(i))), seconds)
 
     cluster_exclusive = paths(lambda item: _module_marked(item, "cluster_exclusive"))
     integration = paths(lambda item: _module_marked(item, "integration"))
@@ -94,32 +115,50 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     order = [
         *paths(lambda item: _module_marked(item, "exclusive")),
         *interleaved,
-        *paths(lambda item: item.get_closest_marker("slow") is not None),
         *paths(lambda item: item.get_closest_marker("e2e") is not None),
     ]
-    rank: dict[Path, int] = {}
+    rank: dict[str, int] = {}
     for path in order:  # a module's first place is its place
         rank.setdefault(path, len(rank))
-    items.sort(key=lambda item: rank.get(item.path, len(rank)))
+    items.sort(key=lambda item: rank.get(_module_id(item), len(rank)))
+    if hasattr(config, "workerinput"):  # for the main process's scheduler, which does not collect
+        modules = {_module_id(item): item.getparent(pytest.Module) for item in items}
+        write_module_holds({path: module_hold(m) for path, m in modules.items() if m is not None})
+
+
+def module_hold(module: pytest.Module) -> Hold | None:
+    """What a module holds while it runs (None: a unit module, pure logic, holds nothing)."""
+    if module.get_closest_marker("unit") is not None:
+        return None
+    if module.get_closest_marker("exclusive") is not None:
+        return Hold.EXCLUSIVE
+    if module.get_closest_marker("cluster_exclusive") is not None:
+        return Hold.CLUSTER_EXCLUSIVE
+    if module.get_closest_marker("e2e") is not None:
+        return Hold.CLUSTER
+    return Hold.PROCESSES
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _hold_the_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
     """The module's hold (autouse: set up before its other module fixtures, torn down after)."""
-    module = request.node
-    if module.get_closest_marker("unit") is not None:
+    hold = module_hold(request.node)
+    if hold is None:
         yield
         return
-    if module.get_closest_marker("exclusive") is not None:
-        hold = Hold.EXCLUSIVE
-    elif module.get_closest_marker("cluster_exclusive") is not None:
-        hold = Hold.CLUSTER_EXCLUSIVE
-    elif module.get_closest_marker("e2e") is not None:
-        hold = Hold.CLUSTER
-    else:
-        hold = Hold.PROCESSES
     with cluster_hold(hold):
         yield
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Scheduling | None:
+    """`--dist loadscope` with each worker's next module picked by the holds
+    (tests/support/module_scheduler.py)."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from tests.support.module_scheduler import HoldAwareScheduling
+
+    return HoldAwareScheduling(config, log)
 
 
 @pytest.hookimpl(trylast=True)  # after the session's fixtures are torn down

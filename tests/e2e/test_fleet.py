@@ -19,8 +19,9 @@ from pdwarden_testkit.fleet.model import fleet_model
 from pdwarden_testkit.fleet.process import FleetProcess
 from pdwarden_testkit.fleet.runtimes import MODE_ANNOTATION
 
-# the fleet registers a Node and a network of its own: nothing else may run beside it
-pytestmark = [pytest.mark.e2e, pytest.mark.exclusive]
+# cluster_exclusive: the fleet registers a Node, which every other e2e module would see (its
+# network is an IPv6 namespace of its own, apart from the processes of integration modules)
+pytestmark = [pytest.mark.e2e, pytest.mark.cluster_exclusive]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.session import ENV_SESSION_DIR, Hold, cluster_hold
+from tests.support.session import (
+    ENV_SESSION_DIR,
+    Hold,
+    cluster_hold,
+    read_module_holds,
+    runs_beside,
+    write_module_holds,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -60,6 +67,8 @@ class Holder:
     ],
 )
 def test_which_holds_run_side_by_side(first: Hold, second: Hold, beside: bool) -> None:
+    # the scheduler's rule says what the locks do
+    assert runs_beside(first, second) is beside and runs_beside(second, first) is beside
     a = Holder(first)
     assert a.taken.wait(10)
     b = Holder(second)
@@ -92,3 +101,15 @@ def test_a_waiting_exclusive_hold_lets_no_new_shared_one_pass() -> None:
     finally:
         for h in (running, waiting, later):
             h.release()
+
+
+@pytest.mark.parametrize("hold", list(Hold))
+def test_a_unit_module_runs_beside_every_hold(hold: Hold) -> None:
+    assert runs_beside(None, hold) and runs_beside(hold, None) and runs_beside(None, None)
+
+
+def test_module_holds_written_by_a_worker_are_read_back() -> None:
+    assert read_module_holds() == {}  # before any worker collected
+    holds = {"tests/e2e/test_a.py": Hold.CLUSTER_EXCLUSIVE, "tests/unit/test_b.py": None}
+    write_module_holds(holds)
+    assert read_module_holds() == holds
