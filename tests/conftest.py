@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pdwarden_testkit import ports
-from tests.support.module_scheduler import longest_first, measured_seconds
+from tests.support.module_scheduler import HoldAwareScheduling, longest_first, measured_seconds
 from tests.support.session import (
     ENV_SESSION_DIR,
     STARTED_CLUSTER,
@@ -156,8 +156,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Schedul
     (tests/support/module_scheduler.py)."""
     if config.getvalue("dist") != "loadscope":
         return None
-    from tests.support.module_scheduler import HoldAwareScheduling
-
     return HoldAwareScheduling(config, log)
 
 
