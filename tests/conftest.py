@@ -16,8 +16,8 @@
   that none waits for the middle of another module; then the cluster-exclusive ones, each
   followed in the queue by integration modules for the other worker to run meanwhile. Unit
   modules (pure logic) run beside anything. A worker takes the first queued module that runs
-  beside what the others were given, not one that would only wait for them
-  (`tests/support/module_scheduler.py`).
+  beside what the others were given, or waits until one does, never one that would only wait
+  for them (`tests/support/module_scheduler.py`).
 - Every module is marked ``unit``, ``integration`` or ``e2e``; ``exclusive`` and
   ``cluster_exclusive`` mark a whole module (a test of its own module where a few tests need
   it), never one test of a shared module.
@@ -42,6 +42,7 @@ from tests.support.session import (
     STARTED_CLUSTER,
     Hold,
     cluster_hold,
+    module_path,
     session_dir,
     write_module_holds,
 )
@@ -71,11 +72,6 @@ def _module_marked(item: pytest.Item, name: str) -> bool:
 EXCLUSIVE_MARKS = ("exclusive", "cluster_exclusive")
 
 
-def _module_id(item: pytest.Item) -> str:
-    """The item's module as node ids and xdist's work units name it."""
-    return item.nodeid.split("::", 1)[0]
-
-
 @pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Exclusive modules first; then the cluster-exclusive ones, interleaved with the
@@ -101,7 +97,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     seconds = measured_seconds()
 
     def paths(predicate: Callable[[pytest.Item], bool]) -> list[str]:
-        return longest_first(list(dict.fromkeys(_module_id(i) for i in items if predicate(i))), seconds)
+        modules = dict.fromkeys(module_path(item.nodeid) for item in items if predicate(item))
+        return longest_first(list(modules), seconds)
 
     cluster_exclusive = paths(lambda item: _module_marked(item, "cluster_exclusive"))
     integration = paths(lambda item: _module_marked(item, "integration"))
@@ -120,9 +117,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank: dict[str, int] = {}
     for path in order:  # a module's first place is its place
         rank.setdefault(path, len(rank))
-    items.sort(key=lambda item: rank.get(_module_id(item), len(rank)))
+    items.sort(key=lambda item: rank.get(module_path(item.nodeid), len(rank)))
     if hasattr(config, "workerinput"):  # for the main process's scheduler, which does not collect
-        modules = {_module_id(item): item.getparent(pytest.Module) for item in items}
+        modules = {module_path(item.nodeid): item.getparent(pytest.Module) for item in items}
         write_module_holds({path: module_hold(m) for path, m in modules.items() if m is not None})
 
 

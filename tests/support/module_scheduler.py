@@ -30,7 +30,7 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 from xdist.workermanage import WorkerController
 
-from tests.support.session import Hold, read_module_holds, runs_beside
+from tests.support.session import Hold, module_path, read_module_holds, runs_beside
 
 DURATIONS: Final = Path(__file__).with_name("module_durations.json")
 
@@ -100,7 +100,7 @@ class HoldAwareScheduling(LoadScopeScheduling):
         if self._holds is None:  # read once, after every worker collected (schedule() runs then)
             self._holds = read_module_holds()
         # a module the workers did not report is assumed to run beside nothing
-        return self._holds.get(scope.split("::", 1)[0], Hold.EXCLUSIVE)
+        return self._holds.get(module_path(scope), Hold.EXCLUSIVE)
 
     def _unfinished_holds(self, node: WorkerController) -> tuple[Hold | None, ...]:
         units = self.assigned_work.get(node, {})

@@ -42,6 +42,12 @@ def runs_beside(a: Hold | None, b: Hold | None) -> bool:
     return cluster_a is None or cluster_b is None or not (cluster_a or cluster_b)
 
 
+def module_path(nodeid: str) -> str:
+    """The module of a node id or an xdist work unit (a module, or a class in one): the key of
+    the module holds map."""
+    return nodeid.split("::", 1)[0]
+
+
 def write_module_holds(holds: Mapping[str, Hold | None]) -> None:
     """Each module's hold by its path (as in a node id), for the scheduler of the main process,
     which does not collect. Every worker collects the same modules: the last write stands."""

@@ -24,7 +24,7 @@ from tests.support.module_scheduler import (
     may_wait,
     measured_seconds,
 )
-from tests.support.session import Hold, runs_beside
+from tests.support.session import Hold, module_path, runs_beside
 
 pytestmark = pytest.mark.unit
 
@@ -134,7 +134,7 @@ class _Session:
                             self.contested.add(module)
 
     def _module(self, index: int) -> str:
-        return self.collection[index].split("::")[0]
+        return module_path(self.collection[index])
 
     def runnable(self) -> list[_Worker]:
         ready = []
