@@ -11,7 +11,7 @@ export PIP_CACHE_DIR ?= $(HOME)/.cache/pip
 export MYPY_CACHE_DIR ?= $(PDWARDEN_CACHE)/mypy
 ARGS ?=
 
-.PHONY: setup tools binaries test test-fast test-unit test-integration test-e2e lint demo clean crds
+.PHONY: setup tools binaries test test-fast test-durations test-unit test-integration test-e2e lint demo clean crds
 
 # The four distributions, editable: core (the command and the contract), the operator, the
 # runtime with its engines, and the development tools with the test tools (pyproject.toml).
@@ -57,6 +57,13 @@ test: setup binaries
 # The inner loop: everything but the `slow` scenarios.
 test-fast: setup binaries
 	$(VENV)/bin/python -m pytest -p no:cacheprovider -p randomly $(PYTEST_PARALLEL) -m "not slow" $(ARGS)
+
+# Refresh tests/support/module_durations.json (the queue's order: docs/development.md) from whole
+# runs' reports, the least of them: make test-durations JUNIT="run1.xml run2.xml", each written by
+# make test ARGS=--junitxml=run1.xml.
+test-durations: setup
+	@test -n "$(JUNIT)" || { echo 'make test-durations: JUNIT="run1.xml ...", the --junitxml of whole runs (make test ARGS=--junitxml=run1.xml)' >&2; exit 2; }
+	$(VENV)/bin/python -m tests.support.module_durations $(JUNIT)
 
 test-unit: setup
 	$(VENV)/bin/python -m pytest -m unit

@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pdwarden_testkit import ports
-from tests.support.module_scheduler import HoldAwareScheduling, longest_first, measured_seconds
+from tests.support.module_durations import measured_seconds
+from tests.support.module_scheduler import HoldAwareScheduling, longest_first
 from tests.support.session import (
     ENV_SESSION_DIR,
     STARTED_CLUSTER,

@@ -10,20 +10,17 @@ one). When none does, the worker is given nothing yet and asked again as the oth
 tests end; the queue's head only when waiting could stall the session (`may_wait`). The holds
 stay the guarantee; this only keeps workers from queueing behind them.
 
-The queue itself (tests/conftest.py) puts long modules first, by module_durations.json: each
-module's seconds in full runs on two workers (its tests' setup, call and teardown from
-`--junitxml`, summed; the least of three runs, to the nearest 5 s; modules under 10 s left
-out), so that the session does not end with one worker on a long module while the other idles.
-A module it does not name counts as short; a module that grows by minutes belongs in it.
+The queue itself (tests/conftest.py) puts long modules first, by their measured seconds in
+whole runs (module_durations.json, written by tests/support/module_durations.py from runs'
+`--junitxml`), so that the session does not end with one worker on a long module while the
+other idles. A module it does not name counts as short; a module that grows by minutes belongs
+in it.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Final
 
 import pytest
 from xdist.remote import Producer
@@ -31,14 +28,6 @@ from xdist.scheduler import LoadScopeScheduling
 from xdist.workermanage import WorkerController
 
 from tests.support.session import Hold, module_path, read_module_holds, runs_beside
-
-DURATIONS: Final = Path(__file__).with_name("module_durations.json")
-
-
-def measured_seconds() -> dict[str, float]:
-    """module_durations.json: seconds by module path (as in a node id)."""
-    seconds: dict[str, float] = json.loads(DURATIONS.read_text())
-    return seconds
 
 
 def longest_first(modules: Sequence[str], seconds: Mapping[str, float]) -> list[str]:

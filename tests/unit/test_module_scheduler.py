@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
@@ -22,7 +21,6 @@ from tests.support.module_scheduler import (
     first_beside,
     longest_first,
     may_wait,
-    measured_seconds,
 )
 from tests.support.session import Hold, module_path, runs_beside
 
@@ -49,14 +47,6 @@ def test_modules_are_queued_by_whole_minutes_most_first_ties_in_the_given_order(
         "e.py",
     ]
     assert longest_first(["c.py", "d.py"], seconds) == ["c.py", "d.py"]
-
-
-def test_the_measured_durations_name_modules_that_exist() -> None:
-    root = Path(__file__).resolve().parents[2]
-    seconds = measured_seconds()
-    assert seconds and all(s > 0 for s in seconds.values())
-    missing = [module for module in seconds if not (root / module).is_file()]
-    assert missing == [], f"module_durations.json names modules that are gone: {missing}"
 
 
 def test_a_worker_may_wait_only_beside_a_worker_that_runs_and_only_on_holds_that_run_beside() -> None:
