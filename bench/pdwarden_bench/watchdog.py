@@ -11,6 +11,11 @@ and times the operator's remediation of it. Prints progress on stderr and one JS
 The steady part is several back-to-back windows, each giving its own CPU figure: on a small
 machine the operator shares its cores with the simulator and the control plane, and a window's
 CPU moves with them, so the verdict is the median window with the spread beside it.
+
+The same code costs more CPU on a slower machine, so the line also carries a yardstick of the
+machine: the CPU time of one parse of a fleet pod's body by the operator's own parser, in the
+bench's process (`reference_parse_cpu_us`), and the operator's CPU per scrape as a multiple of
+it (`scrape_over_reference_parse`), a figure that moves with the code rather than the machine.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -34,6 +40,9 @@ import click
 import pdwarden_contract as contract
 from pdwarden_localcluster.kubeapi import ApiError
 from pdwarden_localcluster.waits import wait_for
+from pdwarden_operator.watchdog.parse import parse_metrics
+from pdwarden_operator.watchdog.scrape import READ_QUERY
+from pdwarden_operator.watchdog.targets import metrics_url
 from pdwarden_testkit.cluster_env import Env, open_env, operator_metric, operator_page
 from pdwarden_testkit.fleet.model import fleet_model
 from pdwarden_testkit.fleet.process import FleetProcess
@@ -46,6 +55,7 @@ GOAL_CORES: Final = 0.25
 GOAL_RSS_MIB: Final = 300.0
 REMEDIATION_COUNTED_S: Final = 30.0
 GC_COLLECTIONS: Final = "python_gc_collections_total"  # prometheus_client's, on the operator's page
+REFERENCE_PARSES: Final = 2000
 
 
 def _say(msg: str) -> None:
@@ -172,6 +182,42 @@ def steady_figures(windows: Sequence[Window], models: int, interval: int) -> dic
     }
 
 
+def reference_parse_cpu_us(body: bytes, parses: int = REFERENCE_PARSES) -> float:
+    """The machine's yardstick: CPU microseconds of one parse of `body` by the operator's
+    parser, in this process's thread (its CPU time, not the clock's, so the load on the other
+    cores counts less). Raises the parser's ParseError for a body it refuses."""
+    parse_metrics(body)  # a refused body fails here, not as a figure
+    started = time.thread_time()
+    for _ in range(parses):
+        parse_metrics(body)
+    return (time.thread_time() - started) / parses * 1e6
+
+
+def scrape_cost(figures: dict[str, Any], endpoints: int, models: int, reference_us: float) -> dict[str, Any]:
+    """The operator's CPU per scrape over the steady windows (each round scrapes its model's
+    pods), in microseconds and as a multiple of the reference parse."""
+    scrapes = figures["rounds"] * endpoints / models
+    if not scrapes:
+        return {"reference_parse_cpu_us": round(reference_us, 1)}
+    per_scrape_us = figures["operator_cpu_s"] / scrapes * 1e6
+    return {
+        "reference_parse_cpu_us": round(reference_us, 1),
+        "cpu_us_per_scrape": round(per_scrape_us, 1),
+        "scrape_over_reference_parse": round(per_scrape_us / reference_us, 2),
+    }
+
+
+def _pod_body(env: Env) -> bytes:
+    """One serving pod's /metrics body, as the operator asks for it."""
+    for pod in _runtime_pods(env):
+        url = metrics_url(pod)
+        if url is not None and not (pod["metadata"].get("annotations") or {}).get(MODE_ANNOTATION):
+            with urllib.request.urlopen(f"{url}?{READ_QUERY}", timeout=10) as resp:
+                body: bytes = resp.read()
+                return body
+    raise RuntimeError("no running pod to read a reference body from")
+
+
 def goal_met(figures: dict[str, Any]) -> bool:
     """The issue's goal, judged on the median window."""
     return bool(
@@ -287,6 +333,8 @@ def run(
         # connections are open
         time.sleep(2 * interval)
         setup_s = time.monotonic() - started
+        reference_us = reference_parse_cpu_us(_pod_body(env))
+        _say(f"reference parse: {reference_us:.1f} CPU-us")
         measured: list[Window] = []
         reading = _read(op)
         for i in range(windows):
@@ -301,6 +349,7 @@ def run(
         wedge = _wedge_one(env, op, timeout=10 * interval + 60)
         # the JSON line comes after this: thousands of pods take minutes to go
         _say(f"cleaning up: deleting {env.namespace} and waiting for its {endpoints} pods to go")
+    steady = steady_figures(measured, models, interval)
     result: dict[str, Any] = {
         "benchmark": "watchdog",
         "endpoints": endpoints,
@@ -309,7 +358,8 @@ def run(
         "measure_seconds": measure_s,
         "pods_running_s": round(pods_running_s, 1),
         "setup_seconds": round(setup_s, 1),
-        **steady_figures(measured, models, interval),
+        **steady,
+        **scrape_cost(steady, endpoints, models, reference_us),
         "unobserved_pods": int(reading.unobserved_pods),
         "operator_rss_mib": round(rss, 1),
         "operator_peak_rss_mib": round(peak, 1),

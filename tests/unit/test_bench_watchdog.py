@@ -1,5 +1,6 @@
 """bench watchdog's verdict is the median of its steady windows, each window's CPU beside it, and
-its counts are over every window."""
+its counts are over every window; its yardstick of the machine is the operator's parse of a
+fleet pod's body."""
 
 from __future__ import annotations
 
@@ -7,7 +8,17 @@ from typing import Any
 
 import pytest
 
-from pdwarden_bench.watchdog import Reading, Window, goal_met, steady_figures, window
+from pdwarden_bench.watchdog import (
+    Reading,
+    Window,
+    goal_met,
+    reference_parse_cpu_us,
+    scrape_cost,
+    steady_figures,
+    window,
+)
+from pdwarden_operator.watchdog.parse import METRICS_READ, ParseError
+from pdwarden_testkit.fleet.runtimes import FleetRuntimes
 
 pytestmark = pytest.mark.unit
 
@@ -102,3 +113,22 @@ def _run(**overrides: Any) -> dict[str, Any]:
 )
 def test_the_goal(overrides: dict[str, Any], met: bool) -> None:
     assert goal_met(_run(**overrides)) is met
+
+
+def test_the_reference_parse_is_the_operators_parse_of_a_fleet_body_and_refuses_garbage() -> None:
+    body, _ = FleetRuntimes().body("prefill", "serving", METRICS_READ)
+    assert reference_parse_cpu_us(body, parses=50) > 0
+    with pytest.raises(ParseError):  # a figure from a body the operator refuses would mean nothing
+        reference_parse_cpu_us(b"\x00garbage", parses=50)
+
+
+def test_the_cost_of_a_scrape_is_the_windows_cpu_over_every_models_pods_per_round() -> None:
+    figures = steady_figures([_window(24.0, rounds=600), _window(24.0, rounds=600)], models=100, interval=10)
+    # 1,200 rounds of 100 pods each (10,000 pods as 100 models): 48 CPU-s over 120,000 scrapes
+    assert scrape_cost(figures, endpoints=10000, models=100, reference_us=100.0) == {
+        "reference_parse_cpu_us": 100.0,
+        "cpu_us_per_scrape": 400.0,
+        "scrape_over_reference_parse": 4.0,
+    }
+    idle = scrape_cost(figures | {"rounds": 0}, endpoints=10000, models=100, reference_us=100.0)
+    assert idle == {"reference_parse_cpu_us": 100.0}
