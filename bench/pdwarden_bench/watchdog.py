@@ -15,7 +15,7 @@ CPU moves with them, so the verdict is the median window with the spread beside 
 The same code costs more CPU on a slower machine, so the line also carries a yardstick of the
 machine: the CPU time of one parse of a fleet pod's body by the operator's own parser, in the
 bench's process (`reference_parse_cpu_us`), and the operator's CPU per scrape as a multiple of
-it (`scrape_over_reference_parse`), a figure that moves with the code rather than the machine.
+it (`scrape_over_reference_parse`), which moves less with the machine than `cores` does.
 """
 
 from __future__ import annotations
