@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -41,9 +40,7 @@ import pdwarden_contract as contract
 from pdwarden_localcluster.kubeapi import ApiError
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator.watchdog.parse import parse_metrics
-from pdwarden_operator.watchdog.scrape import READ_QUERY
-from pdwarden_operator.watchdog.targets import metrics_url
-from pdwarden_testkit.cluster_env import Env, open_env, operator_metric, operator_page
+from pdwarden_testkit.cluster_env import Env, open_env, operator_metric, operator_page, pod_metrics_body
 from pdwarden_testkit.fleet.model import fleet_model
 from pdwarden_testkit.fleet.process import FleetProcess
 from pdwarden_testkit.fleet.runtimes import MODE_ANNOTATION
@@ -62,12 +59,14 @@ def _say(msg: str) -> None:
     print(f"[bench watchdog] {msg}", file=sys.stderr, flush=True)
 
 
-def _runtime_pods(env: Env) -> list[dict[str, Any]]:
+def _runtime_pods(env: Env, limit: int | None = None) -> list[dict[str, Any]]:
     roles = ",".join(contract.RUNTIME_ROLES)
     selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY},{contract.LABEL_ROLE} in ({roles})"
-    items: list[dict[str, Any]] = env.api.get(
-        f"/api/v1/namespaces/{env.namespace}/pods", params={"labelSelector": selector}
-    )["items"]
+    params: dict[str, Any] = {"labelSelector": selector}
+    if limit is not None:
+        params["limit"] = limit
+    path = f"/api/v1/namespaces/{env.namespace}/pods"
+    items: list[dict[str, Any]] = env.api.get(path, params=params)["items"]
     return items
 
 
@@ -196,26 +195,22 @@ def reference_parse_cpu_us(body: bytes, parses: int = REFERENCE_PARSES) -> float
 def scrape_cost(figures: dict[str, Any], endpoints: int, models: int, reference_us: float) -> dict[str, Any]:
     """The operator's CPU per scrape over the steady windows (each round scrapes its model's
     pods), in microseconds and as a multiple of the reference parse."""
+    cost: dict[str, Any] = {"reference_parse_cpu_us": round(reference_us, 1)}
     scrapes = figures["rounds"] * endpoints / models
-    if not scrapes:
-        return {"reference_parse_cpu_us": round(reference_us, 1)}
-    per_scrape_us = figures["operator_cpu_s"] / scrapes * 1e6
-    return {
-        "reference_parse_cpu_us": round(reference_us, 1),
-        "cpu_us_per_scrape": round(per_scrape_us, 1),
-        "scrape_over_reference_parse": round(per_scrape_us / reference_us, 2),
-    }
+    if scrapes:
+        per_scrape_us = figures["operator_cpu_s"] / scrapes * 1e6
+        cost["cpu_us_per_scrape"] = round(per_scrape_us, 1)
+        cost["scrape_over_reference_parse"] = round(per_scrape_us / reference_us, 2)
+    return cost
 
 
 def _pod_body(env: Env) -> bytes:
-    """One serving pod's /metrics body, as the operator asks for it."""
-    for pod in _runtime_pods(env):
-        url = metrics_url(pod)
-        if url is not None and not (pod["metadata"].get("annotations") or {}).get(MODE_ANNOTATION):
-            with urllib.request.urlopen(f"{url}?{READ_QUERY}", timeout=10) as resp:
-                body: bytes = resp.read()
-                return body
-    raise RuntimeError("no running pod to read a reference body from")
+    """One pod's /metrics body, before any is wedged (every pod is serving): one pod listed,
+    not the fleet."""
+    pods = _runtime_pods(env, limit=1)
+    if not pods:
+        raise RuntimeError("no runtime pod to read a reference body from")
+    return pod_metrics_body(pods[0], timeout=10)
 
 
 def goal_met(figures: dict[str, Any]) -> bool:

@@ -75,12 +75,20 @@ def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 10.
         return exc.code, exc.read().decode(errors="replace")
 
 
+def pod_metrics_body(pod: dict[str, Any], timeout: float = 3.0) -> bytes:
+    """The pod's /metrics body as the watchdog asks for it (the families it reads)."""
+    from pdwarden_operator.watchdog.scrape import READ_QUERY
+
+    with urllib.request.urlopen(f"{metrics_url(pod)}?{READ_QUERY}", timeout=timeout) as resp:
+        body: bytes = resp.read()
+    return body
+
+
 def pod_metrics(pod: dict[str, Any]) -> dict[str, float]:
     """The watchdog's three figures from a pod's /metrics, read with the watchdog's own parser."""
     from pdwarden_operator.watchdog.parse import parse_metrics
 
-    with urllib.request.urlopen(metrics_url(pod), timeout=3) as resp:
-        sample = parse_metrics(resp.read())
+    sample = parse_metrics(pod_metrics_body(pod))
     return {"inflight": sample.inflight, "age": sample.oldest_age, "transfers": sample.transfers}
 
 

@@ -59,15 +59,14 @@ def run_seconds(junit: Path, exists: Callable[[str], bool]) -> dict[str, float]:
         raise NotJunit(f"{junit}: not a junit XML report: {exc}") from None
     if root.tag not in ("testsuites", "testsuite"):
         raise NotJunit(f"{junit}: not a junit XML report (its root is <{root.tag}>)")
+    cases = list(root.iter("testcase"))
+    if not cases:
+        raise NotJunit(f"{junit}: a junit report with no test case")
     seconds: dict[str, float] = defaultdict(float)
-    cases = 0
-    for case in root.iter("testcase"):
-        cases += 1
+    for case in cases:
         module = module_of(case.get("classname", ""), exists)
         if module is not None:
             seconds[module] += float(case.get("time") or 0.0)
-    if cases == 0:
-        raise NotJunit(f"{junit}: a junit report with no test case")
     return dict(seconds)
 
 
