@@ -33,6 +33,7 @@ from pdwarden_localcluster import (
     build,
     netpolicy,
     network,
+    port_holders,
     procs,
     provisioner,
     reserved_ports,
@@ -47,7 +48,10 @@ from pdwarden_localcluster.pki import FRONT_PROXY_CLIENT, Pki, ensure_pki
 from pdwarden_operator.kube.credentials import Credentials
 
 Progress = Callable[[str], None]
-DEFAULT_PORT_BASE = 36000
+# Every port of the default cluster (28249-28614) lies below the kernel's ephemeral range
+# (32768-60999 by default), where no outgoing connection can take one before `up` binds it,
+# and outside the ranges the test kit hands out (pdwarden_testkit/ports.py).
+DEFAULT_PORT_BASE = 28000
 # Start order; `down` stops them in reverse (the kubelet early, so pods stop while the API is up).
 COMPONENTS = (
     "etcd",
@@ -217,7 +221,7 @@ def admin_api(lay: Layout | None = None) -> KubeApi:
     pki = lay.pki
     return KubeApi(
         Credentials(
-            f"https://127.0.0.1:{ports().apiserver}",
+            f"https://127.0.0.1:{_load_settings(lay).ports.apiserver}",
             pki.ca_cert,
             pki.client_cert("admin"),
             pki.client_key("admin"),
@@ -264,11 +268,20 @@ def ensure_up(
     lay = layout()
     nodes = topology.default_nodes() if nodes is None else nodes
     cpu_nodes = topology.default_cpu_nodes(nodes) if cpu_nodes is None else cpu_nodes
-    settings = Settings(nodes=nodes, gpus=gpus, cpu_nodes=cpu_nodes)
+    settings = Settings(nodes=nodes, gpus=gpus, cpu_nodes=cpu_nodes, port_base=ports().base)
     settings.node_plan()  # a bad count is an error before anything runs
     with _locked(lay):
+        running = _load_settings(lay)
+        if running.port_base != settings.port_base:
+            if _healthy(lay):
+                progress(
+                    f"the running cluster listens on port base {running.port_base}, not on "
+                    f"{settings.port_base} (PDWARDEN_CLUSTER_PORT_BASE or the default): "
+                    "starting it afresh there"
+                )
+            return _start(lay, settings, progress)
         if _healthy(lay):
-            _reserve_ports(ports(), _load_settings(lay).nodes, progress)  # one started before they were
+            _reserve_ports(running.ports, running.nodes, progress)  # one started before they were
             _upgrade_kubelet(lay, progress)
             return _info(lay, started=False)
         if _repair(lay, progress):
@@ -354,7 +367,7 @@ def _info(lay: Layout, started: bool, seconds: float = 0.0) -> ClusterInfo:
         pass
     return ClusterInfo(
         kubeconfig=lay.kubeconfig,
-        server=f"https://127.0.0.1:{ports().apiserver}",
+        server=f"https://127.0.0.1:{_load_settings(lay).ports.apiserver}",
         state_dir=lay.root,
         kubernetes_version=build.kubernetes_version(),
         nodes=names,
@@ -371,6 +384,13 @@ class Settings:
     nodes: int = topology.DEFAULT_NODES
     gpus: int = topology.DEFAULT_GPUS
     cpu_nodes: int = topology.DEFAULT_CPU_NODES
+    # where it listens and which address slot it holds: `down` and a repair use the running
+    # cluster's, whatever PDWARDEN_CLUSTER_PORT_BASE says in the shell that runs them
+    port_base: int = DEFAULT_PORT_BASE
+
+    @property
+    def ports(self) -> Ports:
+        return Ports(self.port_base)
 
     def node_plan(self) -> list[topology.NodeSpec]:
         return topology.plan(self.nodes, self.cpu_nodes, self.gpus)
@@ -380,14 +400,31 @@ def _save_settings(lay: Layout, settings: Settings) -> None:
     (lay.root / "settings.json").write_text(json.dumps(settings.__dict__) + "\n")
 
 
+def _kubeconfig_port_base(lay: Layout) -> int | None:
+    """The port base of a cluster whose settings predate `port_base`: its admin kubeconfig's
+    server is https://127.0.0.1:<base + 443>."""
+    try:
+        doc = yaml.safe_load(lay.kubeconfig.read_text())
+        server = doc["clusters"][0]["cluster"]["server"]
+        return int(server.rsplit(":", 1)[1]) - Ports(0).apiserver
+    except (OSError, yaml.YAMLError, LookupError, TypeError, ValueError):
+        return None
+
+
 def _load_settings(lay: Layout) -> Settings:
+    """The settings the state directory's cluster was started with (the defaults, on the
+    ports PDWARDEN_CLUSTER_PORT_BASE says, where none was ever started)."""
     try:
         data = json.loads((lay.root / "settings.json").read_text())
+        base = data.get("port_base") or _kubeconfig_port_base(lay) or ports().base
         return Settings(
-            nodes=int(data["nodes"]), gpus=int(data["gpus"]), cpu_nodes=int(data.get("cpu_nodes", 0))
+            nodes=int(data["nodes"]),
+            gpus=int(data["gpus"]),
+            cpu_nodes=int(data.get("cpu_nodes", 0)),
+            port_base=int(base),
         )
     except (OSError, ValueError, KeyError, TypeError):
-        return Settings()
+        return Settings(port_base=ports().base)
 
 
 def _argv(name: str, lay: Layout, bins: Path, p: Ports, settings: Settings) -> list[str]:
@@ -517,10 +554,15 @@ def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
     settings.node_plan()  # a clear error for a bad count
     leftovers = _stop_recorded(lay, grace=5.0)
     leftovers += teardown.clean(lay.root)
+    earlier = _load_settings(lay)
+    if earlier.port_base != settings.port_base:  # its network and reserved ports are not ours
+        leftovers += network.teardown(earlier.ports.net, keep_blackhole=True)
+        with contextlib.suppress(OSError):
+            reserved_ports.release(earlier.ports.listening(earlier.nodes))
     if leftovers:
         progress(f"stopped leftovers of an earlier run: {', '.join(leftovers)}")
     bins = build.ensure_built(progress)
-    p = ports()
+    p = settings.ports
     _reserve_ports(p, settings.nodes, progress)
     try:
         _check_ports_free(p, settings.nodes, progress)
@@ -559,7 +601,8 @@ def _repair(lay: Layout, progress: Progress) -> bool:
     dead = [n for n in COMPONENTS[2:] if n not in recs or not recs[n].alive()]
     if not dead:
         return True
-    settings, p, bins = _load_settings(lay), ports(), build.ensure_built(progress)
+    settings = _load_settings(lay)
+    p, bins = settings.ports, build.ensure_built(progress)
     progress(f"restarting {', '.join(dead)} (the rest of the cluster is running)")
     _reserve_ports(p, settings.nodes, progress)  # a cluster started before ports were reserved
     with _stop_on_failure(lay, dead):
@@ -628,7 +671,7 @@ def _spawn(lay: Layout, name: str, argv: list[str], progress: Progress) -> None:
     if name == "provisioner":
         _grant(lay)
     if name == netpolicy.COMPONENT:
-        p = ports()
+        p = _load_settings(lay).ports
         server = f"https://{p.net.host_addr}:{p.apiserver}"  # from the gateway namespace
         netpolicy.write_kubeconfig(admin_api(lay), lay.component_kubeconfig(name), server, lay.pki.ca_cert)
         if note := netpolicy.kernel_support(p.net.gateway_netns).note:
@@ -717,23 +760,36 @@ def _reserve_ports(p: Ports, nodes: int, progress: Progress) -> None:
         )
 
 
+def _held_by(port: int) -> str:
+    """Who holds a busy port, and why that can happen to it, for the error that names it."""
+    said = "; ".join(port_holders.describe(port)) or "a socket `ss -tanp | grep :{port}` shows"
+    with contextlib.suppress(OSError, ValueError):
+        low, high = reserved_ports.ephemeral_range()
+        if low <= port <= high:
+            said += (
+                f"; it lies in the kernel's ephemeral range ({low}-{high}), where any outgoing "
+                f"connection may take it: a base whose ports stay below {low} avoids that"
+            )
+    return said.replace("{port}", str(port))
+
+
 def _check_ports_free(p: Ports, nodes: int, progress: Progress) -> None:
     """The control plane's ports must be free. A node's endpoint port (`kubectl logs`/`exec`)
-    may be held for a while by another process's connection (it lies in the ephemeral range):
-    the kubelet binds it once it is free, so that is only said."""
+    may be held for a while by another process's connection: the kubelet binds it once it is
+    free, so that is only said."""
     for i in range(nodes):
         if not _port_free(p.kubelet + i):
             progress(
-                f"port {p.kubelet + i} (kubelet endpoint of node {i}) is in use: `kubectl logs` and "
-                "`exec` on that node work once it is free (`pdwarden cluster logs` works now)"
+                f"port {p.kubelet + i} (kubelet endpoint of node {i}) is in use ({_held_by(p.kubelet + i)}): "
+                "`kubectl logs` and `exec` on that node work once it is free (`pdwarden cluster logs` "
+                "works now)"
             )
     for what, port in p.all().items():
         if not _port_free(port):
             raise ClusterError(
-                f"port {port} on 127.0.0.1 (for {what}) is in use by another process: stop it "
-                "(`ss -ltnp | grep {port}` shows which), or run `pdwarden cluster down` if it is a "
-                "leftover local cluster, or pick other ports with PDWARDEN_CLUSTER_PORT_BASE=<n> "
-                f"(now {p.base})".replace("{port}", str(port))
+                f"port {port} on 127.0.0.1 (for {what}) is in use ({_held_by(port)}): stop that, or "
+                "run `pdwarden cluster down` if it is a leftover local cluster, or pick other ports "
+                f"with PDWARDEN_CLUSTER_PORT_BASE=<n> (now {p.base})"
             ) from None
 
 
@@ -817,12 +873,13 @@ def down(progress: Progress = _stderr) -> list[str]:
     """Stop every process the cluster started (pods included). Returns the names stopped."""
     lay = layout()
     with _locked(lay):
+        running = _load_settings(lay)
         stopped = _stop_recorded(lay, grace=10.0)
         # what a killed kubelet could not clean: stray processes, its cgroups, mounts
         removed = teardown.clean(lay.root)
-        removed += network.teardown(ports().net)
+        removed += network.teardown(running.ports.net)
         with contextlib.suppress(OSError):  # none were reserved where the kernel refused them
-            reserved_ports.release(ports().listening(_load_settings(lay).nodes))
+            reserved_ports.release(running.ports.listening(running.nodes))
     if removed:
         progress(f"removed: {', '.join(removed)}")
     progress(f"stopped: {', '.join(stopped)}" if stopped else "the local cluster was not running")

@@ -1,12 +1,13 @@
 """Keep the kernel from handing a cluster's listening ports to outgoing connections.
 
-The cluster's ports lie in Linux's ephemeral range (32768-60999 by default). Any client's
-connection (a watch, an etcd stream) can get one of them as its local port and hold it for
-hours; a component that starts or restarts then cannot bind it (a kubelet endpoint that never
-binds makes every `kubectl logs`/`exec` on its node fail). The host network namespace's
-`net.ipv4.ip_local_reserved_ports` excludes ports from automatic allocation while explicit
-binds still work: `up` adds the cluster's ports there, `down` removes them again, leaving
-other entries (other clusters', the administrator's) as they were.
+The default port base keeps the cluster's ports below Linux's ephemeral range (32768-60999
+by default), but a PDWARDEN_CLUSTER_PORT_BASE or a host's wider range can put them inside it.
+There any client's connection (a watch, an etcd stream) can get one of them as its local port
+and hold it for hours; a component that starts or restarts then cannot bind it (a kubelet
+endpoint that never binds makes every `kubectl logs`/`exec` on its node fail). The host
+network namespace's `net.ipv4.ip_local_reserved_ports` excludes ports from automatic
+allocation while explicit binds still work: `up` adds the cluster's ports there, `down`
+removes them again, leaving other entries (other clusters', the administrator's) as they were.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 SYSCTL = Path("/proc/sys/net/ipv4/ip_local_reserved_ports")
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 # One lock for every cluster on the host: a read-modify-write of one kernel list.
 LOCK = Path("/run/lock/pdwarden-reserved-ports.lock")
 
@@ -61,6 +63,12 @@ def _locked() -> Iterator[None]:
     with LOCK.open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         yield
+
+
+def ephemeral_range(sysctl: Path = EPHEMERAL_RANGE) -> tuple[int, int]:
+    """The kernel's range of automatically allocated local ports (inclusive)."""
+    low, high = sysctl.read_text().split()
+    return int(low), int(high)
 
 
 def reserved(sysctl: Path = SYSCTL) -> set[int]:

@@ -52,3 +52,24 @@ def test_release_keeps_what_others_reserved(tmp_path: Path, monkeypatch: pytest.
 def test_the_listening_ports_are_the_control_planes_and_one_endpoint_per_node() -> None:
     p = Ports(36000)
     assert set(p.listening(3)) == {*p.all().values(), 36600, 36601, 36602}
+
+
+def test_the_kernels_ephemeral_range_is_read_from_its_sysctl(tmp_path: Path) -> None:
+    sysctl = tmp_path / "ip_local_port_range"
+    sysctl.write_text("32768\t60999\n")
+    assert reserved_ports.ephemeral_range(sysctl) == (32768, 60999)
+
+
+def test_the_default_clusters_ports_lie_below_the_ephemeral_range_and_apart_from_the_test_kits() -> None:
+    from pdwarden_localcluster import network
+    from pdwarden_localcluster.cluster import DEFAULT_PORT_BASE
+    from pdwarden_testkit import ports as testkit_ports
+
+    # the largest cluster: no outgoing connection can hold one of its ports before `up`
+    ours = Ports(DEFAULT_PORT_BASE).listening(network.MAX_NODES)
+    assert max(ours) < 32768  # Linux's default ephemeral range starts there
+    lo, hi = testkit_ports.PORT_RANGE
+    assert not any(lo <= port <= hi for port in ours)
+    offsets = [port - DEFAULT_PORT_BASE for port in ours]
+    for base in range(testkit_ports.BASE_RANGE[0], testkit_ports.BASE_RANGE[1] + 1, 100):
+        assert not set(ours) & {base + off for off in offsets}  # a second cluster's never clash
