@@ -279,14 +279,14 @@ def ensure_up(
                     f"{settings.port_base} (PDWARDEN_CLUSTER_PORT_BASE or the default): "
                     "starting it afresh there"
                 )
-            return _start(lay, settings, progress)
+            return _start(lay, settings, running, progress)
         if _healthy(lay):
             _reserve_ports(running.ports, running.nodes, progress)  # one started before they were
             _upgrade_kubelet(lay, progress)
             return _info(lay, started=False)
         if _repair(lay, progress):
             return _info(lay, started=False)
-        return _start(lay, settings, progress)
+        return _start(lay, settings, running, progress)
 
 
 # The code each long-running Python component runs besides the standard library and the venv.
@@ -360,14 +360,15 @@ up = ensure_up
 
 def _info(lay: Layout, started: bool, seconds: float = 0.0) -> ClusterInfo:
     names: list[str] = []
+    api = admin_api(lay)
     try:
-        listing = admin_api(lay).get("/api/v1/nodes", params={"labelSelector": "pdwarden.io/local-node=true"})
+        listing = api.get("/api/v1/nodes", params={"labelSelector": "pdwarden.io/local-node=true"})
         names = [n["metadata"]["name"] for n in listing.get("items", [])]
     except ApiError:
         pass
     return ClusterInfo(
         kubeconfig=lay.kubeconfig,
-        server=f"https://127.0.0.1:{_load_settings(lay).ports.apiserver}",
+        server=api.creds.server,
         state_dir=lay.root,
         kubernetes_version=build.kubernetes_version(),
         nodes=names,
@@ -549,16 +550,14 @@ def _stop_on_failure(lay: Layout, names: list[str]) -> Iterator[None]:
         signal.signal(signal.SIGTERM, old_term)
 
 
-def _start(lay: Layout, settings: Settings, progress: Progress) -> ClusterInfo:
+def _start(lay: Layout, settings: Settings, earlier: Settings, progress: Progress) -> ClusterInfo:
+    """Start afresh with `settings`; `earlier` are those of the state directory's last run."""
     begun = time.monotonic()
     settings.node_plan()  # a clear error for a bad count
     leftovers = _stop_recorded(lay, grace=5.0)
     leftovers += teardown.clean(lay.root)
-    earlier = _load_settings(lay)
     if earlier.port_base != settings.port_base:  # its network and reserved ports are not ours
-        leftovers += network.teardown(earlier.ports.net, keep_blackhole=True)
-        with contextlib.suppress(OSError):
-            reserved_ports.release(earlier.ports.listening(earlier.nodes))
+        leftovers += _release_host(earlier, keep_blackhole=True)
     if leftovers:
         progress(f"stopped leftovers of an earlier run: {', '.join(leftovers)}")
     bins = build.ensure_built(progress)
@@ -762,7 +761,7 @@ def _reserve_ports(p: Ports, nodes: int, progress: Progress) -> None:
 
 def _held_by(port: int) -> str:
     """Who holds a busy port, and why that can happen to it, for the error that names it."""
-    said = "; ".join(port_holders.describe(port)) or "a socket `ss -tanp | grep :{port}` shows"
+    said = "; ".join(port_holders.describe(port)) or f"a socket `ss -tanp | grep :{port}` shows"
     with contextlib.suppress(OSError, ValueError):
         low, high = reserved_ports.ephemeral_range()
         if low <= port <= high:
@@ -770,7 +769,7 @@ def _held_by(port: int) -> str:
                 f"; it lies in the kernel's ephemeral range ({low}-{high}), where any outgoing "
                 f"connection may take it: a base whose ports stay below {low} avoids that"
             )
-    return said.replace("{port}", str(port))
+    return said
 
 
 def _check_ports_free(p: Ports, nodes: int, progress: Progress) -> None:
@@ -869,6 +868,15 @@ def _stop_recorded(lay: Layout, grace: float, only: list[str] | None = None) -> 
     return stopped
 
 
+def _release_host(settings: Settings, keep_blackhole: bool) -> list[str]:
+    """Give back what a cluster run with `settings` claimed on the host: its network (returns
+    what went) and its reserved ports."""
+    removed = network.teardown(settings.ports.net, keep_blackhole=keep_blackhole)
+    with contextlib.suppress(OSError):  # none were reserved where the kernel refused them
+        reserved_ports.release(settings.ports.listening(settings.nodes))
+    return removed
+
+
 def down(progress: Progress = _stderr) -> list[str]:
     """Stop every process the cluster started (pods included). Returns the names stopped."""
     lay = layout()
@@ -877,9 +885,7 @@ def down(progress: Progress = _stderr) -> list[str]:
         stopped = _stop_recorded(lay, grace=10.0)
         # what a killed kubelet could not clean: stray processes, its cgroups, mounts
         removed = teardown.clean(lay.root)
-        removed += network.teardown(running.ports.net)
-        with contextlib.suppress(OSError):  # none were reserved where the kernel refused them
-            reserved_ports.release(running.ports.listening(running.nodes))
+        removed += _release_host(running, keep_blackhole=False)
     if removed:
         progress(f"removed: {', '.join(removed)}")
     progress(f"stopped: {', '.join(stopped)}" if stopped else "the local cluster was not running")
