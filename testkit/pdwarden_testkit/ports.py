@@ -66,19 +66,30 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
 
 
-# Bases for a second local cluster: each spans base..base+~610, all below the ephemeral range.
-BASE_RANGE = (30000, 30900)
+# Where a second local cluster's ports lie (base+249 to base+614 with 15 nodes): above the
+# default cluster's (28249-28614, pdwarden_localcluster/cluster.py) and below PORT_RANGE, so
+# that neither is handed out where another's processes listen, and all below the ephemeral range.
+CLUSTER_PORT_RANGE = (28700, 30999)
 
 
-def free_port_base(
-    offsets: Iterable[int], host: str = "127.0.0.1", lo: int = BASE_RANGE[0], hi: int = BASE_RANGE[1]
-) -> int:
-    """A base, a multiple of 100 in [lo, hi], such that base + each offset binds now on host."""
+def port_bases(
+    offsets: Iterable[int], lo: int = CLUSTER_PORT_RANGE[0], hi: int = CLUSTER_PORT_RANGE[1]
+) -> list[int]:
+    """Every base, a multiple of 100, that puts base + each offset inside [lo, hi]."""
     offsets = list(offsets)
-    bases = [b for b in range(lo, hi + 1, 100) if b not in _taken]
+    first = -(-(lo - min(offsets)) // 100) * 100
+    return list(range(max(first, 0), hi - max(offsets) + 1, 100))
+
+
+def free_port_base(offsets: Iterable[int], host: str = "127.0.0.1") -> int:
+    """A base from ``port_bases(offsets)``, not handed out before in this process, such that
+    base + each offset binds now on host."""
+    offsets = list(offsets)
+    bases = [b for b in port_bases(offsets) if b not in _taken]
     _rng.shuffle(bases)
     for base in bases:
         if all(_binds(host, base + off) for off in offsets):
             _taken.add(base)
             return base
-    raise RuntimeError(f"no port base in {lo}-{hi} with every offset {offsets} free on {host}")
+    lo, hi = CLUSTER_PORT_RANGE
+    raise RuntimeError(f"no port base with every offset {offsets} inside {lo}-{hi} and free on {host}")

@@ -66,10 +66,17 @@ def test_the_default_clusters_ports_lie_below_the_ephemeral_range_and_apart_from
     from pdwarden_testkit import ports as testkit_ports
 
     # the largest cluster: no outgoing connection can hold one of its ports before `up`
-    ours = Ports(DEFAULT_PORT_BASE).listening(network.MAX_NODES)
+    ours = set(Ports(DEFAULT_PORT_BASE).listening(network.MAX_NODES))
     assert max(ours) < 32768  # Linux's default ephemeral range starts there
-    lo, hi = testkit_ports.PORT_RANGE
-    assert not any(lo <= port <= hi for port in ours)
-    offsets = [port - DEFAULT_PORT_BASE for port in ours]
-    for base in range(testkit_ports.BASE_RANGE[0], testkit_ports.BASE_RANGE[1] + 1, 100):
-        assert not set(ours) & {base + off for off in offsets}  # a second cluster's never clash
+    free_lo, free_hi = testkit_ports.PORT_RANGE
+    assert not any(free_lo <= port <= free_hi for port in ours)
+    # every second cluster the test kit may start: its ports apart from ours and from the free
+    # ports the test kit hands out beside it, in slots of their own
+    offsets = Ports(0).listening(network.MAX_NODES)
+    bases = testkit_ports.port_bases(offsets)
+    assert len({network.plan(b).slot for b in bases} - {network.plan(DEFAULT_PORT_BASE).slot}) >= 8
+    for base in bases:
+        theirs = {base + off for off in offsets}
+        assert not theirs & ours, base
+        assert not any(free_lo <= port <= free_hi for port in theirs), base
+        assert max(theirs) < 32768, base

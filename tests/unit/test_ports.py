@@ -32,3 +32,11 @@ def test_a_bad_share_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, given: 
     monkeypatch.setenv(ports.ENV_PORT_RANGE, given)
     with pytest.raises(ValueError, match=ports.ENV_PORT_RANGE):
         ports.port_range()
+
+
+@pytest.mark.unit
+def test_port_bases_keep_every_offset_inside_the_range() -> None:
+    offsets = [249, 380, 614]
+    bases = ports.port_bases(offsets, lo=1000, hi=2000)
+    assert bases == [800, 900, 1000, 1100, 1200, 1300]  # 800 + 249 >= 1000; 1300 + 614 <= 2000
+    assert ports.port_bases(offsets, lo=1000, hi=1300) == []  # the span does not fit
