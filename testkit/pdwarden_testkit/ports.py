@@ -69,7 +69,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 # Where a second local cluster's ports lie (base+249 to base+614 with 15 nodes): above the
 # default cluster's (28249-28614, pdwarden_localcluster/cluster.py) and below PORT_RANGE, so
 # that neither is handed out where another's processes listen, and all below the ephemeral range.
-CLUSTER_PORT_RANGE = (28700, 30999)
+CLUSTER_PORT_RANGE = (28700, PORT_RANGE[0] - 1)
 
 
 def port_bases(

@@ -10,7 +10,7 @@ from pdwarden_testkit.ports import free_port_base
 def free_cluster_base(nodes: int, tries: int = 50) -> int:
     """A port base whose control-plane and kubelet ports bind now and whose address slot no
     running cluster's routes hold (two clusters in one slot cannot run at once)."""
-    offsets = [*Ports(0).all().values(), *(Ports(0).kubelet + i for i in range(nodes))]
+    offsets = Ports(0).listening(nodes)
     for _ in range(tries):
         base = free_port_base(offsets)
         if not network.slot_in_use(network.plan(base)):
