@@ -33,12 +33,12 @@ from pdwarden_testkit.runtime_procs import (
 
 pytestmark = pytest.mark.integration
 
-TRANSFER_DEADLINE = 2.0
-FLAGS = serve_flags(
-    allow_fault_injection=True, race_window=20, transfer_deadline=TRANSFER_DEADLINE, inflight_deadline=120
-)
-# UCX over TCP: a SIGSTOPped decode then stalls prefill's WRITEs (UCX's cma transport,
-# its default on one host, writes into a stopped process without the process's help).
+# The runtime's own transfer deadline: no test here stalls a peer (test_stalled_peer.py
+# does), and a short one quarantines a decode peer whose WRITEs are merely slow on a
+# loaded machine, failing every later request to it.
+FLAGS = serve_flags(allow_fault_injection=True, race_window=20, inflight_deadline=120)
+# UCX over TCP, as between pods on different nodes (UCX's cma transport, its default on
+# one host, copies through the peer's memory directly).
 ENV = {"UCX_TLS": "tcp,self"}
 LONG_PROMPT = 160  # tokens: 10 pages, 5 chunks
 
