@@ -21,6 +21,7 @@ from pdwarden_operator.kube import model_status
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import kopf_handlers, model_watchdog
+from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.model_watchdog import ModelWatchdog
 
 pytestmark = pytest.mark.unit
@@ -176,7 +177,7 @@ async def test_a_round_that_finds_its_model_gone_ends_the_watchdog(
 
     monkeypatch.setattr(ModelWatchdog, "round", round_)
     watchdog = ModelWatchdog("ns", "m", "uid-1")
-    task = asyncio.create_task(watchdog.run(lambda: {"metadata": {}}))
+    task = asyncio.create_task(watchdog.run(LatestBody({"metadata": {}})))
     await asyncio.sleep(0.2)  # one round (a failed round waits its interval before the next)
     ended = task.done()
     task.cancel()
@@ -204,7 +205,7 @@ async def test_each_round_is_timed_and_a_round_longer_than_its_interval_counts_l
     monkeypatch.setattr(ModelWatchdog, "round", round_)
     metrics = OperatorMetrics()
     watchdog = ModelWatchdog("ns", "m", "uid-1", metrics)
-    task = asyncio.create_task(watchdog.run(lambda: {"metadata": {}}))
+    task = asyncio.create_task(watchdog.run(LatestBody({"metadata": {}})))
     await asyncio.wait_for(second.wait(), 10)
     await asyncio.sleep(0)  # the second round's bookkeeping runs before its wait
     task.cancel()

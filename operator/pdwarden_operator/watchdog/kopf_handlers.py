@@ -21,6 +21,7 @@ from pdwarden_operator.cache import slim
 from pdwarden_operator.kube.pods import RUNTIME_PODS_SELECTOR
 from pdwarden_operator.status_writer import WRITER
 from pdwarden_operator.watchdog.brake import BRAKE
+from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.model_watchdog import Key, ModelWatchdog
 from pdwarden_operator.watchdog.pod_cache import POD_CACHE
 from pdwarden_operator.watchdog.role_load import ROLE_LOADS
@@ -29,7 +30,7 @@ GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLUR
 
 log = logging.getLogger("pdwarden.watchdog")
 
-_bodies: dict[Key, Mapping[str, Any]] = {}
+_bodies: dict[Key, LatestBody] = {}
 _tasks: dict[Key, asyncio.Task[None]] = {}
 
 
@@ -38,7 +39,9 @@ _uids: dict[Key, str] = {}  # the model each running watchdog watches
 
 def _forget(key: Key) -> asyncio.Task[None] | None:
     """Everything kept for the model at `key`; returns its watchdog's task."""
-    _bodies.pop(key, None)
+    latest = _bodies.pop(key, None)
+    if latest is not None:
+        latest.end()
     _uids.pop(key, None)
     WRITER.forget(*key)
     BRAKE.forget(key)
@@ -52,8 +55,8 @@ def _stop(key: Key) -> None:
         task.cancel()
 
 
-async def _watch(key: Key, watchdog: ModelWatchdog) -> None:
-    await watchdog.run(lambda: _bodies.get(key))
+async def _watch(key: Key, watchdog: ModelWatchdog, latest: LatestBody) -> None:
+    await watchdog.run(latest)
     # The watchdog ended by itself: its model is gone, though no event said so (kopf stops
     # watching a deleted namespace that matched a pattern). Nothing of it may stay behind.
     if _tasks.get(key) is asyncio.current_task():
@@ -79,13 +82,18 @@ async def track_model(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
     uid = body.metadata.uid or ""
     if key in _uids and _uids[key] != uid:
         _stop(key)  # deleted and created again, the deletion unseen: the old watchdog ends
-    _bodies[key] = slim(body)  # the watchdog reads spec, status and metadata only
+    kept = slim(body)  # the watchdog reads spec, status and metadata only
+    latest = _bodies.get(key)
+    if latest is None:
+        latest = _bodies[key] = LatestBody(kept)
+    else:
+        latest.set(kept)
     task = _tasks.get(key)
     if task is None or task.done():
         _uids[key] = uid
         BRAKE.expect(key)  # the brakes hold until this model has reported once
         _tasks[key] = asyncio.create_task(
-            _watch(key, ModelWatchdog(key[0], key[1], uid)), name=f"watchdog-{key[0]}-{key[1]}"
+            _watch(key, ModelWatchdog(key[0], key[1], uid), latest), name=f"watchdog-{key[0]}-{key[1]}"
         )
 
 

@@ -1,5 +1,5 @@
 """One model's watchdog: its rounds, one per scrape interval, while kopf_handlers.py keeps
-its task running.
+its task running. A model with nothing to look at has no rounds until its body changes.
 
 A round observes, plans, then acts. Observe: the model's runtime pods (and which are gone)
 -> scrape them -> wedge rule and blame per pod. Plan: the ladder's (pure). Act: the gone pods
@@ -13,7 +13,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -35,6 +35,7 @@ from pdwarden_operator.watchdog.drain import healthy_requests_done
 from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
 from pdwarden_operator.watchdog.gone_pods import GonePods, from_json, seen, to_json
 from pdwarden_operator.watchdog.history import Histories, Observation
+from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.ownership import Owners
 from pdwarden_operator.watchdog.pod_cache import POD_CACHE
@@ -54,8 +55,8 @@ from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 log = logging.getLogger("pdwarden.watchdog")
 
 SCRAPE_CONCURRENCY = 100
+FAILED_ROUND_WAIT_S = 10.0  # after a round that raised
 FIRST_ROUND_MIN_S, FIRST_ROUND_MAX_S = 1.0, 5.0
-IDLE_INTERVAL_S = 10.0  # the wait between rounds of a model whose spec does not validate
 
 Key = tuple[str, str]
 
@@ -101,16 +102,16 @@ class ModelWatchdog:
         self._seeded = False  # the brakes know this model's remediations from its status
         self._gone_unwritten = False
 
-    async def run(self, latest_body: Callable[[], Mapping[str, Any] | None]) -> None:
+    async def run(self, latest: LatestBody) -> None:
         try:
-            first = latest_body()
+            first = latest.get()
             spec = _parsed_spec(first) if first is not None else None
             await asyncio.sleep(first_round_delay(spec.watchdog.scrape_interval_seconds if spec else None))
             while True:
-                body = latest_body()
+                version, body = latest.version, latest.get()
                 if body is None:
                     return
-                interval = 10.0
+                interval: float | None = FAILED_ROUND_WAIT_S
                 started = time.monotonic()
                 try:
                     interval = await self.round(body)
@@ -122,6 +123,9 @@ class ModelWatchdog:
                     log.exception("%s/%s: watchdog round failed", self.model.namespace, self.model.name)
                 took = time.monotonic() - started
                 self.metrics.round_seconds.observe(took)
+                if interval is None:
+                    await latest.changed_since(version)
+                    continue
                 if took > interval:
                     self.metrics.rounds_late.inc()
                 await asyncio.sleep(max(0.5, interval - took))
@@ -138,8 +142,10 @@ class ModelWatchdog:
         log.warning("%s/%s: watchdog stopped: the model (uid %s) is gone", ns, name, self.model.uid)
         return True
 
-    async def round(self, body: Mapping[str, Any]) -> float:
-        """One scrape-judge-act round; returns the scrape interval to wait."""
+    async def round(self, body: Mapping[str, Any]) -> float | None:
+        """One scrape-judge-act round; returns the scrape interval to wait, or None when the
+        round had nothing to look at, which only a new body of the model can change (the next
+        round waits for one: no rounds at all for a parked model between watch events)."""
         ns, name = self.model.namespace, self.model.name
         if not self._seeded:
             # the hour of remediations this model's status remembers counts toward the brakes
@@ -151,11 +157,11 @@ class ModelWatchdog:
         if spec is None:
             log.warning("%s/%s: watchdog idle: the spec does not validate", ns, name)
             BRAKE.report((ns, name), 0)
-            return IDLE_INTERVAL_S
+            return None
         settings = spec.watchdog
         if not round_due(body.get("status"), self._seen_any(), contract.RUNTIME_ROLES):
             BRAKE.report((ns, name), 0)
-            return settings.scrape_interval_seconds  # no scraper, no pod list: nothing to look at yet
+            return None  # no scraper, no pod list: nothing to look at yet
         if self.state is None:
             self.state = state_from_status(body.get("status"))
         if self.scraper is None or self.scraper.timeout_seconds != settings.scrape_timeout_seconds:
