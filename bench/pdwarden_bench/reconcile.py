@@ -223,7 +223,8 @@ async def _operator_arm(
         settled_s = time.monotonic() - settle_from
         settle_cpu = op.cpu_seconds() - settle_cpu_from
         # ...steady state: every model and child unchanged, nothing but the periodic resync and
-        # the watches' own traffic left to cost CPU.
+        # the watches' own traffic left to cost CPU (by default over one whole period of the full
+        # resync, most of what is left: a minute's window holds it once or not at all).
         steady_from = op.cpu_seconds()
         await asyncio.sleep(steady_s)
         steady_cpu = op.cpu_seconds() - steady_from
@@ -433,9 +434,9 @@ def _kubeconfig(explicit: str | None) -> str:
 @click.option(
     "--steady-seconds",
     type=click.FloatRange(0, 3600),
-    default=60.0,
-    show_default=True,
-    help="Then measure the operator's CPU this long with every model unchanged (0: skip).",
+    default=None,
+    help="Then measure the operator's CPU this long with every model unchanged (0: skip). "
+    "Default: one period of the operator's full resync, which a shorter window holds once or not at all.",
 )
 @click.option(
     "--floor/--no-floor",
@@ -449,12 +450,16 @@ def reconcile(
     kubeconfig: str | None,
     health_port: int,
     timeout: float,
-    steady_seconds: float,
+    steady_seconds: float | None,
     floor: bool,
     as_json: bool,
 ) -> None:
     """Apply N zero-replica models; p50/p99 seconds to children + status, operator RSS, then
     the operator's CPU per minute with all of them unchanged, then the API server's own share."""
+    if steady_seconds is None:
+        from pdwarden_operator.handlers import FULL_RESYNC_INTERVAL_S
+
+        steady_seconds = FULL_RESYNC_INTERVAL_S
     result = asyncio.run(_run(models, _kubeconfig(kubeconfig), health_port, timeout, steady_seconds, floor))
     if not as_json:
         _say(
