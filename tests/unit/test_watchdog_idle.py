@@ -1,6 +1,7 @@
 """A watchdog with nothing to look at (a parked model, a spec that does not validate) has no
 rounds until its model's body changes: a thousand parked models cost nothing between watch
-events, and a change is looked at as soon as it arrives."""
+events. A change is looked at on the watchdog's own phase (within one scrape interval), so
+models changed together do not all scrape in the same second."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def _parked(generation: int, spec: dict[str, Any] | None = None) -> dict[str, An
             "engine": "synthetic",
             "prefill": {"replicas": 0},
             "decode": {"replicas": 0},
-            "watchdog": {"scrapeIntervalSeconds": 1, "stuckAfterSeconds": 30},
+            "watchdog": {"scrapeIntervalSeconds": 1},
         },
         "status": PARKED_STATUS,
     }
@@ -89,7 +90,7 @@ async def test_an_idle_watchdog_has_no_rounds_until_its_body_changes(start: Any,
     assert running.rounds() == 1
     assert not running.task.done()
     running.latest.set(_parked(2, spec))
-    await asyncio.wait_for(running.until_rounds(2), 5)  # the new body is looked at once
+    await asyncio.wait_for(running.until_rounds(2), 5)  # the new body is looked at
     await asyncio.sleep(0.2)
     assert running.rounds() == 2
 
@@ -125,3 +126,43 @@ async def test_a_wait_lasts_until_the_next_body_and_wakes_every_waiter() -> None
     latest.end()
     await asyncio.wait_for(later, 1)
     assert latest.get() is None
+
+
+@pytest.mark.parametrize(
+    ("anchor", "period", "now", "wait"),
+    [
+        (100.0, 10.0, 100.0, 0.0),
+        (100.0, 10.0, 103.0, 7.0),
+        (100.0, 10.0, 131.0, 9.0),
+        (100.0, 1.0, 100.25, 0.75),
+    ],
+)
+def test_a_woken_watchdog_waits_for_its_own_phase(
+    anchor: float, period: float, now: float, wait: float
+) -> None:
+    assert model_watchdog.until_phase(anchor, period, now) == pytest.approx(wait)
+
+
+async def test_models_changed_together_keep_their_spread_phases(
+    start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Twenty parked models whose first rounds were spread over their 1 s interval all change
+    at once: their next rounds come spread over that second again, not together."""
+    delays = iter([i / 20 for i in range(20)])
+    monkeypatch.setattr(model_watchdog, "first_round_delay", lambda *_: next(delays))
+    second_round_at: list[float] = []
+    original = ModelWatchdog.round
+
+    async def round_(self: ModelWatchdog, body: Any) -> float | None:
+        if (body.get("metadata") or {}).get("generation") == 2:
+            second_round_at.append(asyncio.get_running_loop().time())
+        return await original(self, body)
+
+    monkeypatch.setattr(ModelWatchdog, "round", round_)
+    fleet = [start(_parked(1)) for _ in range(20)]
+    await asyncio.wait_for(asyncio.gather(*(r.until_rounds(1) for r in fleet)), 5)
+    for running in fleet:
+        running.latest.set(_parked(2))
+    await asyncio.wait_for(asyncio.gather(*(r.until_rounds(2) for r in fleet)), 5)
+    assert len(second_round_at) == 20
+    assert max(second_round_at) - min(second_round_at) > 0.8

@@ -71,6 +71,14 @@ def first_round_delay(interval: float | None, rng: random.Random | None = None) 
     return (rng or random).uniform(FIRST_ROUND_MIN_S, upper)
 
 
+def until_phase(anchor: float, period: float, now: float) -> float:
+    """Seconds from `now` to the next of the times `anchor + k * period`: when a watchdog woken
+    by its model's change has its next round. Models changed together (a fleet whose pods became
+    Ready in the same minute) then keep the phases their first rounds spread, rather than all
+    scraping in the same second and queueing for the operator-wide scrape slots."""
+    return (anchor - now) % period
+
+
 def _parsed_spec(body: Mapping[str, Any]) -> DisaggregatedModelSpec | None:
     """The model's spec, validated once per round; None when it does not validate (the
     reconciler reports InvalidSpec; the watchdog stays idle)."""
@@ -107,6 +115,7 @@ class ModelWatchdog:
             first = latest.get()
             spec = _parsed_spec(first) if first is not None else None
             await asyncio.sleep(first_round_delay(spec.watchdog.scrape_interval_seconds if spec else None))
+            anchor = time.monotonic()  # this watchdog's phase
             while True:
                 version, body = latest.version, latest.get()
                 if body is None:
@@ -125,6 +134,11 @@ class ModelWatchdog:
                 self.metrics.round_seconds.observe(took)
                 if interval is None:
                     await latest.changed_since(version)
+                    woken_by = latest.get()
+                    spec = _parsed_spec(woken_by) if woken_by is not None else None
+                    if spec is not None:  # else gone (the loop ends) or still idle: at once
+                        period = spec.watchdog.scrape_interval_seconds
+                        await asyncio.sleep(until_phase(anchor, period, time.monotonic()))
                     continue
                 if took > interval:
                     self.metrics.rounds_late.inc()
