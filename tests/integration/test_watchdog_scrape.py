@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 
+from pdwarden_operator.watchdog.parse import PodSample
 from pdwarden_operator.watchdog.scrape import Scraper, Target
 from pdwarden_testkit.ports import free_port
 from tests.unit.test_watchdog_fuzz import hostile
@@ -259,3 +260,66 @@ async def test_a_scrape_asks_the_runtime_for_what_the_watchdog_reads_and_reads_i
     whole = exposition(metrics.registry)[0]
     assert sent[0] * 2 < len(whole), (sent, len(whole))
     assert result.error is None and result.sample == parse_metrics(whole)
+
+
+async def test_a_body_that_reads_as_the_pods_last_is_not_parsed_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An idle pod's body is the same scrape after scrape: its last sample stands. A body that
+    differs, the same body checked against other peers or sent by another pod, a body that did
+    not parse (each time), a pod's body after a round without it, and a body too large to parse
+    on the loop are each parsed."""
+    from pdwarden_operator.watchdog import scrape as scrape_module
+    from pdwarden_operator.watchdog.parse import parse_metrics
+
+    parsed: list[str] = []
+
+    def counting(body: bytes | bytearray, **kwargs: object) -> object:
+        parsed.append(bytes(body).decode(errors="replace"))
+        return parse_metrics(body, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scrape_module, "parse_metrics", counting)
+    bodies = {"p": GOOD, "q": GOOD}
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.Response(text=bodies[request.match_info["pod"]])
+
+    app = web.Application()
+    app.router.add_get("/{pod}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port(HOST)
+    await web.TCPSite(runner, HOST, port).start()
+    scraper = Scraper(concurrency=2, timeout_seconds=5.0)
+    peers = frozenset({"198.18.0.7"})
+
+    async def scrape(*keys: str, with_peers: frozenset[str] | None = peers) -> list[PodSample | None]:
+        targets = [Target(k, f"http://{HOST}:{port}/{k}", with_peers) for k in keys]
+        return [r.sample for r in await scraper.scrape(targets)]
+
+    try:
+        (first,) = await scrape("p")
+        (again,) = await scrape("p")
+        assert first is not None and again is first and len(parsed) == 1
+        (same_body_other_pod,) = await scrape("q")  # a pod's own last body only
+        assert same_body_other_pod == first and len(parsed) == 2
+        (other_peers,) = await scrape("p", with_peers=frozenset({"198.18.0.8"}))
+        assert other_peers == first and len(parsed) == 3
+        bodies["p"] = GOOD.replace("pdwarden_inflight_requests 2", "pdwarden_inflight_requests 3")
+        (moved,) = await scrape("p", with_peers=frozenset({"198.18.0.8"}))
+        assert moved is not None and moved.inflight == 3 and len(parsed) == 4
+        bodies["p"] = "garbage"
+        assert await scrape("p") == [None] and len(parsed) == 5
+        assert await scrape("p") == [None] and len(parsed) == 6  # a refusal is not remembered
+        bodies["p"] = GOOD
+        (back,) = await scrape("p")
+        assert back == first and len(parsed) == 7
+        await scrape("q")  # p is not a target of this round: what it sent is forgotten
+        (after_a_gap,) = await scrape("p")
+        assert after_a_gap == first and len(parsed) == 9
+        # a body past what is parsed on the loop goes to a parse worker each time, unhashed
+        bodies["p"] = "# padding\n" * 10_000 + GOOD
+        assert await scrape("p") == await scrape("p") == [first] and len(parsed) == 11
+    finally:
+        await scraper.close()
+        await runner.cleanup()

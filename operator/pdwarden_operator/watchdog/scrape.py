@@ -5,12 +5,17 @@ Each model's Scraper keeps its own connections (keep-alive per pod) and timeout,
 slots, body bytes and parse workers from the operator-wide budget (`budget.py`), so the
 number of models does not multiply what scraping may cost, and a large body is never parsed
 on the event loop.
+
+A body that reads exactly as the pod's last one (an idle pod's: nothing in flight, no counter
+moving) is not parsed again: its digest matches and the last sample stands. Only bodies of a
+runtime's size, which are parsed on the loop, are remembered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import math
 import time
 from collections.abc import Sequence
@@ -43,6 +48,19 @@ class Target:
     url: str  # http://<pod ip>:<metrics port>/metrics
     # The addresses its `peer` labels may name (the model's pods); None: unchecked.
     peers: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    """A pod's last parsed body, by its digest, and the peers it was checked against."""
+
+    digest: bytes
+    peers: frozenset[str] | None
+    sample: PodSample
+
+
+def _digest(body: bytes | bytearray) -> bytes:
+    return hashlib.blake2b(body, digest_size=16).digest()
 
 
 @dataclass(frozen=True)
@@ -80,6 +98,8 @@ class Scraper:
         # target URL -> the request's (built by targets.metrics_url from the pod's address and
         # port: already encoded)
         self._urls: dict[str, URL] = {}
+        # target key -> its last body that parsed (kept for this round's targets only)
+        self._parsed: dict[str, _Parsed] = {}
 
     @property
     def budget(self) -> ScrapeBudget:
@@ -119,7 +139,10 @@ class Scraper:
         known = self._urls
         urls = {t.url: known.get(t.url) or URL(f"{t.url}?{READ_QUERY}", encoded=True) for t in targets}
         self._urls = urls
-        return list(await asyncio.gather(*(self._one(session, budget, own, t, urls[t.url]) for t in targets)))
+        results = await asyncio.gather(*(self._one(session, budget, own, t, urls[t.url]) for t in targets))
+        keys = {t.key for t in targets}
+        self._parsed = {key: parsed for key, parsed in self._parsed.items() if key in keys}
+        return list(results)
 
     async def _one(
         self,
@@ -137,10 +160,17 @@ class Scraper:
                 # unobserved rather than letting the round run on
                 async with budget.slot(self.timeout_seconds):
                     body = await self._fetch(session, url, budget, reservation)
-                parse = functools.partial(parse_metrics, body, max_bytes=self.max_bytes, peers=target.peers)
                 size = len(body)
-                del body  # the parse holds the only reference: freed when it is done
-                sample: PodSample | None = await budget.parse(reservation, parse, size)
+                # only a body parsed on the loop is remembered: a larger one is not hashed there
+                digest = _digest(body) if size <= budget.inline_parse_bytes else None
+                sample = self._unchanged(target, digest)
+                if sample is None:
+                    peers = target.peers
+                    parse = functools.partial(parse_metrics, body, max_bytes=self.max_bytes, peers=peers)
+                    del body  # the parse holds the only reference: freed when it is done
+                    sample = await budget.parse(reservation, parse, size)
+                    if digest is not None:
+                        self._parsed[target.key] = _Parsed(digest, peers, sample)
                 error = None
             except TimeoutError:
                 sample, error = None, f"timeout after {self.timeout_seconds:g}s"
@@ -153,6 +183,14 @@ class Scraper:
             finally:
                 reservation.release()  # a no-op once the parse worker released it
             return ScrapeResult(target.key, sample, error, time.perf_counter() - started)
+
+    def _unchanged(self, target: Target, digest: bytes | None) -> PodSample | None:
+        """The pod's last sample if this body reads as the last one that parsed, checked
+        against the same peers (None: parse it)."""
+        last = self._parsed.get(target.key)
+        if last is not None and digest is not None and last.digest == digest and last.peers == target.peers:
+            return last.sample
+        return None
 
     async def _fetch(
         self, session: aiohttp.ClientSession, url: URL, budget: ScrapeBudget, reservation: Reservation
