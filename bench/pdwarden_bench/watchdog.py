@@ -12,6 +12,10 @@ The steady part is several back-to-back windows, each giving its own CPU figure:
 machine the operator shares its cores with the simulator and the control plane, and a window's
 CPU moves with them, so the verdict is the median window with the spread beside it.
 
+`--idle-models N` makes the last N models' runtime pods idle ones (no request ever; a body
+that reads the same every scrape), as much of a real fleet is at quiet hours; the goal is
+judged on a serving fleet only (`goal_met` is null otherwise).
+
 The same code costs more CPU on a slower machine, so the line also carries a yardstick of the
 machine: the CPU time of one parse of a fleet pod's body by the operator's own parser, in the
 bench's process (`reference_parse_cpu_us`), and the operator's CPU per scrape as a multiple of
@@ -43,7 +47,7 @@ from pdwarden_operator.watchdog.parse import parse_metrics
 from pdwarden_testkit.cluster_env import Env, open_env, operator_metric, operator_page, pod_metrics_body
 from pdwarden_testkit.fleet.model import fleet_model
 from pdwarden_testkit.fleet.process import FleetProcess
-from pdwarden_testkit.fleet.runtimes import MODE_ANNOTATION
+from pdwarden_testkit.fleet.runtimes import MODE_ANNOTATION, Mode
 from pdwarden_testkit.operator_process import OperatorProcess
 from pdwarden_testkit.promtext import metric_sum, samples
 
@@ -290,6 +294,15 @@ def _fleet_env(kubeconfig: Path, tmp: Path) -> Iterator[Env]:
         yield env
 
 
+def model_count(endpoints: int, pods_per_model: int, idle_models: int = 0) -> int:
+    """The fleet's models; a UsageError when `idle_models` leaves none serving (the first model
+    serves: its body is the reference parse's, its pod the one wedged)."""
+    models = math.ceil(endpoints / pods_per_model)
+    if idle_models >= models:
+        raise click.UsageError(f"--idle-models must be fewer than the {models} models (one serves at least)")
+    return models
+
+
 def run(
     endpoints: int,
     pods_per_model: int,
@@ -298,10 +311,14 @@ def run(
     windows: int,
     timeout: float,
     kubeconfig: Path,
+    idle_models: int = 0,
 ) -> dict[str, Any]:
-    models = math.ceil(endpoints / pods_per_model)
+    models = model_count(endpoints, pods_per_model, idle_models)
     tmp = Path(tempfile.mkdtemp(prefix="pdw-bench-watchdog-"))
-    _say(f"{endpoints} pods as {models} models of up to {pods_per_model}; logs in {tmp}")
+    _say(
+        f"{endpoints} pods as {models} models of up to {pods_per_model} ({idle_models} of them idle); "
+        f"logs in {tmp}"
+    )
     with _fleet_env(kubeconfig, tmp) as env:
         op = env.start_operator()
         started = time.monotonic()
@@ -309,8 +326,9 @@ def run(
         for i in range(models):
             pods = min(pods_per_model, left)
             left -= pods
+            mode: Mode = "idle" if i >= models - idle_models else "serving"
             env.create_model(
-                fleet_model(env.namespace, f"fleet-{i:04d}", (pods + 1) // 2, pods // 2, interval)
+                fleet_model(env.namespace, f"fleet-{i:04d}", (pods + 1) // 2, pods // 2, interval, mode)
             )
         _say(f"applied {models} models; waiting for {endpoints} pods to run")
         wait_for(
@@ -349,6 +367,7 @@ def run(
         "benchmark": "watchdog",
         "endpoints": endpoints,
         "models": models,
+        "idle_models": idle_models,
         "interval_s": interval,
         "measure_seconds": measure_s,
         "pods_running_s": round(pods_running_s, 1),
@@ -361,10 +380,10 @@ def run(
         **wedge,
         "cpus": os.cpu_count(),
         "loadavg_1m": round(os.getloadavg()[0], 2),
-        "goal": f"{endpoints} pods every {interval}s within {GOAL_CORES} core (median window) and "
-        f"{GOAL_RSS_MIB:g} MiB, no late round",
+        "goal": f"{endpoints} serving pods every {interval}s within {GOAL_CORES} core (median window) "
+        f"and {GOAL_RSS_MIB:g} MiB, no late round",
     }
-    result["goal_met"] = goal_met(result)
+    result["goal_met"] = goal_met(result) if idle_models == 0 else None
     return result
 
 
@@ -408,6 +427,13 @@ def _kubeconfig(explicit: str | None) -> Path:
 @click.option(
     "--kubeconfig", default=None, help="An admin kubeconfig of the local cluster (default: started if down)."
 )
+@click.option(
+    "--idle-models",
+    type=click.IntRange(0, None),
+    default=0,
+    show_default=True,
+    help="Models whose runtime pods are idle (no request ever), the last ones; the rest serve.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
 def watchdog(
     endpoints: int,
@@ -417,13 +443,22 @@ def watchdog(
     windows: int,
     timeout: float,
     kubeconfig: str | None,
+    idle_models: int,
     as_json: bool,
 ) -> None:
     """The operator's real watchdog round over N simulated runtime pods (goal: 10,000 every 10 s
     within 0.25 core, the median of the steady windows, and 300 MiB, no round later than its
     interval)."""
+    model_count(endpoints, pods_per_model, idle_models)  # refused before a cluster starts
     result = run(
-        endpoints, pods_per_model, interval, measure_seconds, windows, timeout, _kubeconfig(kubeconfig)
+        endpoints,
+        pods_per_model,
+        interval,
+        measure_seconds,
+        windows,
+        timeout,
+        _kubeconfig(kubeconfig),
+        idle_models,
     )
     if not as_json:
         for key, value in result.items():

@@ -6,17 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from pdwarden_bench.watchdog import (
     Reading,
     Window,
     goal_met,
+    model_count,
     reference_parse_cpu_us,
     scrape_cost,
     steady_figures,
     window,
 )
+from pdwarden_bench.watchdog import watchdog as bench_watchdog
 from pdwarden_operator.watchdog.parse import METRICS_READ, ParseError
 from pdwarden_testkit.fleet.runtimes import FleetRuntimes
 
@@ -132,3 +136,15 @@ def test_the_cost_of_a_scrape_is_the_windows_cpu_over_every_models_pods_per_roun
     }
     idle = scrape_cost(figures | {"rounds": 0}, endpoints=10000, models=100, reference_us=100.0)
     assert idle == {"reference_parse_cpu_us": 100.0}
+
+
+def test_idle_models_leave_at_least_one_serving_and_are_refused_before_a_cluster_starts() -> None:
+    assert model_count(10000, 100) == model_count(10000, 100, 99) == 100
+    assert model_count(250, 100, 2) == 3
+    with pytest.raises(click.UsageError, match="fewer than the 100 models"):
+        model_count(10000, 100, 100)
+    # refused as a usage error, before the kubeconfig is read or a cluster started
+    result = CliRunner().invoke(
+        bench_watchdog, ["--endpoints", "200", "--idle-models", "2", "--kubeconfig", "/nonexistent"]
+    )
+    assert result.exit_code == 2 and "fewer than the 2 models" in result.output, result.output

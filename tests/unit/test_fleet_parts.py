@@ -10,6 +10,7 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_localcluster.network import plan
+from pdwarden_operator.models import parse_spec
 from pdwarden_operator.watchdog.history import Observation
 from pdwarden_operator.watchdog.parse import parse_metrics
 from pdwarden_operator.watchdog.rule import judge
@@ -17,7 +18,8 @@ from pdwarden_operator.watchdog.targets import metrics_url, pod_view
 from pdwarden_operator.watchdog.verdict import VerdictState
 from pdwarden_testkit.fleet import placement, pod_status
 from pdwarden_testkit.fleet.addresses import FLEET_RANGE, FleetPlan
-from pdwarden_testkit.fleet.runtimes import MODE_ANNOTATION, FleetRuntimes, mode_of
+from pdwarden_testkit.fleet.model import fleet_model
+from pdwarden_testkit.fleet.runtimes import MODE_ANNOTATION, FleetRuntimes, Mode, mode_of
 
 pytestmark = pytest.mark.unit
 
@@ -77,9 +79,21 @@ def test_placement_selects_the_fleets_node_and_tolerates_only_its_taint() -> Non
     )
 
 
+@pytest.mark.parametrize("mode", ["serving", "idle"])
+def test_a_fleet_models_runtime_pods_carry_its_mode_and_the_operator_takes_its_spec(mode: Mode) -> None:
+    body = fleet_model("ns", "m", 2, 2, 10, mode)
+    parse_spec(body["spec"])  # the operator's own validation (the pod policy's owned fields too)
+    for role in contract.RUNTIME_ROLES:
+        template = body["spec"][role]["podTemplate"]
+        assert mode_of((template.get("metadata") or {}).get("annotations")) == mode
+        assert template["spec"] == placement.pod_template()["spec"]
+    assert "metadata" not in body["spec"]["router"]["podTemplate"]
+
+
 def test_a_pods_mode_comes_from_its_annotation_and_anything_else_serves() -> None:
     assert mode_of(None) == "serving"
     assert mode_of({MODE_ANNOTATION: "wedged"}) == "wedged"
+    assert mode_of({MODE_ANNOTATION: "idle"}) == "idle"
     assert mode_of({MODE_ANNOTATION: "WEDGED"}) == "serving"
 
 
@@ -87,16 +101,22 @@ def test_a_pods_mode_comes_from_its_annotation_and_anything_else_serves() -> Non
 def test_the_watchdog_judges_a_serving_body_healthy_and_a_wedged_one_wedged(role: str) -> None:
     fleet = FleetRuntimes().start()
     try:
-        history: dict[str, list[Observation]] = {"serving": [], "wedged": []}
+        history: dict[str, list[Observation]] = {"serving": [], "wedged": [], "idle": []}
+        idle_bodies = set()
         for step in range(3):
             for mode in history:
                 body, ctype = fleet.body(role, mode)  # type: ignore[arg-type]
                 assert ctype.startswith("text/plain")
                 history[mode].append(Observation(10.0 * step, parse_metrics(body)))
+                if mode == "idle":
+                    idle_bodies.add(body)
             time.sleep(0.3)  # past the body's lifetime: the serving state moved on
     finally:
         fleet.stop()
-    serving, wedged = history["serving"], history["wedged"]
+    serving, wedged, idle = history["serving"], history["wedged"], history["idle"]
+    assert len(idle_bodies) == 1  # rendered again, read the same
+    assert idle[-1].sample is not None and (idle[-1].sample.inflight, idle[-1].sample.transfers) == (0, 0)
+    assert judge(idle, stuck_after=15).state == VerdictState.OK
     assert serving[-1].sample is not None and serving[-1].sample.transfers > serving[0].sample.transfers  # type: ignore[union-attr]
     assert judge(serving, stuck_after=15).state == VerdictState.OK
     assert wedged[-1].sample is not None and wedged[-1].sample.inflight == 1

@@ -6,18 +6,25 @@ from typing import Any
 
 from pdwarden_testkit.cluster_env import HOST_PLAYS_ROUTER, synthetic_body
 from pdwarden_testkit.fleet import placement
+from pdwarden_testkit.fleet.runtimes import MODE_ANNOTATION, Mode
 
 
-def fleet_model(namespace: str, name: str, prefill: int, decode: int, interval: int) -> dict[str, Any]:
-    """A synthetic model whose pods (router too) all land on the simulated node; a wedge is
-    remediated by a restart, after two scrape intervals without progress."""
+def fleet_model(
+    namespace: str, name: str, prefill: int, decode: int, interval: int, mode: Mode = "serving"
+) -> dict[str, Any]:
+    """A synthetic model whose pods (router too) all land on the simulated node, its runtime
+    pods exporting what a runtime in `mode` does; a wedge is remediated by a restart, after two
+    scrape intervals without progress."""
     stuck = 2 * interval
+    runtime = placement.pod_template()
+    if mode != "serving":
+        runtime["metadata"] = {"annotations": {MODE_ANNOTATION: mode}}
     return synthetic_body(
         namespace,
         name,
         {
-            "prefill": {"replicas": prefill, "podTemplate": placement.pod_template()},
-            "decode": {"replicas": decode, "podTemplate": placement.pod_template()},
+            "prefill": {"replicas": prefill, "podTemplate": runtime},
+            "decode": {"replicas": decode, "podTemplate": runtime},
             "router": {"replicas": 1, "podTemplate": placement.pod_template()},
             "transfer": {"inflightDeadlineSeconds": stuck - 1, "transferDeadlineSeconds": stuck - 1},
             "watchdog": {

@@ -5,6 +5,8 @@ RoomRuntime, its status table, inflight tracker and metrics), driven by a clock 
   counter rising): a healthy pod.
 - `wedged`: one room stuck in Transferring since the fleet started and nothing concluding,
   with no inflight deadline to cut it: the production wedge the watchdog exists for.
+- `idle`: no room ever opened: a pod nobody sends requests to, whose body reads the same
+  scrape after scrape.
 
 Every pod of one role and mode shares that state's body (the contract has no per-pod series
 the watchdog reads), rendered at most once per `BODY_TTL_S`, so ten thousand pods cost ten
@@ -25,8 +27,8 @@ from pdwarden_runtime.hardening.runtime import RoomRuntime
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.metrics import exposition
 
-Mode = Literal["serving", "wedged"]
-MODES: Final[tuple[Mode, ...]] = ("serving", "wedged")
+Mode = Literal["serving", "wedged", "idle"]
+MODES: Final[tuple[Mode, ...]] = ("serving", "wedged", "idle")
 MODE_ANNOTATION: Final = "fleet.pdwarden.io/mode"  # on a pod: what it exports (default serving)
 BODY_TTL_S: Final = 0.25
 TICK_S: Final = 0.1
@@ -36,8 +38,8 @@ MAX_NAME_SETS: Final = 8  # bodies kept per state, one per set of requested name
 
 
 def mode_of(annotations: dict[str, str] | None) -> Mode:
-    value = (annotations or {}).get(MODE_ANNOTATION, "serving")
-    return "wedged" if value == "wedged" else "serving"
+    value = (annotations or {}).get(MODE_ANNOTATION)
+    return next((mode for mode in MODES if mode == value), "serving")
 
 
 class _State:
@@ -63,7 +65,7 @@ class _State:
         return 16 * len(self._open)
 
     def tick(self) -> None:
-        if self.mode == "wedged":
+        if self.mode != "serving":
             return
         table = self.runtime.table
         room = next(self._rooms)
