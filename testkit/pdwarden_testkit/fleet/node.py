@@ -25,6 +25,7 @@ JSON = dict[str, Any]
 log = logging.getLogger("pdwarden.fleet")
 DEFAULT_NAME: Final = "pdwarden-fleet-0"
 WRITERS: Final = 8  # status writes in flight: a Deployment's thousand pods start in seconds
+RETRY_WRITE_S: Final = 1.0  # a failed status write is tried again after this
 
 
 @dataclass(frozen=True)
@@ -104,30 +105,45 @@ class FleetNode:
                     log.warning("deleting node %s: %s", self.name, exc)
 
     def _watch(self) -> None:
+        """List the node's pods once, then watch from there, each watch resuming where the last
+        one ended (its events' and bookmarks' resourceVersion); listed again only after an
+        error or a 410. A listing of ten thousand pods every watch timeout held this process
+        for seconds (decoding it), and every scrape in flight with it."""
         selector = {"fieldSelector": f"spec.nodeName={self.name}"}
+        version: str | None = None  # where the next watch resumes; None: list first
         while not self._stop.is_set():
             try:
-                listing = self.api.get("/api/v1/pods", params=selector)
-                items = listing.get("items", [])
-                self._forget_missing({p["metadata"]["uid"] for p in items})
-                for pod in items:
-                    self._seen(pod)
-                rv = listing["metadata"]["resourceVersion"]
-                for etype, obj in self.api.watch("/api/v1/pods", dict(selector, resourceVersion=rv), 30):
+                if version is None:
+                    version = self._list(selector)
+                for etype, obj in self.api.watch("/api/v1/pods", dict(selector, resourceVersion=version), 30):
                     if self._stop.is_set():
                         return
                     if etype == "ERROR":
-                        break  # 410 Gone: list again
+                        version = None  # 410 Gone: list again
+                        break
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
                     if etype == "DELETED":
                         self._forget(obj["metadata"]["uid"])
                     elif etype in ("ADDED", "MODIFIED"):
                         self._seen(obj)
             except ApiError as exc:
                 log.warning("node %s pod watch: %s; listing again", self.name, exc)
+                version = None
                 self._stop.wait(1.0)
             except Exception:
                 log.exception("node %s pod watch failed; listing again", self.name)
+                version = None
                 self._stop.wait(1.0)
+
+    def _list(self, selector: dict[str, str]) -> str:
+        """Every pod bound to the node, each seen and any other forgotten; the listing's
+        resourceVersion."""
+        listing = self.api.get("/api/v1/pods", params=selector)
+        items = listing.get("items", [])
+        self._forget_missing({p["metadata"]["uid"] for p in items})
+        for pod in items:
+            self._seen(pod)
+        return str(listing["metadata"]["resourceVersion"])
 
     def _seen(self, pod: Mapping[str, Any]) -> None:
         meta = pod.get("metadata") or {}
@@ -180,13 +196,18 @@ class FleetNode:
         with contextlib.suppress(RuntimeError):  # stopping: the executor takes no more work
             self._writers.submit(self._logged, fn, *args)
 
-    @staticmethod
-    def _logged(fn: Any, *args: Any) -> None:
+    def _logged(self, fn: Any, *args: Any) -> None:
+        """`fn`, a write about one pod; tried again after a failure (the watch resumes rather
+        than lists, so no listing would), unless the pod is gone (404) or another has its
+        name (409)."""
         try:
             fn(*args)
         except ApiError as exc:
-            if exc.status not in (404, 409):
-                log.warning("%s: %s", fn.__name__, exc)
+            if exc.status in (404, 409):
+                return
+            log.warning("%s: %s; again in %gs", fn.__name__, exc, RETRY_WRITE_S)
+            if not self._stop.wait(RETRY_WRITE_S):
+                self._submit(fn, *args)
         except Exception:
             log.exception("%s failed", fn.__name__)
 
@@ -198,7 +219,7 @@ class FleetNode:
                 path,
                 {"metadata": {"uid": meta["uid"]}, "status": pod_status.running(pod, ip, seconds_time())},
             )
-        finally:  # a failed write is written again at the pod's next event or listing
+        finally:
             with self._lock:
                 self._marking.discard(meta["uid"])
 
