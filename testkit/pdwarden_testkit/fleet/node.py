@@ -197,16 +197,17 @@ class FleetNode:
             self._writers.submit(self._logged, fn, *args)
 
     def _logged(self, fn: Any, *args: Any) -> None:
-        """`fn`, a write about one pod; tried again after a failure (the watch resumes rather
-        than lists, so no listing would), unless the pod is gone (404) or another has its
-        name (409)."""
+        """`fn`, a write about one pod; tried again after a transient failure (the watch
+        resumes rather than lists, so no listing would). A pod gone (404) or replaced by
+        another of its name (409) needs none."""
         try:
             fn(*args)
         except ApiError as exc:
             if exc.status in (404, 409):
                 return
-            log.warning("%s: %s; again in %gs", fn.__name__, exc, RETRY_WRITE_S)
-            if not self._stop.wait(RETRY_WRITE_S):
+            transient = exc.status in (0, 429) or exc.status >= 500
+            log.warning("%s: %s%s", fn.__name__, exc, f"; again in {RETRY_WRITE_S:g}s" if transient else "")
+            if transient and not self._stop.wait(RETRY_WRITE_S):
                 self._submit(fn, *args)
         except Exception:
             log.exception("%s failed", fn.__name__)
