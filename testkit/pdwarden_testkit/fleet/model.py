@@ -16,15 +16,12 @@ def fleet_model(
     pods exporting what a runtime in `mode` does; a wedge is remediated by a restart, after two
     scrape intervals without progress."""
     stuck = 2 * interval
-    runtime = placement.pod_template()
-    if mode != "serving":
-        runtime["metadata"] = {"annotations": {MODE_ANNOTATION: mode}}
     return synthetic_body(
         namespace,
         name,
         {
-            "prefill": {"replicas": prefill, "podTemplate": runtime},
-            "decode": {"replicas": decode, "podTemplate": runtime},
+            "prefill": {"replicas": prefill, "podTemplate": _runtime_template(mode)},
+            "decode": {"replicas": decode, "podTemplate": _runtime_template(mode)},
             "router": {"replicas": 1, "podTemplate": placement.pod_template()},
             "transfer": {"inflightDeadlineSeconds": stuck - 1, "transferDeadlineSeconds": stuck - 1},
             "watchdog": {
@@ -36,3 +33,10 @@ def fleet_model(
             **HOST_PLAYS_ROUTER,
         },
     )
+
+
+def _runtime_template(mode: Mode) -> dict[str, Any]:
+    template = placement.pod_template()
+    if mode != "serving":
+        template["metadata"] = {"annotations": {MODE_ANNOTATION: mode}}
+    return template
