@@ -22,7 +22,7 @@ from pdwarden_demo import chart, demo_scenario, demo_traffic
 from pdwarden_demo.demo_kube import DemoCluster
 from pdwarden_localcluster import monitoring
 from pdwarden_localcluster.cluster import ClusterInfo
-from pdwarden_localcluster.waits import serving, wait_for
+from pdwarden_localcluster.waits import WaitTimeout, serving, wait_for
 from pdwarden_operator.render import child_name
 from pdwarden_testkit.kubectl import Kubectl
 
@@ -137,14 +137,26 @@ def test_a_healthy_model_fires_nothing_and_a_wedge_reaches_alertmanager_with_the
 
     # The chart's PodMonitor: every runtime pod a target, up, through the model's NetworkPolicy;
     # its ServiceMonitor: the operator's metrics, through the operator's NetworkPolicy.
+    # the namespace's targets as Prometheus last listed them: (pool, pod, health, last error)
+    listed: list[tuple[str, str, str, str]] = []
+
     def targets_up() -> list[dict[str, Any]] | None:
         active = prometheus(stack, "/api/v1/targets", state="active")["activeTargets"]
-        ours = [t for t in active if t["labels"].get("namespace") == namespace and t["health"] == "up"]
+        mine = [t for t in active if t["labels"].get("namespace") == namespace]
+        listed[:] = [(t["scrapePool"], t["labels"].get("pod", ""), t["health"], t["lastError"]) for t in mine]
+        ours = [t for t in mine if t["health"] == "up"]
         pods_up = {t["labels"].get("pod") for t in ours if t["scrapePool"].startswith("podMonitor/")}
         operator_up = [t for t in ours if t["scrapePool"].startswith("serviceMonitor/")]
         return ours if pods_up == names and operator_up else None
 
-    scraped = wait_for(targets_up, 120, "Prometheus to scrape the 4 runtime pods and the operator", 2.0)
+    try:
+        scraped = wait_for(targets_up, 120, "Prometheus to scrape the 4 runtime pods and the operator", 2.0)
+    except WaitTimeout as exc:  # name the slow link: no target yet (its configuration), or one down
+        runtime = prometheus(stack, "/api/v1/status/runtimeinfo")
+        raise AssertionError(
+            f"{exc}; its targets in {namespace}: {listed}; its configuration last loaded "
+            f"{runtime.get('lastConfigTime')} (reload ok: {runtime.get('reloadConfigSuccess')})"
+        ) from exc
     assert {t["labels"]["model"] for t in scraped if t["scrapePool"].startswith("podMonitor/")} == {MODEL}
     groups = {g["name"] for g in prometheus(stack, "/api/v1/rules")["groups"]}
     assert "pdwarden.inflight" in groups, groups
