@@ -246,11 +246,16 @@ class ScrapeBudget:
     def reservation(self) -> Reservation:
         return Reservation(self.bytes)
 
+    def parses_inline(self, size: int) -> bool:
+        """Whether a body of `size` bytes is parsed on the loop (a runtime's few KiB), not on a
+        parse worker."""
+        return size <= self.inline_parse_bytes
+
     async def parse(self, reservation: Reservation, fn: Callable[[], T], size: int) -> T:
-        """`fn` parsing a body of `size` bytes: on the loop up to `inline_parse_bytes`, else on a
+        """`fn` parsing a body of `size` bytes: on the loop when `parses_inline`, else on a
         parse worker; `reservation` is released when it ends (also if the caller is cancelled
         meanwhile: the body stays in memory until the worker is done with it)."""
-        if size <= self.inline_parse_bytes:
+        if self.parses_inline(size):
             try:
                 return fn()
             finally:

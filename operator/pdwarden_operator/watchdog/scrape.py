@@ -162,7 +162,7 @@ class Scraper:
                     body = await self._fetch(session, url, budget, reservation)
                 size = len(body)
                 # only a body parsed on the loop is remembered: a larger one is not hashed there
-                digest = _digest(body) if size <= budget.inline_parse_bytes else None
+                digest = _digest(body) if budget.parses_inline(size) else None
                 sample = self._unchanged(target, digest)
                 if sample is None:
                     peers = target.peers
@@ -209,7 +209,7 @@ class Scraper:
                 length if length is not None else min(budget.first_reservation, self.max_bytes),
                 deadline - time.monotonic(),
             )
-            if length is not None and length <= budget.inline_parse_bytes:
+            if length is not None and budget.parses_inline(length):
                 # a runtime's few KiB (prometheus_client sends the length): read whole, as the
                 # HTTP parser reads no byte past the length it was given
                 return await resp.read()
