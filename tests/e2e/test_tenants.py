@@ -339,26 +339,16 @@ STRANGER = (
 
 
 # Each default alone keeps the stranger out: the NetworkPolicy (packets dropped), and on a
-# cluster that enforces none, the model's worker key (401).
+# cluster that enforces none, the model's worker key (401). One model of each, side by side in
+# one namespace: each has only its own defence, so neither is kept out by the other's.
 DEFENCES = {
     "network-policy": {"workerKey": {"enabled": False}},
     "worker-key": {"networkPolicy": {"enabled": False}},
 }
 
 
-@pytest.mark.parametrize("defence", sorted(DEFENCES))
-def test_a_stranger_cannot_reach_the_workers_nor_get_a_healthy_pod_blamed(
-    kubectl: Kubectl, operator: OperatorProcess, tenant: str, defence: str
-) -> None:
-    name = f"pair-{defence}"
-    model = _model(name, replicas=1, decode={"replicas": 2})
-    model["spec"].update(DEFENCES[defence])
-    _as_author(kubectl, model, tenant)
-    wait_for(lambda: _serving_count(kubectl, name, tenant, 4), 240, "the model's four pods Ready")
-    pods = kubectl.items("pods", tenant, f"pdwarden.io/model={name}")
-    prefill = next(p for p in pods if p["metadata"]["labels"]["pdwarden.io/role"] == "prefill")
-    decodes = [p["status"]["podIP"] for p in pods if p["metadata"]["labels"]["pdwarden.io/role"] == "decode"]
-    stranger = {
+def _stranger(defence: str, prefill: str, decodes: list[str]) -> dict[str, Any]:
+    return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": f"stranger-{defence}", "labels": {"app": "stranger"}},
@@ -370,28 +360,56 @@ def test_a_stranger_cannot_reach_the_workers_nor_get_a_healthy_pod_blamed(
                 {
                     "name": "client",
                     "image": "python:3.11-slim",
-                    "command": ["python", "-c", STRANGER, prefill["status"]["podIP"], *decodes],
+                    "command": ["python", "-c", STRANGER, prefill, *decodes],
                     "securityContext": RESTRICTED_CONTAINER,
                 }
             ],
         },
     }
-    kubectl.apply(stranger, tenant)
 
-    def finished() -> str | None:
+
+def test_a_stranger_cannot_reach_the_workers_nor_get_a_healthy_pod_blamed(
+    kubectl: Kubectl, operator: OperatorProcess, tenant: str
+) -> None:
+    names = {defence: f"pair-{defence}" for defence in DEFENCES}
+    for defence, name in names.items():
+        model = _model(name, replicas=1, decode={"replicas": 2})
+        model["spec"].update(DEFENCES[defence])
+        _as_author(kubectl, model, tenant)
+    for name in names.values():
+        wait_for(lambda: _serving_count(kubectl, name, tenant, 4), 240, f"{name}'s four pods Ready")  # noqa: B023
+    pods: dict[str, list[dict[str, Any]]] = {}
+    prefills: dict[str, dict[str, Any]] = {}
+    for defence, name in names.items():
+        pods[defence] = kubectl.items("pods", tenant, f"pdwarden.io/model={name}")
+        roles = {
+            role: [p for p in pods[defence] if p["metadata"]["labels"]["pdwarden.io/role"] == role]
+            for role in ("prefill", "decode")
+        }
+        prefills[defence] = roles["prefill"][0]
+        decodes = [p["status"]["podIP"] for p in roles["decode"]]
+        kubectl.apply(_stranger(defence, prefills[defence]["status"]["podIP"], decodes), tenant)
+
+    def finished(defence: str) -> str | None:
         out = kubectl("logs", f"stranger-{defence}", "-n", tenant, check=False).stdout
         return out if "DONE" in out else None
 
-    log = wait_for(finished, 180, "the stranger's requests to end")
-    assert "ANSWERED" not in log and log.count("REFUSED") >= 10, log
-    if defence == "worker-key":  # reached, and told no by the worker itself
-        assert log.count("REFUSED HTTPError 401") == log.count("REFUSED"), log
-        _assert_one_worker_key_secret(kubectl, name, tenant, pods)
-    wait_rounds(operator, name, 3)
-    status = (kubectl.get("disaggregatedmodel", name, tenant) or {}).get("status") or {}
-    assert not status.get("remediations"), status.get("remediations")
-    now = kubectl.get("pod", prefill["metadata"]["name"], tenant)
-    assert now is not None and now["metadata"]["uid"] == prefill["metadata"]["uid"], "the prefill kept"
+    for defence, name in names.items():
+        log = wait_for(lambda: finished(defence), 180, f"the requests of {defence}'s stranger to end")  # noqa: B023
+        assert "ANSWERED" not in log and log.count("REFUSED") >= 10, (defence, log)
+        if defence == "worker-key":  # reached, and told no by the worker itself
+            assert log.count("REFUSED HTTPError 401") == log.count("REFUSED"), log
+            _assert_one_worker_key_secret(kubectl, name, tenant, pods[defence])
+    for defence, name in names.items():
+        wait_rounds(operator, name, 3)
+        status = (kubectl.get("disaggregatedmodel", name, tenant) or {}).get("status") or {}
+        assert not status.get("remediations"), (defence, status.get("remediations"))
+        prefill = prefills[defence]
+        now = kubectl.get("pod", prefill["metadata"]["name"], tenant)
+        assert now is not None and now["metadata"]["uid"] == prefill["metadata"]["uid"], (
+            defence,
+            "the prefill kept",
+        )
 
 
 def _assert_one_worker_key_secret(
