@@ -8,6 +8,7 @@ trusted namespace.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterator
@@ -376,18 +377,23 @@ def test_a_stranger_cannot_reach_the_workers_nor_get_a_healthy_pod_blamed(
         model = _model(name, replicas=1, decode={"replicas": 2})
         model["spec"].update(DEFENCES[defence])
         _as_author(kubectl, model, tenant)
-    for name in names.values():
-        wait_for(lambda: _serving_count(kubectl, name, tenant, 4), 240, f"{name}'s four pods Ready")  # noqa: B023
+    wait_for(
+        lambda: all(_serving_count(kubectl, name, tenant, 4) for name in names.values()),
+        240,
+        "each model's four pods Ready",
+    )
     pods: dict[str, list[dict[str, Any]]] = {}
     prefills: dict[str, dict[str, Any]] = {}
     for defence, name in names.items():
         pods[defence] = kubectl.items("pods", tenant, f"pdwarden.io/model={name}")
-        roles = {
-            role: [p for p in pods[defence] if p["metadata"]["labels"]["pdwarden.io/role"] == role]
-            for role in ("prefill", "decode")
-        }
-        prefills[defence] = roles["prefill"][0]
-        decodes = [p["status"]["podIP"] for p in roles["decode"]]
+        prefills[defence] = next(
+            p for p in pods[defence] if p["metadata"]["labels"]["pdwarden.io/role"] == "prefill"
+        )
+        decodes = [
+            p["status"]["podIP"]
+            for p in pods[defence]
+            if p["metadata"]["labels"]["pdwarden.io/role"] == "decode"
+        ]
         kubectl.apply(_stranger(defence, prefills[defence]["status"]["podIP"], decodes), tenant)
 
     def finished(defence: str) -> str | None:
@@ -395,7 +401,9 @@ def test_a_stranger_cannot_reach_the_workers_nor_get_a_healthy_pod_blamed(
         return out if "DONE" in out else None
 
     for defence, name in names.items():
-        log = wait_for(lambda: finished(defence), 180, f"the requests of {defence}'s stranger to end")  # noqa: B023
+        log = wait_for(
+            functools.partial(finished, defence), 180, f"the requests of {defence}'s stranger to end"
+        )
         assert "ANSWERED" not in log and log.count("REFUSED") >= 10, (defence, log)
         if defence == "worker-key":  # reached, and told no by the worker itself
             assert log.count("REFUSED HTTPError 401") == log.count("REFUSED"), log
@@ -407,8 +415,7 @@ def test_a_stranger_cannot_reach_the_workers_nor_get_a_healthy_pod_blamed(
         prefill = prefills[defence]
         now = kubectl.get("pod", prefill["metadata"]["name"], tenant)
         assert now is not None and now["metadata"]["uid"] == prefill["metadata"]["uid"], (
-            defence,
-            "the prefill kept",
+            f"{defence}: the prefill kept"
         )
 
 
