@@ -207,8 +207,9 @@ async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
         body = cache.models.get(key)
         if body is None:
             return
+        children = cache.children_of(key)
         try:
-            outcome = await reconcile.reconcile(body, cache.children_of(key), cache.settled.get(key))
+            outcome = await reconcile.reconcile(body, children, cache.settled.get(key))
         except reconcile.InvalidSpec:
             return  # status already says so; the next spec change reconciles
         except reconcile.RetryLater as exc:
@@ -232,7 +233,9 @@ async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
         cache.note_settled(key, outcome.settled)
         cache.note_status(key, outcome.status)
         if outcome.applied:
-            log.info("%s/%s: restored %s", key[0], key[1], ", ".join(outcome.applied_names))
+            # a new model can reach this pass before its create handler: nothing to restore yet
+            verb = "restored" if children else "created"
+            log.info("%s/%s: %s %s", key[0], key[1], verb, ", ".join(outcome.applied_names))
 
 
 async def _resync_loop() -> None:

@@ -1,0 +1,64 @@
+"""What a resync pass says it applied: a new model's first children are created, not restored
+(the periodic pass can reach a model before its create handler does)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+import pdwarden_contract as contract
+from pdwarden_operator import handlers, reconcile
+from pdwarden_operator.cache import Cache
+
+pytestmark = pytest.mark.unit
+
+MODEL: dict[str, Any] = {
+    "apiVersion": f"{contract.API_GROUP}/{contract.API_VERSION}",
+    "kind": contract.KIND,
+    "metadata": {"namespace": "team", "name": "llama", "uid": "u-1", "generation": 1},
+    "spec": {},
+}
+ROUTER_SERVICE: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Service",
+    "metadata": {
+        "namespace": "team",
+        "name": "llama-router",
+        "ownerReferences": [
+            {
+                "apiVersion": MODEL["apiVersion"],
+                "kind": contract.KIND,
+                "name": "llama",
+                "uid": "u-1",
+                "controller": True,
+            }
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize(("children_known", "verb"), [(False, "created"), (True, "restored")])
+def test_a_resync_pass_names_first_children_created_and_replaced_ones_restored(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, children_known: bool, verb: str
+) -> None:
+    cache = Cache()
+    monkeypatch.setattr(handlers, "cache", cache)
+    cache.model_event("ADDED", MODEL)
+    if children_known:
+        cache.child_event("v1", "Service", "ADDED", ROUTER_SERVICE)
+    seen: list[dict[str, Any]] = []
+
+    async def one_pass(body: Any, children: dict[Any, Any], settled: Any) -> reconcile.PassResult:
+        seen.append(children)
+        return reconcile.PassResult(status={}, applied=[ROUTER_SERVICE])
+
+    monkeypatch.setattr(reconcile, "reconcile", one_pass)
+    with caplog.at_level(logging.INFO, logger="pdwarden.handlers"):
+        asyncio.run(handlers._resync_one(("team", "llama"), asyncio.Semaphore(1)))
+
+    assert bool(seen[0]) is children_known  # the pass was given what the cache held
+    assert f"team/llama: {verb} Service/llama-router" in caplog.text
+    assert ("Service", "llama-router") in cache.children["team", "llama"]  # known from now on
