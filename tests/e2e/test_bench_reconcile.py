@@ -39,7 +39,8 @@ def test_small_run_reconciles_every_model_completely(cluster: ClusterInfo) -> No
     assert 0 < figures["p50_s"] <= figures["p99_s"] <= figures["max_s"]
     assert figures["operator_peak_rss_mib"] > 0
     assert figures["steady_seconds"] == 3 and figures["steady_cpu_s_per_min"] >= 0
-    assert figures["controllers_caught_up_s"] >= 0  # the steady window began once they had
+    assert figures["controllers_caught_up_s"] >= 0
+    assert figures["deployments_unobserved_at_steady"] == 0  # the steady window began once they had
     # a second operator process resumed every model (the warm-up one too)
     assert figures["resume_models_handled"] == MODELS + 1 and figures["resume_seconds"] > 0
     # the API server's share: each model's worker key Secret and children, written with no operator
