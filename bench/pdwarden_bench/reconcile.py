@@ -268,8 +268,8 @@ async def _operator_arm(
         "operator_cpu_s": round(cpu, 2),
         **resume,
         "controllers_caught_up_s": round(settled_s, 1),
-        # not 0: the steady window below began with the controllers still writing statuses,
-        # each a watch event the operator answers (its CPU figure is not a quiet cluster's)
+        # not 0: the steady window began with the controllers still writing statuses, each a
+        # watch event the operator answers (steady_cpu_s_per_min is then not a quiet cluster's)
         "deployments_unobserved_at_steady": behind,
         "catching_up_cpu_s_per_min": round(settle_cpu * 60.0 / settled_s, 2) if settled_s >= 1 else None,
         "steady_seconds": steady_s,
