@@ -297,7 +297,7 @@ def test_runtime_pods_run_as_the_models_own_account_and_a_look_alike_is_never_ju
     _as_author(kubectl, _model("own", replicas=1), tenant)
     pods = wait_for(lambda: _serving(kubectl, "own", tenant), 240, "the model's three pods Ready")
     for pod in pods:
-        role = pod["metadata"]["labels"]["pdwarden.io/role"]
+        role = _role(pod)
         account = "own-router" if role == "router" else "own-runtime"
         assert pod["spec"]["serviceAccountName"] == account, pod["metadata"]["name"]
         if role != "router":
@@ -386,14 +386,8 @@ def test_a_stranger_cannot_reach_the_workers_nor_get_a_healthy_pod_blamed(
     prefills: dict[str, dict[str, Any]] = {}
     for defence, name in names.items():
         pods[defence] = kubectl.items("pods", tenant, f"pdwarden.io/model={name}")
-        prefills[defence] = next(
-            p for p in pods[defence] if p["metadata"]["labels"]["pdwarden.io/role"] == "prefill"
-        )
-        decodes = [
-            p["status"]["podIP"]
-            for p in pods[defence]
-            if p["metadata"]["labels"]["pdwarden.io/role"] == "decode"
-        ]
+        prefills[defence] = next(p for p in pods[defence] if _role(p) == "prefill")
+        decodes = [p["status"]["podIP"] for p in pods[defence] if _role(p) == "decode"]
         kubectl.apply(_stranger(defence, prefills[defence]["status"]["podIP"], decodes), tenant)
 
     def finished(defence: str) -> str | None:
@@ -440,6 +434,10 @@ def _assert_one_worker_key_secret(
     for pod in [*pods, *router]:
         mounted = [v["secret"]["secretName"] for v in pod["spec"]["volumes"] if v["name"] == "worker-key"]
         assert mounted == [secret["metadata"]["name"]], pod["metadata"]["name"]
+
+
+def _role(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["labels"]["pdwarden.io/role"])
 
 
 def _serving_count(kubectl: Kubectl, name: str, namespace: str, count: int) -> bool:

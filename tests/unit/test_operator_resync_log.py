@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_operator import handlers, reconcile
+from pdwarden_operator import handlers, reconcile, render
 from pdwarden_operator.cache import Cache
 
 pytestmark = pytest.mark.unit
@@ -21,23 +21,8 @@ MODEL: dict[str, Any] = {
     "metadata": {"namespace": "team", "name": "llama", "uid": "u-1", "generation": 1},
     "spec": {},
 }
-ROUTER_SERVICE: dict[str, Any] = {
-    "apiVersion": "v1",
-    "kind": "Service",
-    "metadata": {
-        "namespace": "team",
-        "name": "llama-router",
-        "ownerReferences": [
-            {
-                "apiVersion": MODEL["apiVersion"],
-                "kind": contract.KIND,
-                "name": "llama",
-                "uid": "u-1",
-                "controller": True,
-            }
-        ],
-    },
-}
+# a real child, its controller reference as the operator writes it
+ROUTER_SERVICE = render.router_service(render.Owner.from_body(MODEL))
 
 
 @pytest.mark.parametrize(("children_known", "verb"), [(False, "created"), (True, "restored")])
