@@ -110,6 +110,8 @@ METRICS_NAME_PARAM: Final = "name[]"
 # deletion (it coalesces watch events for 1 s), and a Service's endpoints follow as quickly, so
 # no request is sent to a closed port.
 TERMINATION_DRAIN_S: Final = 5.0
+# The largest request body a worker's HTTP port takes (a prompt).
+MAX_REQUEST_BODY_BYTES: Final = 64 * 1024 * 1024
 
 # --- HTTP surface of a runtime pod (SGLang-compatible subset) ------------------------
 HEALTH_PATH: Final = "/health"

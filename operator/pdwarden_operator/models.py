@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, Self, get_args
+from typing import Annotated, Any, ClassVar, Final, Literal, Self, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 from pydantic.alias_generators import to_camel
@@ -639,6 +639,26 @@ class RoleSpec(_Base):
         return self.nodes_per_replica > 1
 
 
+# smg's options the router pod owns: where smg listens (loopback, behind the gate: on another
+# address its control plane would face clients) and its keys. argparse takes any unambiguous
+# prefix of an option, so a prefix of one of these is refused too.
+ROUTER_OWNED_ARGS: Final = ("--host", "--port", "--api-key", "--control-plane-api-keys")
+
+
+def _router_args_not_owned(args: list[str]) -> list[str]:
+    for arg in args:
+        name = arg.partition("=")[0]
+        if len(name) < 3 or not name.startswith("--"):
+            continue
+        owned = [flag for flag in ROUTER_OWNED_ARGS if flag.startswith(name)]
+        if owned:
+            raise ValueError(
+                f"{name} is set by the router pod ({owned[0]}: smg listens on loopback behind the "
+                "model's gate, with keys of the gate's own); leave it out"
+            )
+    return args
+
+
 class RouterSpec(_Base):
     """SGLang's router (smg) in front: discovers prefill and decode pods and routes requests."""
 
@@ -671,8 +691,14 @@ class RouterSpec(_Base):
         + ", ".join(f"{part} {vals}" for part, vals in ROUTER_DEFAULT_RESOURCES.items())
         + ".",
     )
-    args: list[Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=list, description="Extra arguments of the router (smg launch_router).", max_length=64
+    args: Annotated[list[Annotated[str, Field(max_length=4096)]], AfterValidator(_router_args_not_owned)] = (
+        Field(
+            default_factory=list,
+            description="Extra arguments of the router (smg launch_router); not "
+            + ", ".join(ROUTER_OWNED_ARGS)
+            + " (the router pod sets them).",
+            max_length=64,
+        )
     )
     pod_template: RouterPodTemplate | None = Field(None)
 

@@ -580,19 +580,19 @@ ROUTER_RESILIENCE_ARGS: Final = (
 
 
 def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
-    """smg in PD mode, discovering workers by pod labels in its namespace; with the worker key,
-    on loopback behind `pdwarden runtime router`'s gate, which presents the key to smg (and smg
-    to the workers) for every client."""
+    """smg in PD mode, discovering workers by pod labels in its namespace, on loopback behind
+    `pdwarden runtime router`'s gate: the gate passes only the serving routes (smg's control
+    plane answers no client) and presents the worker key, when the model has one, for every
+    client."""
     pod_ip = f"$({contract.ENV_POD_IP})"
-    keyed = router_key(owner, spec) is not None
     smg = [
         "python",
         "-m",
         ROUTER_MODULE,
         "--host",
-        "127.0.0.1" if keyed else pod_ip,
+        "127.0.0.1",
         "--port",
-        str(contract.ROUTER_LOOPBACK_PORT if keyed else contract.ROUTER_HTTP_PORT),
+        str(contract.ROUTER_LOOPBACK_PORT),
         "--pd-disaggregation",
         "--policy",
         spec.router.policy,
@@ -612,11 +612,11 @@ def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
         *ROUTER_RESILIENCE_ARGS,
         *spec.router.args,
     ]
-    if not keyed:
-        return smg
     gate = ["pdwarden", "runtime", "router", "--host", pod_ip, "--port", str(contract.ROUTER_HTTP_PORT)]
     gate += ["--router-port", str(contract.ROUTER_LOOPBACK_PORT)]
-    return [*gate, "--worker-key-file", worker_key_secret.KEY_FILE, "--", *smg]
+    if router_key(owner, spec) is not None:
+        gate += ["--worker-key-file", worker_key_secret.KEY_FILE]
+    return [*gate, "--", *smg]
 
 
 def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:

@@ -257,7 +257,8 @@ def _deadline(value: str) -> float | None:
     default=None,
     help="A file holding the model's worker key: the HTTP port then answers 401 without "
     "`Authorization: Bearer <key>` (except /health* and /metrics); with --engine sglang, SGLang's "
-    "--api-key.",
+    "--api-key. The PD side channel (KV bootstrap routes, ZMQ messages) then carries a proof "
+    "derived from it.",
 )
 @click.option("--log-level", default="WARNING", show_default=True)
 @click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)
@@ -301,23 +302,36 @@ def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, 
     show_default=True,
     help="The loopback port smg listens on (its own --port).",
 )
-@click.option("--worker-key-file", type=click.Path(dir_okay=False), required=True)
+@click.option(
+    "--worker-key-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The model's worker key, presented to smg for every client (none: the model has no key).",
+)
 @click.option("--log-level", default="WARNING", show_default=True)
 @click.argument("router_args", nargs=-1, required=True, type=click.UNPROCESSED)
 def router(
-    host: str, port: int, router_port: int, worker_key_file: str, log_level: str, router_args: tuple[str, ...]
+    host: str,
+    port: int,
+    router_port: int,
+    worker_key_file: str | None,
+    log_level: str,
+    router_args: tuple[str, ...],
 ) -> None:
     """Run SGLang's router (ROUTER_ARGS: smg's command, listening on 127.0.0.1:--router-port)
-    behind a gate on HOST:PORT that presents the model's worker key for every client."""
+    behind the model's front door on HOST:PORT: only the serving routes pass, with the model's
+    worker key presented for every client; smg's control plane answers no one."""
     import asyncio
 
     from pdwarden_runtime import router_gate
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        key = read_key_file(worker_key_file)
-    except WorkerKeyError as err:
-        raise click.BadParameter(str(err), param_hint="--worker-key-file") from None
+    key = None
+    if worker_key_file is not None:
+        try:
+            key = read_key_file(worker_key_file)
+        except WorkerKeyError as err:
+            raise click.BadParameter(str(err), param_hint="--worker-key-file") from None
     sys.exit(asyncio.run(router_gate.run(host, port, router_port, key, router_args)))
 
 
@@ -353,6 +367,7 @@ def _serve_synthetic(options: ServeOptions) -> int:
         fault=FaultSwitch(options.fault),
         race_window=options.race_window,
         engine="synthetic",
+        worker_key_file=options.worker_key_file,
     )
     engine = build_engine(
         SyntheticOptions(

@@ -204,7 +204,7 @@ class RuntimeServer:
     # --- apps ----------------------------------------------------------------------------
     def http_app(self) -> web.Application:
         middlewares = [require_key(self.worker_key)] if self.worker_key is not None else []
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=middlewares)
+        app = web.Application(client_max_size=c.MAX_REQUEST_BODY_BYTES, middlewares=middlewares)
         add = app.router.add_route
         add("POST", c.GENERATE_PATH, self.generate)
         add("GET", c.HEALTH_PATH, self.health)

@@ -25,7 +25,7 @@ from typing import Any
 import pdwarden_contract as contract
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator.render import ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
-from pdwarden_runtime.router_gate import router_command
+from pdwarden_runtime.router_gate import control_plane_key, router_command
 from pdwarden_runtime.worker_key import auth_headers, read_key_file
 from pdwarden_testkit.ports import free_port
 
@@ -259,13 +259,16 @@ def start_router(
     module: str = ROUTER_MODULE,
     worker_key_file: Path | None = None,
     api_key: str | None = None,
+    gated: bool | None = None,
 ) -> Router:
     """SGLang's router over static workers, with the operator's retry and breaker settings
     (``python``/``module``: another router installation, to compare one with the project's);
-    with ``worker_key_file``, behind ``pdwarden runtime router``'s gate as the operator runs it;
-    with ``api_key``, smg's own ``--api-key`` alone (its clients must then present it)."""
+    ``gated`` (the default with ``worker_key_file``): behind ``pdwarden runtime router``'s gate
+    as the operator runs it, presenting ``worker_key_file``'s key when given; with ``api_key``,
+    smg's own ``--api-key`` alone (its clients must then present it)."""
+    gated = worker_key_file is not None if gated is None else gated
     port = free_port(host)
-    smg_port = free_port("127.0.0.1") if worker_key_file is not None else port
+    smg_port = free_port("127.0.0.1") if gated else port
     workers: list[str] = []
     for prefill in prefills:
         workers += ["--prefill", prefill.url, str(prefill.bootstrap_port)]
@@ -278,7 +281,7 @@ def start_router(
         "--pd-disaggregation",
         *workers,
         "--host",
-        host if worker_key_file is None else "127.0.0.1",
+        "127.0.0.1" if gated else host,
         "--port",
         str(smg_port),
         "--prometheus-port",
@@ -290,11 +293,13 @@ def start_router(
         *ROUTER_RESILIENCE_ARGS,
     ]
     if api_key is not None:
-        argv = router_command(argv, api_key)  # the gate's own way of giving smg a key
-    if worker_key_file is not None:
+        argv = router_command(argv, api_key, control_plane_key())  # the gate's own way of giving smg keys
+    if gated:
         gate = pdwarden_argv("runtime", "router", "--host", host, "--port", str(port))
         gate += ["--router-port", str(smg_port)]
-        argv = [*gate, "--worker-key-file", str(worker_key_file), "--", *argv]
+        if worker_key_file is not None:
+            gate += ["--worker-key-file", str(worker_key_file)]
+        argv = [*gate, "--", *argv]
     return Router(host, port, spawn(f"router-{port}", argv, log_dir))
 
 
@@ -330,6 +335,7 @@ class Fleet:
         module: str = ROUTER_MODULE,
         worker_key_file: Path | None = None,
         api_key: str | None = None,
+        gated: bool | None = None,
     ) -> Router:
         router = start_router(
             prefills,
@@ -339,6 +345,7 @@ class Fleet:
             module=module,
             worker_key_file=worker_key_file,
             api_key=api_key,
+            gated=gated,
         )
         self.procs.append(router.proc)
         return router

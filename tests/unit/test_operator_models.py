@@ -90,3 +90,29 @@ def test_every_rule_breaks_in_the_corpus_with_its_own_message() -> None:
             messages.append(describe_validation_error(exc))
     unbroken = [r.message for r in rules if not any(r.message in m for m in messages)]
     assert unbroken == [], "no manifest in tests/data/invalid breaks these rules"
+
+
+@pytest.mark.parametrize(
+    "arg",
+    [
+        "--host",
+        "--host=0.0.0.0",
+        "--ho",
+        "--port=1",
+        "--api-key=mine",
+        "--control-plane-api-keys",
+        "--control",
+    ],
+)
+def test_the_router_pods_own_smg_options_are_refused_with_the_field_named(arg: str) -> None:
+    """Where smg listens and its keys are the router pod's: smg on another address would face
+    clients with its control plane, past the gate."""
+    with pytest.raises(ValidationError) as info:
+        parse_spec({"model": {"path": "m"}, "router": {"args": [arg, "0.0.0.0"]}})
+    message = describe_validation_error(info.value)
+    assert message.startswith("spec.router.args") and "set by the router pod" in message, message
+
+
+def test_other_smg_options_pass() -> None:
+    args = ["--policy-extra", "x", "--health-check-interval-secs", "5", "--log-level", "info", "0.0.0.0"]
+    assert parse_spec({"model": {"path": "m"}, "router": {"args": args}}).router.args == args

@@ -665,13 +665,17 @@ def test_the_worker_key_is_mounted_into_the_router_and_every_worker_and_required
         assert parsed.params["router_args"][:3] == ("python", "-m", "smg.launch_router")
 
 
-def test_without_the_worker_key_nothing_mounts_it_and_smg_listens_on_the_pod() -> None:
+def test_without_the_worker_key_nothing_mounts_it_and_smg_still_listens_behind_the_gate() -> None:
     spec = {**CASES["synthetic-basic"][0], "workerKey": {"enabled": False}}
     objs = _by_key(render_children(Owner(name="m1", namespace="ns1", uid=UID), parse_spec(spec)))
     router = objs[("Deployment", "m1-router")]
     cmd = _container(router)["command"]
-    assert cmd[:3] == ["python", "-m", "smg.launch_router"]
-    assert cmd[cmd.index("--host") + 1] == "$(POD_IP)" and cmd[cmd.index("--port") + 1] == "8000"
+    gate, smg = cmd[: cmd.index("--")], cmd[cmd.index("--") + 1 :]
+    # the gate on the pod's address keeps smg's control plane from clients, key or no key
+    assert gate[:3] == ["pdwarden", "runtime", "router"]
+    assert gate[gate.index("--host") + 1] == "$(POD_IP)" and gate[gate.index("--port") + 1] == "8000"
+    assert smg[:3] == ["python", "-m", "smg.launch_router"]
+    assert smg[smg.index("--host") + 1] == "127.0.0.1"
     for obj in objs.values():
         if obj["kind"] in ("Deployment", "StatefulSet"):
             assert all(v["name"] != "worker-key" for v in obj["spec"]["template"]["spec"]["volumes"])

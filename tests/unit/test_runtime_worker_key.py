@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 
 from pdwarden_runtime.engines.sglang_engine import SglangArgumentError, worker_key_args
-from pdwarden_runtime.router_gate import downstream_headers, router_command, upstream_headers
+from pdwarden_runtime.router_gate import (
+    CONTROL_PLANE_KEY_ID,
+    control_plane_key,
+    downstream_headers,
+    router_command,
+    upstream_headers,
+)
 from pdwarden_runtime.worker_key import WorkerKeyError, authorized, is_open, read_key_file
 
 pytestmark = pytest.mark.unit
@@ -97,5 +103,23 @@ def test_smg_reads_any_worker_key_as_its_api_key(key: str) -> None:
     one time in 64, and smg must still take it as the value (it once refused to start)."""
     from smg.launch_router import parse_router_args
 
-    cmd = router_command(["--pd-disaggregation", "--host", "127.0.0.1", "--port", "29001"], key)
-    assert parse_router_args(cmd).api_key == key
+    cmd = router_command(["--pd-disaggregation", "--host", "127.0.0.1", "--port", "29001"], key, key)
+    parsed = parse_router_args(cmd)
+    assert parsed.api_key == key
+    assert parsed.control_plane_api_keys == [(CONTROL_PLANE_KEY_ID, "gate", key, "admin")]
+
+
+def test_smg_gets_a_control_plane_key_of_its_own_with_or_without_the_worker_key() -> None:
+    from smg.launch_router import parse_router_args
+
+    base = ["--pd-disaggregation", "--host", "127.0.0.1", "--port", "29001"]
+    control = control_plane_key()
+    assert control != control_plane_key() and len(control) >= 43  # fresh per run, 32 random bytes
+    without = parse_router_args(router_command(base, None, control))
+    assert without.api_key is None
+    assert without.control_plane_api_keys == [(CONTROL_PLANE_KEY_ID, "gate", control, "admin")]
+    assert KEY not in router_command(base, None, control)
+
+
+def test_without_a_worker_key_the_gate_drops_the_clients_authorization() -> None:
+    assert upstream_headers({"Authorization": "Bearer mine", "X-A": "1"}, None) == {"X-A": "1"}
