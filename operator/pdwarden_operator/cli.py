@@ -103,6 +103,14 @@ def _optional_module(name: str) -> ModuleType | None:
     help="Fleet brake: above this many wedged pods across models at once, remediate none.",
 )
 @click.option(
+    "--brake-min-other-troubled-namespaces",
+    type=click.IntRange(min=2),
+    default=DEFAULT_FLEET.min_other_troubled_namespaces,
+    show_default=True,
+    help="Fleet brake: a limit holds a namespace's models only while at least this many other "
+    "namespaces contribute to its count: one author's namespaces alone engage only their own brakes.",
+)
+@click.option(
     "--namespace-brake-max-remediations-per-hour",
     type=click.IntRange(min=1),
     default=DEFAULT_NAMESPACE.max_remediations_per_hour,
@@ -158,6 +166,7 @@ def run(
     brake_max_remediations_per_hour: int,
     brake_max_wedged_models: int,
     brake_max_wedged_pods: int,
+    brake_min_other_troubled_namespaces: int,
     namespace_brake_max_remediations_per_hour: int,
     namespace_brake_max_wedged_models: int,
     namespace_brake_max_wedged_pods: int,
@@ -197,10 +206,11 @@ def run(
 
     try:
         brake.configure(
-            brake.BrakeLimits(
+            brake.FleetLimits(
                 max_remediations_per_hour=brake_max_remediations_per_hour,
                 max_wedged_models=brake_max_wedged_models,
                 max_wedged_pods=brake_max_wedged_pods,
+                min_other_troubled_namespaces=brake_min_other_troubled_namespaces,
             ),
             brake.BrakeLimits(
                 max_remediations_per_hour=namespace_brake_max_remediations_per_hour,

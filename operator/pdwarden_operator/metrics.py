@@ -118,7 +118,8 @@ class OperatorMetrics:
         )
         self.brake_engaged = Gauge(
             METRIC_OPERATOR_BRAKE_ENGAGED,
-            "1 while the fleet brake holds every remediation (too many wedges or remediations at once)",
+            "1 while the fleet brake holds some namespace's remediation (too many wedges or "
+            "remediations across namespaces at once)",
             registry=r,
         )
         self.namespace_brake_engaged = Gauge(

@@ -9,8 +9,12 @@ field belongs to one `Allowance`; the installation allows some of them (for ever
 for named ones: the chart's `podPolicy`), and a model that uses another is refused with the
 field named and the allowance it needs. Nothing is applied for a refused model.
 
-"The model's own" Secrets are those named after it (`<model>` or `<model>-...`): a model author
-can read and use them anyway through the model, and another model's Secrets are not among them.
+"The model's own" Secrets are `<model>` and `<model>.<anything>`: a model author can read and
+use them anyway through the model. The separator is a dot because a model's name cannot hold
+one (a DNS-1035 label), so no other model's own Secret starts with `<model>.`: with a dash,
+model `llama` would own `llama-70b-hf-token`, a Secret of model `llama-70b`. The operator's
+own worker-key Secret (`<model>-worker-key-<random>`) is not judged here: the operator mounts
+it itself; this policy judges only what the model's author wrote.
 
 This module is pure: `violations` reads a parsed spec and returns messages.
 """
@@ -32,12 +36,16 @@ class Allowance(StrEnum):
 
     SERVICE_ACCOUNT = "serviceAccount"  # run as another ServiceAccount, or with a token
     SERVICE_ACCOUNT_TOKEN = "serviceAccountToken"  # a projected ServiceAccount token volume
-    HOST_NAMESPACES = "hostNamespaces"  # hostNetwork, hostPID, hostIPC (transfer.hostNetwork too)
-    PRIVILEGED = "privileged"  # privileged, privilege escalation, unmasked /proc, host processes
+    HOST_NAMESPACES = "hostNamespaces"  # hostNetwork, hostPID, hostIPC (transfer.hostNetwork too), hostPort
+    # privileged, privilege escalation, unmasked /proc, host processes, seccomp or AppArmor
+    # Unconfined, sysctls
+    PRIVILEGED = "privileged"
     CAPABILITIES = "capabilities"  # capabilities added beyond pdwarden's own
-    HOST_PATH = "hostPath"  # directories of the node (model.hostPath and the cache's too)
+    # directories of the node (model.hostPath and the cache's too); storage the node mounts
+    # for the pod with its own network and identity (in-tree nfs, iscsi, gitRepo volumes)
+    HOST_PATH = "hostPath"
     NODE_NAME = "nodeName"  # bypass the scheduler onto a named node
-    OTHER_SECRETS = "otherSecrets"  # Secrets not named after the model
+    OTHER_SECRETS = "otherSecrets"  # Secrets not named <model> or <model>.<anything>
     FAULT_INJECTION = "faultInjection"  # the runtime's POST /debug/fault (tests and demos)
 
 
@@ -49,7 +57,7 @@ WHY: dict[Allowance, str] = {
     Allowance.CAPABILITIES: "adds Linux capabilities",
     Allowance.HOST_PATH: "mounts a directory of the node",
     Allowance.NODE_NAME: "places the pod on a named node past the scheduler",
-    Allowance.OTHER_SECRETS: "uses a Secret not named after the model",
+    Allowance.OTHER_SECRETS: "uses a Secret that is not the model's own",
     Allowance.FAULT_INJECTION: "lets anyone who reaches the pod inject faults",
 }
 
@@ -67,6 +75,13 @@ _VOLUME_SECRET_NAMES: tuple[tuple[str, ...], ...] = (
     ("storageos", "secretRef", "name"),
 )
 _CONTAINER_LISTS = ("initContainers", "containers", "ephemeralContainers")
+# In-tree volumes the kubelet mounts on the node for the pod: an NFS export or an iSCSI disk
+# reached from the node's own address, a git clone run by the kubelet on the node.
+_NODE_MOUNTED_VOLUMES = ("nfs", "iscsi", "gitRepo")
+# The annotation form of a container's AppArmor profile (`.../<container>: unconfined`).
+_APPARMOR_ANNOTATION_PREFIX = "container.apparmor.security.beta.kubernetes.io/"
+_UNCONFINED = "Unconfined"
+_UNCONFINED_WHY = "runs without seccomp or AppArmor confinement"
 
 
 class PodPolicy(BaseModel):
@@ -112,8 +127,8 @@ def violations(
 Use = tuple[str, Allowance | None, str]
 
 
-def _use(path: str, allowance: Allowance) -> Use:
-    return path, allowance, WHY[allowance]
+def _use(path: str, allowance: Allowance, why: str | None = None) -> Use:
+    return path, allowance, why or WHY[allowance]
 
 
 def fault_injection_asked(annotations: Mapping[str, str]) -> bool:
@@ -151,12 +166,14 @@ def _uses(spec: DisaggregatedModelSpec, model: str, annotations: Mapping[str, st
 
 
 def _own_secret(name: object, model: str) -> bool:
-    return isinstance(name, str) and (name == model or name.startswith(f"{model}-"))
+    # a dot, never a dash: no model's name holds a dot, so no other model's Secret starts so
+    return isinstance(name, str) and (name == model or name.startswith(f"{model}."))
 
 
 def _secret(path: str, name: object, model: str) -> Iterator[Use]:
     if not _own_secret(name, model):
-        yield path, Allowance.OTHER_SECRETS, f"{WHY[Allowance.OTHER_SECRETS]} ({name!r}, not {model}-...)"
+        own = f"a model's own are named {model} or {model}.<anything>"
+        yield path, Allowance.OTHER_SECRETS, f"{WHY[Allowance.OTHER_SECRETS]} ({name!r}; {own})"
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -169,9 +186,9 @@ def _items(value: Any) -> Iterator[tuple[int, Mapping[str, Any]]]:
             yield i, _map(item)
 
 
-def _template(at: str, fragment: Mapping[str, Any], model: str) -> Iterator[Use]:
+def _template(root: str, fragment: Mapping[str, Any], model: str) -> Iterator[Use]:
     spec = _map(fragment.get("spec"))
-    at = f"{at}.spec"
+    at = f"{root}.spec"
     for name in ("serviceAccountName", "serviceAccount"):
         if name in spec:
             yield _use(f"{at}.{name}", Allowance.SERVICE_ACCOUNT)
@@ -182,8 +199,17 @@ def _template(at: str, fragment: Mapping[str, Any], model: str) -> Iterator[Use]
             yield _use(f"{at}.{name}", Allowance.HOST_NAMESPACES)
     if spec.get("nodeName"):
         yield _use(f"{at}.nodeName", Allowance.NODE_NAME)
-    if _map(_map(spec.get("securityContext")).get("windowsOptions")).get("hostProcess") is True:
+    pod_context = _map(spec.get("securityContext"))
+    if _map(pod_context.get("windowsOptions")).get("hostProcess") is True:
         yield _use(f"{at}.securityContext.windowsOptions.hostProcess", Allowance.PRIVILEGED)
+    yield from _confinement(f"{at}.securityContext", pod_context)
+    if pod_context.get("sysctls"):
+        # the kubelet sets them in the pod's kernel namespaces; unsafe ones reach past the pod
+        yield _use(f"{at}.securityContext.sysctls", Allowance.PRIVILEGED, "sets kernel parameters")
+    annotations = _map(_map(fragment.get("metadata")).get("annotations"))
+    for key, value in annotations.items():
+        if str(key).startswith(_APPARMOR_ANNOTATION_PREFIX) and str(value).lower() == "unconfined":
+            yield _use(f"{root}.metadata.annotations[{key}]", Allowance.PRIVILEGED, _UNCONFINED_WHY)
     for i, pull in _items(spec.get("imagePullSecrets")):
         yield from _secret(f"{at}.imagePullSecrets[{i}].name", pull.get("name"), model)
     for i, volume in _items(spec.get("volumes")):
@@ -193,9 +219,21 @@ def _template(at: str, fragment: Mapping[str, Any], model: str) -> Iterator[Use]
             yield from _container(f"{at}.{kind}[{i}]", container, model)
 
 
+def _confinement(at: str, context: Mapping[str, Any]) -> Iterator[Use]:
+    """A pod's or a container's seccomp and AppArmor profile set to Unconfined."""
+    for name in ("seccompProfile", "appArmorProfile"):
+        if _map(context.get(name)).get("type") == _UNCONFINED:
+            yield _use(f"{at}.{name}.type", Allowance.PRIVILEGED, _UNCONFINED_WHY)
+
+
 def _volume(at: str, volume: Mapping[str, Any], model: str) -> Iterator[Use]:
     if "hostPath" in volume:
         yield _use(f"{at}.hostPath", Allowance.HOST_PATH)
+    for kind in _NODE_MOUNTED_VOLUMES:
+        if kind in volume:
+            yield _use(
+                f"{at}.{kind}", Allowance.HOST_PATH, "has the node mount storage with its own identity"
+            )
     for path in _VOLUME_SECRET_NAMES:
         source = _map(volume.get(path[0]))
         if not source:
@@ -223,8 +261,14 @@ def _container(at: str, container: Mapping[str, Any], model: str) -> Iterator[Us
         yield _use(f"{at}.securityContext.procMount", Allowance.PRIVILEGED)
     if _map(context.get("windowsOptions")).get("hostProcess") is True:
         yield _use(f"{at}.securityContext.windowsOptions.hostProcess", Allowance.PRIVILEGED)
+    yield from _confinement(f"{at}.securityContext", context)
     if _map(context.get("capabilities")).get("add"):
         yield _use(f"{at}.securityContext.capabilities.add", Allowance.CAPABILITIES)
+    for i, port in _items(container.get("ports")):
+        if port.get("hostPort"):
+            yield _use(
+                f"{at}.ports[{i}].hostPort", Allowance.HOST_NAMESPACES, "listens on a port of the node"
+            )
     for i, var in _items(container.get("env")):
         ref = _map(_map(var.get("valueFrom")).get("secretKeyRef"))
         if ref:

@@ -122,6 +122,7 @@ def test_operator_deployment_is_hardened_leader_and_standby_with_probes() -> Non
     assert f"--health-port={contract.OPERATOR_HEALTH_PORT}" in container["args"]
     assert f"--leader-election-namespace={NAMESPACE}" in container["args"]
     assert "--brake-max-wedged-models=3" in container["args"]
+    assert "--brake-min-other-troubled-namespaces=3" in container["args"]
     assert "--namespace-brake-max-wedged-models=2" in container["args"]
     assert not [a for a in container["args"] if a.startswith("--allow")], "the pod policy allows nothing"
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
@@ -656,8 +657,10 @@ def test_the_charts_brake_defaults_are_the_operators() -> None:
 
     values = yaml.safe_load((chart.CHART_DIR / "values.yaml").read_text())["operator"]
     for key, limits in (("fleetBrake", DEFAULT_FLEET), ("namespaceBrake", DEFAULT_NAMESPACE)):
-        assert values[key] == {
+        assert {k: v for k, v in values[key].items() if k != "minOtherTroubledNamespaces"} == {
             "maxRemediationsPerHour": limits.max_remediations_per_hour,
             "maxWedgedModels": limits.max_wedged_models,
             "maxWedgedPods": limits.max_wedged_pods,
         }, key
+    assert values["fleetBrake"]["minOtherTroubledNamespaces"] == DEFAULT_FLEET.min_other_troubled_namespaces
+    assert "minOtherTroubledNamespaces" not in values["namespaceBrake"], "a fleet limit only"

@@ -4,6 +4,7 @@ named, unless the installation allows it (everywhere or in the model's namespace
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import yaml
 
 import pdwarden_contract as contract
 from pdwarden_operator import podpolicy
-from pdwarden_operator.models import parse_spec
+from pdwarden_operator.models import NAME_PATTERN, parse_spec
 from pdwarden_operator.podpolicy import Allowance, PodPolicy
 
 pytestmark = pytest.mark.unit
@@ -32,9 +33,12 @@ def _template(pod_spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def _refused(
-    spec: dict[str, Any], allowed: frozenset[Allowance] = NONE, annotations: dict[str, str] | None = None
+    spec: dict[str, Any],
+    allowed: frozenset[Allowance] = NONE,
+    annotations: dict[str, str] | None = None,
+    model: str = "web",
 ) -> list[str]:
-    return podpolicy.violations(parse_spec(spec), "web", annotations or {}, allowed)
+    return podpolicy.violations(parse_spec(spec), model, annotations or {}, allowed)
 
 
 SIDECAR = {"name": "side", "image": "busybox"}
@@ -191,6 +195,69 @@ CASES: list[tuple[dict[str, Any], str, Allowance]] = [
         "spec.model.huggingFace.tokenSecretRef.name",
         Allowance.OTHER_SECRETS,
     ),
+    (
+        _spec(
+            router=_template(
+                {"containers": [{**SIDECAR, "ports": [{"containerPort": 8080, "hostPort": 80}]}]}
+            )
+        ),
+        "spec.router.podTemplate.spec.containers[0].ports[0].hostPort",
+        Allowance.HOST_NAMESPACES,
+    ),
+    (
+        _spec(prefill=_template({"securityContext": {"seccompProfile": {"type": "Unconfined"}}})),
+        "spec.prefill.podTemplate.spec.securityContext.seccompProfile.type",
+        Allowance.PRIVILEGED,
+    ),
+    (
+        _spec(
+            decode=_template(
+                {
+                    "containers": [
+                        {"name": "runtime", "securityContext": {"appArmorProfile": {"type": "Unconfined"}}}
+                    ]
+                }
+            )
+        ),
+        "spec.decode.podTemplate.spec.containers[0].securityContext.appArmorProfile.type",
+        Allowance.PRIVILEGED,
+    ),
+    (
+        _spec(
+            prefill={
+                "podTemplate": {
+                    "metadata": {
+                        "annotations": {
+                            "container.apparmor.security.beta.kubernetes.io/runtime": "unconfined"
+                        }
+                    }
+                }
+            }
+        ),
+        "spec.prefill.podTemplate.metadata.annotations[container.apparmor.security.beta.kubernetes.io/runtime]",
+        Allowance.PRIVILEGED,
+    ),
+    (
+        _spec(
+            prefill=_template(
+                {"securityContext": {"sysctls": [{"name": "kernel.shm_rmid_forced", "value": "0"}]}}
+            )
+        ),
+        "spec.prefill.podTemplate.spec.securityContext.sysctls",
+        Allowance.PRIVILEGED,
+    ),
+    *(
+        (
+            _spec(decode=_template({"volumes": [{"name": "v", kind: source}]})),
+            f"spec.decode.podTemplate.spec.volumes[0].{kind}",
+            Allowance.HOST_PATH,
+        )
+        for kind, source in (
+            ("nfs", {"server": "10.0.0.1", "path": "/"}),
+            ("iscsi", {"targetPortal": "10.0.0.1:3260", "iqn": "iqn.2001-04.com.example:t", "lun": 0}),
+            ("gitRepo", {"repository": "https://git.example/r.git"}),
+        )
+    ),
 ]
 
 
@@ -213,10 +280,20 @@ def test_a_plain_model_and_harmless_templates_need_nothing() -> None:
                 "automountServiceAccountToken": False,
                 "tolerations": [{"key": "gpu", "operator": "Exists"}],
                 "priorityClassName": "high",
-                "containers": [{"name": "runtime", "securityContext": {"allowPrivilegeEscalation": False}}],
+                "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [
+                    {
+                        "name": "runtime",
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            "appArmorProfile": {"type": "RuntimeDefault"},
+                        },
+                    },
+                    {**SIDECAR, "ports": [{"containerPort": 9000}]},
+                ],
                 "volumes": [
                     {"name": "scratch", "emptyDir": {}},
-                    {"name": "own", "secret": {"secretName": "web-tls"}},
+                    {"name": "own", "secret": {"secretName": "web.tls"}},
                 ],
             }
         ),
@@ -226,10 +303,36 @@ def test_a_plain_model_and_harmless_templates_need_nothing() -> None:
     assert _refused(harmless) == []
 
 
+def _mounting(secret: str) -> dict[str, Any]:
+    return _spec(prefill=_template({"volumes": [{"name": "s", "secret": {"secretName": secret}}]}))
+
+
 def test_secrets_named_after_another_model_are_not_the_models_own() -> None:
-    # "web-cache" belongs to model web-cache as much as to web; only "web" and "web-..." are web's
-    spec = _spec(prefill=_template({"volumes": [{"name": "s", "secret": {"secretName": "webcache"}}]}))
-    assert len(_refused(spec)) == 1
+    # "webcache" and "web-cache..." may belong to models webcache and web-cache; only "web" and
+    # "web.<anything>" are web's
+    assert len(_refused(_mounting("webcache"))) == 1
+    assert len(_refused(_mounting("web-cache.token"))) == 1
+
+
+@pytest.mark.parametrize("secret", ["llama-70b-hf-token", "llama-70b.hf-token", "llama-70b-worker-key-x7k2p"])
+def test_a_model_cannot_use_a_longer_named_models_secrets(secret: str) -> None:
+    [message] = _refused(_mounting(secret), model="llama")
+    assert message.startswith("spec.prefill.podTemplate.spec.volumes[0].secret.secretName: "), message
+    assert f"{secret!r}" in message and "named llama or llama.<anything>" in message, message
+    assert "otherSecrets" in message
+
+
+@pytest.mark.parametrize("secret", ["llama", "llama.hf-token", "llama.tls.v2"])
+def test_a_models_own_secrets_are_its_name_and_its_name_dot_anything(secret: str) -> None:
+    assert _refused(_mounting(secret), model="llama") == []
+    tokened = _spec(model={"path": "org/m", "huggingFace": {"tokenSecretRef": {"name": secret}}})
+    assert _refused(tokened, model="llama") == []
+
+
+def test_no_model_name_holds_a_dot_so_no_other_model_owns_a_dotted_prefix() -> None:
+    # what makes "<model>." a prefix of no other model's Secrets
+    assert re.fullmatch(NAME_PATTERN, "llama-70b")
+    assert not re.fullmatch(NAME_PATTERN, "llama.70b")
 
 
 def test_fault_injection_is_allowed_only_by_the_installation_and_never_with_sglang() -> None:

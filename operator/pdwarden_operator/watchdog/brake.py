@@ -8,8 +8,16 @@ on its own).
 
 Tenants share the operator, so one tenant's faulty models must not stop another's
 remediation: each namespace has a brake of its own, and a namespace counts toward the fleet
-limits at most up to its own limits (which are lower). One namespace alone engages only its
-own brake; the fleet brake needs trouble in several.
+limits at most up to its own limits (which are lower). One author may own a few namespaces,
+so a fleet count over its limit holds a namespace's models only while at least
+`FleetLimits.min_other_troubled_namespaces` namespaces (3 by default) *besides that one*
+contribute to it: the namespace it would stop has trouble of its own whenever it has
+something to remediate, so a quorum counting it would let an author's two namespaces stop a
+third's remediation. A fault across four namespaces holds all four.
+
+A model whose action is `alert` counts toward no brake: it is never remediated, so it cannot
+be part of a remediation storm, and its wedges, which the operator never clears, would hold a
+brake for as long as they last.
 
 The counts survive a failover: remediations live in each model's status, and a model's first
 round seeds its hour of remediations from there. Until every tracked model has reported once,
@@ -53,11 +61,26 @@ class BrakeLimits:
                 raise ValueError(f"brake: {name} must be at least 1, got {getattr(self, name)}")
 
 
-DEFAULT_FLEET = BrakeLimits()
+@dataclass(frozen=True)
+class FleetLimits(BrakeLimits):
+    # A fleet count holds a namespace only when this many namespaces besides it contribute to
+    # it: one author can own a namespace or two, not every namespace in trouble.
+    min_other_troubled_namespaces: int = 3
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.min_other_troubled_namespaces < 2:
+            raise ValueError(
+                "brake: min_other_troubled_namespaces must be at least 2 (one other namespace "
+                f"alone would stop a namespace's remediation), got {self.min_other_troubled_namespaces}"
+            )
+
+
+DEFAULT_FLEET = FleetLimits()
 DEFAULT_NAMESPACE = BrakeLimits(max_remediations_per_hour=10, max_wedged_models=2, max_wedged_pods=5)
 
 
-def check_limits(fleet: BrakeLimits, namespace: BrakeLimits) -> None:
+def check_limits(fleet: FleetLimits, namespace: BrakeLimits) -> None:
     """One namespace alone must never reach the fleet limits, or one tenant stops all others."""
     problems = []
     if namespace.max_remediations_per_hour >= fleet.max_remediations_per_hour:
@@ -107,12 +130,33 @@ def judge_all(
     troubled: dict[Key, int],
     actions: dict[Key, int],
     namespace: str,
-    fleet: BrakeLimits,
+    fleet: FleetLimits,
     per_namespace: BrakeLimits,
 ) -> BrakeState:
-    """The brake that holds `namespace`'s models (pure): the fleet's, else the namespace's own.
-    Each namespace counts toward the fleet at most up to its own limits."""
-    # (models in trouble, pods in trouble, remediations) per namespace, in one pass
+    """The brake that holds `namespace`'s models (pure): the fleet's, else the namespace's own."""
+    counts = _per_namespace(troubled, actions)
+    own_counts = counts.get(namespace, [0, 0, 0])
+    wide = _fleet_for(_FleetCounts.of(counts, per_namespace), own_counts, fleet)
+    if wide.engaged:
+        return BrakeState(True, f"fleet brake: {wide.reason}", "fleet")
+    own = judge_counts(own_counts[0], own_counts[1], own_counts[2], per_namespace)
+    if own.engaged:
+        return BrakeState(True, f"namespace {namespace} brake: {own.reason}", "namespace")
+    return own
+
+
+def fleet_holds_any(
+    troubled: dict[Key, int], actions: dict[Key, int], fleet: FleetLimits, per_namespace: BrakeLimits
+) -> bool:
+    """Whether the fleet brake holds the models of any namespace that has reported (pure): what
+    the fleet gauge exports, the same whichever namespace was evaluated last."""
+    counts = _per_namespace(troubled, actions)
+    wide = _FleetCounts.of(counts, per_namespace)
+    return any(_fleet_for(wide, c, fleet).engaged for c in counts.values())
+
+
+def _per_namespace(troubled: dict[Key, int], actions: dict[Key, int]) -> dict[str, list[int]]:
+    """(models in trouble, pods in trouble, remediations) per namespace, in one pass."""
     counts: dict[str, list[int]] = {}
     for (ns, _), pods in troubled.items():
         c = counts.setdefault(ns, [0, 0, 0])
@@ -120,19 +164,41 @@ def judge_all(
         c[1] += pods
     for (ns, _), done in actions.items():
         counts.setdefault(ns, [0, 0, 0])[2] += done
-    wide = judge_counts(
-        sum(min(c[0], per_namespace.max_wedged_models) for c in counts.values()),
-        sum(min(c[1], per_namespace.max_wedged_pods) for c in counts.values()),
-        sum(min(c[2], per_namespace.max_remediations_per_hour) for c in counts.values()),
-        fleet,
-    )
-    if wide.engaged:
-        return BrakeState(True, f"fleet brake: {wide.reason}", "fleet")
-    models, pods, done = counts.get(namespace, [0, 0, 0])
-    own = judge_counts(models, pods, done, per_namespace)
-    if own.engaged:
-        return BrakeState(True, f"namespace {namespace} brake: {own.reason}", "namespace")
-    return own
+    return counts
+
+
+@dataclass(frozen=True)
+class _FleetCounts:
+    totals: tuple[int, ...]  # each count, every namespace's capped at the namespace limits
+    contributors: tuple[int, ...]  # how many namespaces contribute to each count
+    troubled: int  # namespaces contributing to any
+
+    @classmethod
+    def of(cls, counts: dict[str, list[int]], per_namespace: BrakeLimits) -> _FleetCounts:
+        caps = (
+            per_namespace.max_wedged_models,
+            per_namespace.max_wedged_pods,
+            per_namespace.max_remediations_per_hour,
+        )
+        return cls(
+            tuple(sum(min(c[i], cap) for c in counts.values()) for i, cap in enumerate(caps)),
+            tuple(sum(1 for c in counts.values() if c[i] > 0) for i in range(len(caps))),
+            sum(1 for c in counts.values() if any(c)),
+        )
+
+
+def _fleet_for(wide: _FleetCounts, own: list[int], fleet: FleetLimits) -> BrakeState:
+    """The fleet brake on a namespace with counts `own`: each fleet count, only while enough
+    namespaces besides this one contribute to it."""
+    totals = [
+        total if contributors - (mine > 0) >= fleet.min_other_troubled_namespaces else 0
+        for total, contributors, mine in zip(wide.totals, wide.contributors, own, strict=True)
+    ]
+    state = judge_counts(totals[0], totals[1], totals[2], fleet)
+    if not state.engaged:
+        return state
+    others = wide.troubled - any(own)
+    return BrakeState(True, f"{others} other namespaces in trouble; {state.reason}")
 
 
 def acted_at(remediations: Iterable[Remediation]) -> list[float]:
@@ -149,7 +215,7 @@ class Brakes:
 
     def __init__(
         self,
-        fleet: BrakeLimits = DEFAULT_FLEET,
+        fleet: FleetLimits = DEFAULT_FLEET,
         namespace: BrakeLimits = DEFAULT_NAMESPACE,
         clock: Callable[[], float] = time.time,
         metrics: OperatorMetrics = METRICS,
@@ -178,8 +244,10 @@ class Brakes:
         now = self._clock()
         self._actions[key] = deque(sorted(t for t in acted_at(remediations) if now - t < HOUR_S))
 
-    def report(self, key: Key, troubled_pods: int) -> None:
-        self._troubled[key] = troubled_pods
+    def report(self, key: Key, troubled_pods: int, *, remediated: bool) -> None:
+        """The model's pods in trouble now; `remediated`: whether its action touches pods (not
+        `alert`). A model that is never remediated counts toward no brake."""
+        self._troubled[key] = troubled_pods if remediated else 0
         self._reported.add(key)
 
     def forget(self, key: Key) -> None:
@@ -204,6 +272,7 @@ class Brakes:
             while times and now - times[0] >= HOUR_S:
                 times.popleft()
         waiting = self._expected - self._reported
+        fleet = False
         if waiting:
             self.state = BrakeState(
                 True,
@@ -214,7 +283,8 @@ class Brakes:
         else:
             counts = {k: len(v) for k, v in self._actions.items()}
             self.state = judge_all(self._troubled, counts, namespace, self.limits, self.namespace_limits)
-        self._metrics.brake_engaged.set(1.0 if self.state.scope == "fleet" else 0.0)
+            fleet = fleet_holds_any(self._troubled, counts, self.limits, self.namespace_limits)
+        self._metrics.brake_engaged.set(1.0 if fleet else 0.0)
         self._metrics.namespace_brake_engaged.labels(namespace).set(
             1.0 if self.state.scope == "namespace" else 0.0
         )
@@ -224,7 +294,7 @@ class Brakes:
 BRAKE = Brakes()
 
 
-def configure(fleet: BrakeLimits, namespace: BrakeLimits = DEFAULT_NAMESPACE) -> None:
+def configure(fleet: FleetLimits, namespace: BrakeLimits = DEFAULT_NAMESPACE) -> None:
     """Set the limits (from `pdwarden operator run --brake-*` and `--namespace-brake-*`)."""
     check_limits(fleet, namespace)
     BRAKE.limits = fleet

@@ -170,11 +170,13 @@ class ModelWatchdog:
         spec = _parsed_spec(body)  # the one read of the spec this round
         if spec is None:
             log.warning("%s/%s: watchdog idle: the spec does not validate", ns, name)
-            BRAKE.report((ns, name), 0)
+            BRAKE.report((ns, name), 0, remediated=False)
             return None
         settings = spec.watchdog
+        # an alert-only model is never remediated: it counts toward no brake
+        remediated = settings.action != "alert"
         if not round_due(body.get("status"), self._seen_any(), contract.RUNTIME_ROLES):
-            BRAKE.report((ns, name), 0)
+            BRAKE.report((ns, name), 0, remediated=remediated)
             return None  # no scraper, no pod list: nothing to look at yet
         if self.state is None:
             self.state = state_from_status(body.get("status"))
@@ -237,7 +239,7 @@ class ModelWatchdog:
         views, verdicts = group_health.fold(views, verdicts, found, now)
         self.executor.groups = group_health.members(found)
         self.executor.group_names = frozenset(found)
-        BRAKE.report((ns, name), sum(1 for v in verdicts.values() if v.troubled))
+        BRAKE.report((ns, name), sum(1 for v in verdicts.values() if v.troubled), remediated=remediated)
         brake = BRAKE.evaluate(ns)
         if brake.scope == "startup":
             log.info("%s/%s: not acting yet: %s", ns, name, brake.reason)
