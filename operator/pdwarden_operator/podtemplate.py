@@ -48,6 +48,8 @@ TMP_VOLUME: Final = "tmp"
 HF_TOKEN_VOLUME: Final = "hf-token"
 # The model's worker key (router and workers), as a file.
 WORKER_KEY_VOLUME: Final = "worker-key"
+# The router's ServiceAccount token (pod discovery), in the router container only.
+ROUTER_TOKEN_VOLUME: Final = "router-token"
 
 KEYED_LISTS: Final[dict[str, str]] = {
     "containers": "name",
@@ -82,13 +84,19 @@ OWNED_CONTAINER_FIELDS: Final[dict[str, str]] = {
     "livenessProbe": "pdwarden probes the runtime's health endpoint",
     "resources": "use the role's resources, gpus and transfer.rdma",
 }
+# The main container's keys are its own: in a shared process namespace the other containers
+# would read them (its command line, its files through /proc).
+_PRIVATE_PROCESSES: Final = {
+    "shareProcessNamespace": "the other containers would read the main container's keys"
+}
 # Pod-level fields pdwarden owns, per main container.
 OWNED_POD_FIELDS: Final[dict[str, dict[str, str]]] = {
-    RUNTIME_CONTAINER: {"hostNetwork": "use transfer.hostNetwork"},
+    RUNTIME_CONTAINER: {"hostNetwork": "use transfer.hostNetwork", **_PRIVATE_PROCESSES},
     ROUTER_CONTAINER: {
+        **_PRIVATE_PROCESSES,
         "hostNetwork": "the router runs on the pod network",
         "serviceAccountName": "the router's ServiceAccount holds its pod-discovery Role",
-        "automountServiceAccountToken": "the router needs its token to discover pods",
+        "automountServiceAccountToken": "the router's token is mounted into its own container only",
     },
 }
 # The Deployment's selector and the router's discovery match these.
@@ -103,7 +111,12 @@ OWNED_VOLUMES: Final = (
     TMP_VOLUME,
     HF_TOKEN_VOLUME,
     WORKER_KEY_VOLUME,
+    ROUTER_TOKEN_VOLUME,
 )
+# Volumes only the main container mounts: what they hold is the model's (its keys, its Hugging
+# Face token, the router's API token), not a sidecar's.
+MAIN_ONLY_VOLUMES: Final = (HF_TOKEN_VOLUME, WORKER_KEY_VOLUME, ROUTER_TOKEN_VOLUME)
+MAX_VOLUME_MOUNTS: Final = 64
 
 # Bounds on the fragment's lists: they keep the CEL rules' cost estimate within the budget.
 MAX_CONTAINERS: Final = 16
@@ -170,6 +183,15 @@ def owned_violations(fragment: Mapping[str, Any], main: str) -> list[str]:
     for name, why in OWNED_POD_FIELDS[main].items():
         if name in spec:
             out.append(f"spec.{name}: owned by pdwarden ({why})")
+    for part in ("containers", "initContainers"):
+        for i, container in enumerate(_list(spec.get(part))):
+            c = _map(container)
+            if part == "containers" and c.get("name") == main:
+                continue
+            for j, mount in enumerate(_list(c.get("volumeMounts"))):
+                volume = _map(mount).get("name")
+                if volume in MAIN_ONLY_VOLUMES:
+                    out.append(f"spec.{part}[{i}].volumeMounts[{j}].name: {volume} is {main}'s alone")
     for i, container in enumerate(_list(spec.get("containers"))):
         c = _map(container)
         if c.get("name") != main:
@@ -241,6 +263,14 @@ def _container_schema(main: str) -> Obj:
             ".env",
         )
     )
+    rules.append(
+        _cel(
+            f"self.name == '{main}' || !has(self.volumeMounts) || "
+            f"self.volumeMounts.all(m, !(m.name in {_cel_list(MAIN_ONLY_VOLUMES)}))",
+            f"volumes {', '.join(MAIN_ONLY_VOLUMES)} are mounted by container {main} alone",
+            ".volumeMounts",
+        )
+    )
 
     def strings(what: str) -> Obj:
         return {"type": "array", "description": what, "items": {"type": "string"}}
@@ -263,6 +293,16 @@ def _container_schema(main: str) -> Obj:
                 "required": ["name"],
                 "properties": {"name": {"type": "string", "description": "Variable name (the merge key)."}},
             },
+        },
+    }
+    props["volumeMounts"] = {
+        "type": "array",
+        "description": "Volume mounts, appended to pdwarden's.",
+        "maxItems": MAX_VOLUME_MOUNTS,
+        "items": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "properties": {"name": {"type": "string", "description": "The volume's name."}},
         },
     }
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

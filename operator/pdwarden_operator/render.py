@@ -619,10 +619,46 @@ def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
     return [*gate, "--", *smg]
 
 
+# Where a pod's API credentials are read by every Kubernetes client (smg's included).
+SERVICE_ACCOUNT_DIR: Final = "/var/run/secrets/kubernetes.io/serviceaccount"
+# A bound token's life; the kubelet renews it at 80 % (the API server's default for the
+# volume the ServiceAccount admission plugin adds).
+TOKEN_EXPIRATION_S: Final = 3607
+
+
+def router_token_volume() -> tuple[Obj, Obj]:
+    """(volume, mount) of the router's API credentials for its container alone: what the
+    ServiceAccount admission plugin mounts into every container of a pod with automount on
+    (a bound token, the cluster's CA, the namespace), so that no sidecar reads pods."""
+    volume = {
+        "name": podtemplate.ROUTER_TOKEN_VOLUME,
+        "projected": {
+            "defaultMode": 0o444,
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": TOKEN_EXPIRATION_S}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {
+                    "downwardAPI": {
+                        "items": [
+                            {
+                                "path": "namespace",
+                                "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"},
+                            }
+                        ]
+                    }
+                },
+            ],
+        },
+    }
+    mount = {"name": podtemplate.ROUTER_TOKEN_VOLUME, "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True}
+    return volume, mount
+
+
 def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
     role = contract.ROLE_ROUTER
     tmp, tmp_mount = tmp_volume()
-    volumes, mounts = [tmp], [tmp_mount]
+    token, token_mount = router_token_volume()
+    volumes, mounts = [tmp, token], [tmp_mount, token_mount]
     _mount_worker_key(router_key(owner, spec), volumes, mounts)
     container: Obj = {
         "name": ROUTER_CONTAINER,
@@ -652,8 +688,9 @@ def router_deployment(owner: Owner, spec: DisaggregatedModelSpec) -> Obj:
         "metadata": {"labels": labels(owner.name, role)},
         "spec": {
             "serviceAccountName": child_name(owner.name, role),
-            # Discovery reads pods with this token (a namespace may default to no token).
-            "automountServiceAccountToken": True,
+            # Discovery reads pods with this account's token, mounted into the router container
+            # only (router_token_volume): a sidecar gets none.
+            "automountServiceAccountToken": False,
             "securityContext": pod_security_context(),
             "topologySpreadConstraints": _spread(owner.name, role),
             "volumes": volumes,

@@ -75,6 +75,43 @@ def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 10.
         return exc.code, exc.read().decode(errors="replace")
 
 
+@dataclass
+class Answers:
+    """What clients through a router saw: answers 200, and every other outcome, timed."""
+
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def router_clients(url: str, body: dict[str, Any], clients: int = 3) -> Iterator[Answers]:
+    """`clients` threads POSTing `body` to `url` (a router's Service), a new connection each
+    time, while the block runs; a client that gets no answer is a failure, never retried."""
+    answers, stop = Answers(), threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                status, answer = http_json(url, body, timeout=30)
+            except OSError as exc:
+                status, answer = 0, repr(exc)
+            if status == 200:
+                answers.ok += 1
+            else:
+                answers.failed.append(f"{time.strftime('%H:%M:%S')} {status} {str(answer)[:200]}")
+            stop.wait(0.05)
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield answers
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=40)
+
+
 def pod_metrics_body(pod: dict[str, Any], timeout: float = 3.0) -> bytes:
     """The pod's /metrics body as the watchdog asks for it (the families it reads)."""
     from pdwarden_operator.watchdog.scrape import READ_QUERY

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -22,7 +19,14 @@ import pytest
 import pdwarden_contract as contract
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator import worker_key_secret
-from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, http_json, synthetic_model
+from pdwarden_testkit.cluster_env import (
+    API_TRANSIENT,
+    Answers,
+    Env,
+    http_json,
+    router_clients,
+    synthetic_model,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,39 +34,9 @@ NAME = "keyed"
 CLIENTS = 3
 
 
-@dataclass
-class Answers:
-    ok: int = 0
-    failed: list[str] = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def clients(url: str) -> Iterator[Answers]:
-    """Requests through the router's Service on background threads while the block runs."""
-    answers, stop = Answers(), threading.Event()
+def clients(url: str) -> contextlib.AbstractContextManager[Answers]:
     body = {"text": "worker key", "model": NAME, "sampling_params": {"max_new_tokens": 2}}
-
-    def run() -> None:
-        while not stop.is_set():
-            try:
-                status, answer = http_json(url, body, timeout=30)
-            except OSError as exc:
-                status, answer = 0, repr(exc)
-            if status == 200:
-                answers.ok += 1
-            else:
-                answers.failed.append(f"{time.strftime('%H:%M:%S')} {status} {str(answer)[:200]}")
-            stop.wait(0.05)
-
-    threads = [threading.Thread(target=run, daemon=True) for _ in range(CLIENTS)]
-    for t in threads:
-        t.start()
-    try:
-        yield answers
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=40)
+    return router_clients(url, body, CLIENTS)
 
 
 def _workloads(env: Env) -> list[dict[str, Any]]:

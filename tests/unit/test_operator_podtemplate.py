@@ -133,3 +133,29 @@ def test_a_disabled_network_policy_is_deleted_and_nothing_else() -> None:
         ("NetworkPolicy", "m1-runtime"),
     ]
     assert plan.to_delete(on, observed) == []
+
+
+@pytest.mark.parametrize("volume", podtemplate.MAIN_ONLY_VOLUMES)
+@pytest.mark.parametrize(("role", "main"), [("router", "router"), ("decode", "runtime")])
+def test_no_sidecar_mounts_the_main_containers_secrets(volume: str, role: str, main: str) -> None:
+    """The worker key, the Hugging Face token and the router's API token are the main
+    container's: a sidecar or an init container that mounts one is refused, naming it."""
+    for part in ("containers", "initContainers"):
+        frag = {
+            "spec": {
+                part: [{"name": "side", "image": "i", "volumeMounts": [{"name": volume, "mountPath": "/k"}]}]
+            }
+        }
+        with pytest.raises(ValidationError) as info:
+            parse_spec({"model": {"path": "m"}, role: {"podTemplate": frag}})
+        assert f"spec.{part}[0].volumeMounts[0].name: {volume} is {main}'s alone" in str(info.value)
+    # the main container may mount what is its own wherever it likes
+    own = {"spec": {"containers": [{"name": main, "volumeMounts": [{"name": volume, "mountPath": "/k"}]}]}}
+    parse_spec({"model": {"path": "m"}, role: {"podTemplate": own}})
+
+
+@pytest.mark.parametrize("role", ["router", "prefill"])
+def test_no_pod_shares_its_process_namespace(role: str) -> None:
+    frag = {"spec": {"shareProcessNamespace": True}}
+    with pytest.raises(ValidationError, match=r"spec\.shareProcessNamespace: owned by pdwarden"):
+        parse_spec({"model": {"path": "m"}, role: {"podTemplate": frag}})

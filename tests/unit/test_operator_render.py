@@ -421,7 +421,16 @@ def test_every_pod_has_the_safe_defaults() -> None:
             assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
             added = sc["capabilities"].get("add", [])
             assert added == (["IPC_LOCK"] if case == "rdma-host-network" and role != "router" else [])
-            assert pod["automountServiceAccountToken"] is (role == "router")
+            # no pod gets a token for every container; the router's is its own container's
+            assert pod["automountServiceAccountToken"] is False
+            token_mounts = [
+                (container["name"], mount["mountPath"])
+                for container in pod["containers"] + pod.get("initContainers", [])
+                for mount in container.get("volumeMounts", [])
+                if mount["name"] == "router-token"
+            ]
+            expected = [("router", "/var/run/secrets/kubernetes.io/serviceaccount")] if role == "router" else []
+            assert token_mounts == expected, (case, role)
         router = _container(objs[("Deployment", "m1-router")])
         assert router["resources"]["requests"] and router["resources"]["limits"]["memory"]
 
