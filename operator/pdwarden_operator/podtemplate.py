@@ -99,8 +99,17 @@ OWNED_POD_FIELDS: Final[dict[str, dict[str, str]]] = {
         "automountServiceAccountToken": "the router's token is mounted into its own container only",
     },
 }
-# The Deployment's selector and the router's discovery match these.
-OWNED_LABELS: Final = (contract.LABEL_MODEL, contract.LABEL_ROLE, contract.LABEL_GROUP, contract.LABEL_RANK)
+# The Deployment's selector and the router's discovery match these; NetworkPolicies admit the
+# operator's pods by name and component (a model's pod labelled as the operator would read
+# every model's metrics).
+OWNED_LABELS: Final = (
+    contract.LABEL_MODEL,
+    contract.LABEL_ROLE,
+    contract.LABEL_GROUP,
+    contract.LABEL_RANK,
+    contract.LABEL_APP_NAME,
+    contract.LABEL_APP_COMPONENT,
+)
 # The router (smg) reads the prefill bootstrap port from this annotation.
 OWNED_ANNOTATIONS: Final = (contract.ANNOTATION_BOOTSTRAP_PORT,)
 OWNED_VOLUMES: Final = (
