@@ -24,12 +24,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -43,6 +45,10 @@ INCARNATION_PATH: Final = "/pdwarden/incarnation"
 INCARNATION: Final = uuid.uuid4().hex
 PROBE_S: Final = 2.0
 FETCH_TIMEOUT_S: Final = 2.0
+# Prefills asked at once in a probe (one that does not answer holds one fetch, not the rest),
+# and the most a probe asks: a decode reads from its model's prefills, a few dozen at most.
+FETCH_CONCURRENCY: Final = 8
+MAX_PROBED: Final = 256
 # The operator's clock and this pod's may differ by this much (NTP keeps a cluster within
 # milliseconds; this is the margin the pod-deleted proof leaves).
 CLOCK_SKEW_S: Final = 5.0
@@ -74,19 +80,37 @@ def incarnation_body() -> dict[str, str | None]:
     return {"incarnation": INCARNATION, "pod_uid": os.environ.get(ENV_POD_UID) or None}
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A bootstrap endpoint answers itself or not at all: a redirect would have this decode
+    fetch an address of the answerer's choosing."""
+
+    def redirect_request(self, *_: object, **__: object) -> None:
+        return None
+
+
+_OPENER: Final = urllib.request.build_opener(_NoRedirects)
+# An incarnation is this module's uuid4 hex, a pod UID a UUID: anything else is not an answer
+# of pdwarden's (and never reaches a log line as it came).
+_INCARNATION: Final = re.compile(r"[0-9a-f]{1,64}")
+_POD_UID: Final = re.compile(r"[0-9a-f-]{1,64}")
+
+
 def fetch_identity(bootstrap_addr: str, timeout: float = FETCH_TIMEOUT_S) -> WriterIdentity | None:
     """What the bootstrap endpoint at host:port says it is; None when it does not answer,
-    answers garbage or is not pdwarden's (a stock prefill): no identity, no proof."""
+    answers garbage or a redirect, or is not pdwarden's (a stock prefill): no identity, no
+    proof."""
     try:
-        with urllib.request.urlopen(f"http://{bootstrap_addr}{INCARNATION_PATH}", timeout=timeout) as resp:
+        with _OPENER.open(f"http://{bootstrap_addr}{INCARNATION_PATH}", timeout=timeout) as resp:
             body = json.loads(resp.read(4096))
     except (urllib.error.URLError, OSError, ValueError):
         return None
-    if not isinstance(body, dict) or not isinstance(body.get("incarnation"), str) or not body["incarnation"]:
+    if not isinstance(body, dict):
         return None
-    pod_uid = body.get("pod_uid")
-    uid = pod_uid[:64] if isinstance(pod_uid, str) and pod_uid else None
-    return WriterIdentity(body["incarnation"][:64], uid)
+    incarnation, pod_uid = body.get("incarnation"), body.get("pod_uid")
+    if not isinstance(incarnation, str) or not _INCARNATION.fullmatch(incarnation):
+        return None
+    uid = pod_uid if isinstance(pod_uid, str) and _POD_UID.fullmatch(pod_uid) else None
+    return WriterIdentity(incarnation, uid)
 
 
 def read_gone_pods(path: str) -> list[GonePod]:
@@ -141,6 +165,7 @@ class WriterWatch:
         self._lock = threading.Lock()
         self._known: dict[str, WriterIdentity] = {}
         self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(FETCH_CONCURRENCY, thread_name_prefix="pdwarden-writer-fetch")
         self.thread = threading.Thread(target=self._run, name="pdwarden-writer-watch", daemon=True)
 
     def start(self) -> None:
@@ -148,6 +173,7 @@ class WriterWatch:
 
     def stop(self) -> None:
         self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def identity(self, addr: str) -> WriterIdentity | None:
         """The latest answer of the prefill at ``addr`` (None: none yet)."""
@@ -156,11 +182,11 @@ class WriterWatch:
 
     def probe_once(self) -> None:
         """Ask every prefill (those holding pages and those rooms go to) who writes from there,
-        and read the operator's list when pages are held."""
+        side by side, and read the operator's list when pages are held."""
         held = set(self._held.held_addresses())
-        for addr in sorted(held | set(self._prefills())):
-            started = self._clock()
-            found = self._fetch(addr)
+        addrs = sorted(held | set(self._prefills()))[:MAX_PROBED]
+        answers = list(self._pool.map(self._ask, addrs))
+        for addr, (started, found) in zip(addrs, answers, strict=True):
             if found is None:
                 continue  # no answer proves nothing
             with self._lock:
@@ -172,6 +198,10 @@ class WriterWatch:
                 self._held.observe(addr, found, started)
         if self._gone_file and held:
             self._held.observe_gone_pods(read_gone_pods(self._gone_file))
+
+    def _ask(self, addr: str) -> tuple[float, WriterIdentity | None]:
+        started = self._clock()
+        return started, self._fetch(addr)
 
     def _run(self) -> None:
         while not self._stop.wait(self._probe_s):
