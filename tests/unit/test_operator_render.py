@@ -429,7 +429,9 @@ def test_every_pod_has_the_safe_defaults() -> None:
                 for mount in container.get("volumeMounts", [])
                 if mount["name"] == "router-token"
             ]
-            expected = [("router", "/var/run/secrets/kubernetes.io/serviceaccount")] if role == "router" else []
+            expected = (
+                [("router", "/var/run/secrets/kubernetes.io/serviceaccount")] if role == "router" else []
+            )
             assert token_mounts == expected, (case, role)
         router = _container(objs[("Deployment", "m1-router")])
         assert router["resources"]["requests"] and router["resources"]["limits"]["memory"]
