@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, str] = {
     "watchdog": "pdwarden_bench.watchdog:watchdog",
     "metrics-bomb": "pdwarden_bench.metrics_bomb:metrics_bomb",
     "router-gate": "pdwarden_bench.gate_cost:router_gate",
+    "side-channel": "pdwarden_bench.side_channel:side_channel",
     "serving": "pdwarden_bench.serving:serving",
     "autoscale": "pdwarden_bench.autoscale:autoscale",
 }

@@ -191,6 +191,13 @@ def _race(boot_port: int, settle_s: float) -> dict[str, Any]:
         "decode": PdwKVPoll(int(receiver.poll())).name,
         "refused_failed_to_transferring": refused,
         "prefill_inflight": prefill.pdwarden.tracker.count(),
+        "side_key": hardening.installed_config().side_key is not None,
+        "side_channel_errors": [
+            mgr.pdwarden.metrics.registry.get_sample_value(
+                "pdwarden_runtime_errors_total", {"role": role, "where": "side_channel"}
+            )
+            for mgr, role in ((prefill, "prefill"), (decode, "decode"))
+        ],
     }
     return result
 
@@ -235,6 +242,26 @@ def test_hardened_sglang_nixl_race_ends_failed(monkeypatch: pytest.MonkeyPatch, 
     assert (r["prefill"], r["decode"]) == ("Failed", "Failed")
     assert r["refused_failed_to_transferring"] >= 1  # the resurrection, caught
     assert r["prefill_inflight"] == 0
+
+
+def test_with_the_worker_key_the_race_runs_on_a_signed_side_channel(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The launcher hands SGLang's processes the key file: the rank registers with a signed PUT,
+    the decode reads the rank with the proof and every ZMQ message carries one; none dropped."""
+    key_file = tmp_path / "worker-key"
+    key_file.write_text("k" * 43 + "\n")
+    config = {
+        "engine": "sglang",
+        "fault": contract.FAULT_EMULATED_PORT_RACE,
+        "race_window": 5,
+        "worker_key_file": str(key_file),
+    }
+    r = run_child(monkeypatch, tmp_path, config, free_port(), settle_s=120)
+    assert r["seam"]["activated"] is True and r["side_key"] is True
+    assert r["chunk_landed"]
+    assert (r["prefill"], r["decode"]) == ("Failed", "Failed")
+    assert r["side_channel_errors"] == [0.0, 0.0]
 
 
 def test_control_without_hardening_wedges(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:

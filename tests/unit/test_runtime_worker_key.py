@@ -72,11 +72,40 @@ def test_the_key_file_is_one_word_of_enough_characters(tmp_path: Path) -> None:
 
 def test_sglang_gets_the_key_as_its_api_key_and_a_users_own_is_refused() -> None:
     assert worker_key_args(None, ["--api-key", "mine"]) == []  # without the model's key: the user's
-    assert worker_key_args(KEY, ["--tp", "2"]) == [f"--api-key={KEY}"]
+    admin = "a" * 43
+    assert worker_key_args(KEY, ["--tp", "2"], admin) == [f"--api-key={KEY}", f"--admin-api-key={admin}"]
     for given in (["--api-key", "mine"], ["--api-key=mine"], ["--api-k", "mine"]):
         with pytest.raises(SglangArgumentError, match="worker key"):
             worker_key_args(KEY, given)
-    assert worker_key_args(KEY, ["--admin-api-key", "admin"]) == [f"--api-key={KEY}"]
+    # a user's own admin key stands (kept from the router); none is added beside it
+    for own in (["--admin-api-key", "admin"], ["--admin-api-key=admin"], ["--admin-api", "admin"]):
+        assert worker_key_args(KEY, own) == [f"--api-key={KEY}"]
+
+
+def test_the_worker_key_never_opens_sglangs_admin_routes() -> None:
+    """Without an admin key of the user's, SGLang gets a fresh one per process: different from
+    the worker key and from another process's, so the key the router presents opens no admin
+    route (SGLang's ADMIN_OPTIONAL routes take only --admin-api-key once it is set)."""
+    from sglang.srt.utils.auth import AuthLevel, decide_request_auth
+
+    first, second = worker_key_args(KEY, []), worker_key_args(KEY, [])
+    admin = first[1].partition("=")[2]
+    assert first[1].startswith("--admin-api-key=") and len(admin) >= 43
+    assert admin != KEY and first[1] != second[1]
+
+    def allowed(header: str, level: AuthLevel) -> bool:
+        return decide_request_auth(
+            method="POST",
+            path="/update_weights_from_disk",
+            authorization_header=header,
+            api_key=KEY,
+            admin_api_key=admin,
+            auth_level=level,
+        ).allowed
+
+    assert not allowed(f"Bearer {KEY}", AuthLevel.ADMIN_OPTIONAL)
+    assert not allowed(f"Bearer {KEY}", AuthLevel.ADMIN_FORCE)
+    assert allowed(f"Bearer {KEY}", AuthLevel.NORMAL)  # the serving routes
 
 
 def test_the_gate_presents_the_key_in_place_of_the_clients_and_keeps_end_to_end_headers() -> None:

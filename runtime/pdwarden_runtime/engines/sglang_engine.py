@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -84,21 +85,39 @@ class ServeOptions(Protocol):
 
 # SGLang's own --api-key carries the model's worker key (the launch adds it, never shown).
 API_KEY_FLAG: Final = "--api-key"
+# SGLang's admin routes (weights, LoRA adapters, logging, profiles, aborts) take this key instead
+# of --api-key once it is set: with the worker key, the launch sets one of its own.
+ADMIN_API_KEY_FLAG: Final = "--admin-api-key"
 
 
-def worker_key_args(key: str | None, user_args: Sequence[str]) -> list[str]:
-    """SGLang's arguments for the model's worker key: none without one; a user's own --api-key
-    beside it is refused (the router presents the model's key, so another would lock it out)."""
-    if key is None:
-        return []
+def _gives(user_args: Sequence[str], flag: str, shortest: int) -> str | None:
+    """The option of `user_args` that argparse would read as `flag` (any unambiguous prefix at
+    least `shortest` characters long), or None."""
     for token in user_args:
         name = token.partition("=")[0]
-        if name == API_KEY_FLAG or (len(name) > len("--api") and API_KEY_FLAG.startswith(name)):
-            raise SglangArgumentError(
-                f"SGLang argument {name}: the model's worker key is SGLang's {API_KEY_FLAG} (the "
-                "operator mounts it and the router presents it); leave it out"
-            )
-    return [f"{API_KEY_FLAG}={key}"]  # one token: a key may start with "-"
+        if name == flag or (len(name) >= shortest and flag.startswith(name)):
+            return name
+    return None
+
+
+def worker_key_args(key: str | None, user_args: Sequence[str], admin_key: str | None = None) -> list[str]:
+    """SGLang's arguments for the model's worker key: none without one; a user's own --api-key
+    beside it is refused (the router presents the model's key, so another would lock it out).
+    The worker key opens the serving routes only: unless the user gives an --admin-api-key of
+    their own, SGLang's admin routes get `admin_key` (a fresh one per process by default, held
+    by no one: the router and whoever holds the worker key cannot reach them)."""
+    if key is None:
+        return []
+    given = _gives(user_args, API_KEY_FLAG, len("--api") + 1)
+    if given is not None:
+        raise SglangArgumentError(
+            f"SGLang argument {given}: the model's worker key is SGLang's {API_KEY_FLAG} (the "
+            "operator mounts it and the router presents it); leave it out"
+        )
+    out = [f"{API_KEY_FLAG}={key}"]  # one token: a key may start with "-"
+    if _gives(user_args, ADMIN_API_KEY_FLAG, len("--adm")) is None:
+        out.append(f"{ADMIN_API_KEY_FLAG}={admin_key or secrets.token_urlsafe(32)}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -341,6 +360,8 @@ _HARDENING_OPTIONS: Final = (
     "fault",
     "race_window",
     "nixl_progress_poll_us",
+    # A path: each SGLang process derives the PD side channel's key from the file itself.
+    "worker_key_file",
 )
 _MISSING: Final = object()
 

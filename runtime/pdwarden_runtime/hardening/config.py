@@ -21,6 +21,8 @@ from pdwarden_contract import FAULT_EMULATED_PORT_RACE as FAULT_EMULATED_PORT_RA
 from pdwarden_contract import FAULT_NONE as FAULT_NONE
 from pdwarden_contract import FAULT_STALL as FAULT_STALL
 from pdwarden_contract import FAULT_STALL_KV_RECEIVE as FAULT_STALL_KV_RECEIVE
+from pdwarden_runtime.hardening.side_channel import SideKey
+from pdwarden_runtime.worker_key import WorkerKeyError, read_key_file
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -125,6 +127,11 @@ class HardeningConfig:
     # Called with the metrics registry of each KV manager the hardening starts (SGLang's
     # processes bridge it into the pod's multiprocess metrics).
     on_metrics_registry: Callable[[CollectorRegistry], None] | None = None
+    # The model's worker key file (a path, never the key: this config travels through the
+    # environment to SGLang's processes). With one, the PD side channel carries a proof
+    # derived from it (side_channel); without, it takes none, as SGLang's.
+    worker_key_file: str | None = None
+    side_key: SideKey | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.fixes = parse_fixes(list(self.fixes))
@@ -138,6 +145,8 @@ class HardeningConfig:
             raise ConfigError(f"race window must be > 0 seconds, got {self.race_window!r}")
         if isinstance(self.fault, str):
             self.fault = FaultSwitch(self.fault)
+        if self.worker_key_file is not None and self.side_key is None:
+            self.side_key = _side_key(self.worker_key_file)
 
     def has(self, fix: Fix) -> bool:
         return fix in self.fixes
@@ -181,6 +190,9 @@ class HardeningConfig:
             kwargs["metrics_port"] = None if raw in (None, "") else int(_number("metrics_port", raw))
         if "engine" in data:
             kwargs["engine"] = str(data.pop("engine"))
+        if "worker_key_file" in data:
+            raw = data.pop("worker_key_file")
+            kwargs["worker_key_file"] = None if raw in (None, "") else str(raw)
         if data:
             raise ConfigError(f"unknown hardening setting(s) {sorted(data)}")
         return cls(**kwargs)
@@ -267,6 +279,13 @@ def config_for_mode(mode: str, **kwargs: Any) -> HardeningConfig:
         stock_prompt_wake=_is_bench_prompt_wake(mode),
         **kwargs,
     )
+
+
+def _side_key(path: str) -> SideKey:
+    try:
+        return SideKey.derive(read_key_file(path))
+    except WorkerKeyError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _valid_fault(fault: str) -> str:

@@ -27,6 +27,15 @@ What each override adds (by ``Fix``):
   metadata is bounded by the same deadline: SGLang's bootstrap timeout (300 s) is lowered to
   it, so a room whose decode leg is gone without a word never holds a client longer than the
   deadline.
+- the side channel (every mode of these classes; a proof only when the model has a worker
+  key, ``HardeningConfig.side_key``): ``server_socket`` is a ``CheckingSocket``, so SGLang's
+  bootstrap thread (prefill) and decode listener see only messages with a valid proof, and
+  the prefill's only those its parsers take (``side_frames``); the rest are dropped and
+  counted (``pdwarden_runtime_errors_total{where="side_channel"}``), never fatal. What the
+  manager and the receiver send carries the proof (``_send_multipart_locked``, the
+  receiver's ``_connect``); a rank registers with a signed PUT and decodes read ranks with
+  the proof on SGLang's session; the bootstrap server refuses the rest
+  (``bootstrap_guard``). A decode registration NIXL refuses is dropped, not raised.
 - ``metrics``: the table, tracker, RuntimeMetrics and thread watch live in ``RoomRuntime``
   (``mgr.pdwarden``). Every hook pdwarden adds inside SGLang's threads runs under
   ``RoomRuntime.guard``: an exception in it is logged and counted
@@ -54,7 +63,7 @@ import threading
 from contextlib import AbstractContextManager
 from typing import Any, Final
 
-from sglang.srt.disaggregation.common.conn import ABORT_TAG, AbortNotification
+from sglang.srt.disaggregation.common.conn import ABORT_TAG, AbortNotification, _get_bootstrap_session
 from sglang.srt.disaggregation.nixl.conn import (
     NIXL_ERR_SETTLE_POLL_S,
     NIXL_ERR_SETTLE_TIMEOUT_S,
@@ -64,6 +73,7 @@ from sglang.srt.disaggregation.nixl.conn import (
     NixlKVSender,
 )
 from sglang.srt.disaggregation.utils import DisaggregationMode
+from sglang.srt.environ import envs
 
 from pdwarden_contract import (
     OUTCOME_ABORTED,
@@ -72,12 +82,19 @@ from pdwarden_contract import (
     ROLE_DECODE,
     ROLE_PREFILL,
 )
+from pdwarden_runtime.hardening.bootstrap_guard import (
+    PROOF_HEADER,
+    RouteGate,
+    register_signed,
+    route_read_proof,
+)
 from pdwarden_runtime.hardening.config import (
     FAULT_DROP_ABORT,
     FAULT_EMULATED_PORT_RACE,
     FAULT_NONE,
     FAULT_STALL,
     FAULT_STALL_KV_RECEIVE,
+    ConfigError,
     Fix,
     HardeningConfig,
     installed_config,
@@ -97,10 +114,13 @@ from pdwarden_runtime.hardening.runtime import (
     WHERE_PEERS,
     WHERE_QUARANTINE,
     WHERE_QUARANTINE_SETTLED,
+    WHERE_SIDE_CHANNEL,
     WHERE_STATUS_NOTICE,
     WHERE_STATUS_WRITE,
     RoomRuntime,
 )
+from pdwarden_runtime.hardening.side_frames import prefill_message_problem
+from pdwarden_runtime.hardening.side_socket import CheckingSocket, DropLog, SigningSocket
 from pdwarden_runtime.hardening.stalled_peers import StalledPeers
 from pdwarden_runtime.hardening.writer_watch import INCARNATION_PATH, WriterWatch, incarnation_body
 from pdwarden_runtime.kvpoll import KVPoll, coerce
@@ -171,6 +191,14 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_stalled_peers = StalledPeers()
         self._pdw_port_race = PortRace()
         self._pdw_stall_kv_receive = StallKvReceive(args)
+        self._pdw_side_drops = DropLog(f"pdwarden {role} KV manager")
+        if config.side_key is not None and envs.SGLANG_DISAGG_STAGING_BUFFER.get():
+            # SGLang's staging requests go out on sockets of their own, unsigned: every one
+            # would be dropped and its transfer would wait for its deadline.
+            raise ConfigError(
+                "SGLANG_DISAGG_STAGING_BUFFER is not supported with the model's worker key: "
+                "SGLang's staging requests cannot carry the PD side channel's proof"
+            )
         if role == ROLE_PREFILL and config.has(Fix.TRANSFER_DEADLINE):
             # Built before SGLang's workers start: they may hand it a batch at once.
             self._pdw_quarantine = HandleQuarantine(
@@ -212,6 +240,46 @@ class HardenedNixlKVManager(NixlKVManager):
     @property
     def _pdw_config(self) -> HardeningConfig:
         return self.pdwarden.config
+
+    # --- the side channel: checked on receipt, signed on the way out ---------------
+    @property
+    def server_socket(self) -> Any:
+        return self._pdw_server_socket
+
+    @server_socket.setter
+    def server_socket(self, sock: Any) -> None:
+        # CommonKVManager.__init__ binds it before SGLang's reading thread starts: that
+        # thread only ever sees the checking socket.
+        shape = prefill_message_problem if self.pdwarden.role == ROLE_PREFILL else None
+        self._pdw_server_socket = CheckingSocket(sock, self._pdw_config.side_key, self._pdw_side_drop, shape)
+
+    def _pdw_side_drop(self, reason: str) -> None:
+        self.pdwarden.count_error(WHERE_SIDE_CHANNEL)
+        self._pdw_side_drops.dropped(reason)
+
+    def _send_multipart_locked(self, endpoint: str, parts: list[bytes], is_ipv6: bool = False) -> None:
+        key = self._pdw_config.side_key
+        super()._send_multipart_locked(endpoint, parts if key is None else key.sign(parts), is_ipv6=is_ipv6)
+
+    def _register_topology_row(self, url: str, payload: dict[str, Any]) -> None:
+        key = self._pdw_config.side_key
+        if key is None:
+            super()._register_topology_row(url, payload)
+            return
+        register_signed(url, payload, key)
+
+    def _add_remote_peer(self, decode_kv_args: Any) -> None:
+        # NIXL refuses metadata that is not an agent's: SGLang's bootstrap thread would die
+        # of it. The registration is dropped instead (the decode's rooms then fail).
+        name = decode_kv_args.agent_name
+        known = name in self.decode_kv_args_table
+        try:
+            super()._add_remote_peer(decode_kv_args)
+        except Exception as err:
+            if not known:
+                self.decode_kv_args_table.pop(name, None)
+            log.debug("a decode registration was refused", exc_info=True)
+            self._pdw_side_drop(f"a decode registration NIXL refused ({type(err).__name__})")
 
     # --- sticky_status: the status table behind request_status ---------------------
     @property  # type: ignore[override]
@@ -739,6 +807,24 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
             mgr._pdw_stall_flip()
         super().init(prefill_dp_rank)
 
+    @classmethod
+    def _connect(cls, endpoint: str, is_ipv6: bool = False) -> tuple[Any, Any]:
+        # Every message a decode sends a prefill (registration, metadata, ABORT, staging
+        # replies) goes through a socket from here: it carries the side channel's proof.
+        sock, lock = super()._connect(endpoint, is_ipv6=is_ipv6)
+        key = installed_config().side_key
+        return (sock if key is None else SigningSocket(sock, key)), lock
+
+    def _get_bootstrap_info_from_server(
+        self, prefill_dp_rank: Any, prefill_cp_rank: Any, target_tp_rank: Any, target_pp_rank: Any
+    ) -> Any:
+        key = installed_config().side_key
+        if key is not None:  # SGLang asks on this session (one per thread and prefill)
+            _get_bootstrap_session(self.bootstrap_addr).headers[PROOF_HEADER] = route_read_proof(key)
+        return super()._get_bootstrap_info_from_server(
+            prefill_dp_rank, prefill_cp_rank, target_tp_rank, target_pp_rank
+        )
+
     def send_metadata(self, kv_indices: Any, *args: Any, **kwargs: Any) -> None:
         super().send_metadata(kv_indices, *args, **kwargs)
         mgr = self.kv_mgr
@@ -781,11 +867,57 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
 class HardenedNixlKVBootstrapServer(NixlKVBootstrapServer):
     """NixlKVBootstrapServer that also says which process it is (``INCARNATION_PATH``): a
     decode holding pages for this prefill learns from a new answer that the old writer is
-    gone (``writer_watch``)."""
+    gone (``writer_watch``). It takes rank registrations and gives ranks' addresses only
+    with the side channel's proof, and registrations only of this pod's ranks
+    (``bootstrap_guard``). The incarnation stays open: it names nothing a caller can use,
+    and a decode whose key differs from the prefill's during a key's rollout must still
+    learn that the writer is gone."""
+
+    def __init__(self, host: str, port: int) -> None:
+        # Before SGLang's __init__: it starts serving at its end.
+        self._pdw_gate = RouteGate.for_server(
+            installed_config().side_key, _own_addresses(host), _multi_node()
+        )
+        self._pdw_refusals = DropLog("pdwarden KV bootstrap server", events="request(s) refused (403)")
+        super().__init__(host, port)
 
     def _setup_routes(self) -> None:
         super()._setup_routes()
         self.app.router.add_get(INCARNATION_PATH, _incarnation)
+
+    async def _handle_route(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.read() if request.method == "PUT" else b""
+        refusal = self._pdw_gate.refusal(
+            request.method, request.query, request.headers.get(PROOF_HEADER), body
+        )
+        if refusal is not None:
+            self._pdw_refusals.dropped(f"{request.method} {request.path} from {request.remote}: {refusal}")
+            return web.Response(status=403, text=refusal)
+        return await super()._handle_route(request)
+
+
+def _own_addresses(host: str) -> list[str | None]:
+    """This pod's addresses: the bootstrap server's own, and the one SGLang's ranks register
+    (``SGLANG_HOST_IP``, else the address SGLang finds on the pod's network interface)."""
+    from sglang.srt.utils.network import get_local_ip_auto
+
+    try:
+        local: str | None = get_local_ip_auto()
+    except Exception:
+        local = None
+    return [host, local]
+
+
+def _multi_node() -> bool:
+    """A replica over several pods: ranks of the other pods register here too."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return int(getattr(get_server_args(), "nnodes", 1) or 1) > 1
+    except Exception:  # no SGLang server arguments here: the synthetic engine's one process
+        return False
 
 
 async def _incarnation(request: Any) -> Any:

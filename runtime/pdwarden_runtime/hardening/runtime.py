@@ -36,6 +36,9 @@ WHERE_QUARANTINE_SETTLED: Final = "quarantine_settled"
 WHERE_LISTENER: Final = "status_listener"
 WHERE_MIRROR: Final = "stock_mirror"
 WHERE_PEERS: Final = "peers"
+# A side-channel message dropped before SGLang's thread saw it: no valid proof, malformed,
+# or a decode registration NIXL refused (hardening/side_socket.py).
+WHERE_SIDE_CHANNEL: Final = "side_channel"
 ERROR_WHERES: Final = (
     WHERE_ENQUEUE,
     WHERE_CHUNK_TAKEN,
@@ -49,6 +52,7 @@ ERROR_WHERES: Final = (
     WHERE_LISTENER,
     WHERE_MIRROR,
     WHERE_PEERS,
+    WHERE_SIDE_CHANNEL,
 )
 
 

@@ -43,6 +43,9 @@ PINNED_SIGNATURES: Final = {
     ("NixlKVManager", "register_deferred_abort_room"): "self bootstrap_room",
     ("NixlKVManager", "clear_deferred_abort_state"): "self bootstrap_room",
     ("NixlKVManager", "is_abort_release_safe"): "self bootstrap_room required_acks",
+    ("NixlKVManager", "_send_multipart_locked"): "self endpoint parts is_ipv6=",
+    ("NixlKVManager", "_register_topology_row"): "self url payload",
+    ("NixlKVManager", "_add_remote_peer"): "self decode_kv_args",
     ("NixlKVSender", "clear"): "self",
     ("NixlKVReceiver", "init"): "self prefill_dp_rank",
     ("NixlKVReceiver", "send_metadata"): (
@@ -50,7 +53,13 @@ PINNED_SIGNATURES: Final = {
     ),
     ("NixlKVReceiver", "clear"): "self",
     ("NixlKVReceiver", "poll"): "self",
+    ("NixlKVReceiver", "_connect"): "endpoint is_ipv6=",  # a classmethod: bound, no cls
+    ("NixlKVReceiver", "_get_bootstrap_info_from_server"): (
+        "self prefill_dp_rank prefill_cp_rank target_tp_rank target_pp_rank"
+    ),
+    ("NixlKVBootstrapServer", "__init__"): "self host port",
     ("NixlKVBootstrapServer", "_setup_routes"): "self",
+    ("NixlKVBootstrapServer", "_handle_route"): "self request",
 }
 CHECK_DEADLINE_S: Final = 0.5
 
