@@ -421,6 +421,11 @@ async def run(host: str, port: int, router_port: int, key: str | None, router_ar
             log.error("smg exited with status %s", code)
             return code if code >= 0 else 128 - code
         gate.draining = True
+        # Idle keep-alive connections close now, while the pod is still serving: a client sees
+        # the close before its next request and opens a connection elsewhere (closed at the end
+        # of the drain instead, one could be closed under a request the client just sent).
+        if runner.server is not None:
+            runner.server.pre_shutdown()
         log.warning(
             "stopping: serving %.0f s more, then the requests in flight, then smg", c.TERMINATION_DRAIN_S
         )
