@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import signal
 import statistics
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final
 
 import click
@@ -125,12 +127,27 @@ def _progress(msg: str) -> None:
     print(f"serving: {msg}", file=sys.stderr, flush=True)
 
 
-def _start(fleet: Fleet) -> dict[str, Router]:
-    """Every arm's pair and router, all up and routing before any is measured."""
+def _key_file(fleet: Fleet) -> Path:
+    """A model's worker key, as the operator's Secret mounts it."""
+    path = fleet.log_dir / "worker-key"
+    path.write_text(secrets.token_urlsafe(32))
+    path.chmod(0o400)
+    return path
+
+
+def _start(fleet: Fleet, front_door: bool) -> dict[str, Router]:
+    """Every arm's pair and router, all up and routing before any is measured; with
+    `front_door`, as the operator deploys a model by default: workers that require the model's
+    worker key (and sign their side channel with it, where hardened), smg behind the gate."""
+    key = _key_file(fleet) if front_door else None
     pairs = {
         arm: (
-            fleet.runtime(c.ROLE_PREFILL, extra=serve_flags(hardening=mode, inflight_deadline=60)),
-            fleet.runtime(c.ROLE_DECODE, extra=serve_flags(hardening=mode, inflight_deadline=60)),
+            fleet.runtime(
+                c.ROLE_PREFILL, extra=serve_flags(hardening=mode, inflight_deadline=60), worker_key_file=key
+            ),
+            fleet.runtime(
+                c.ROLE_DECODE, extra=serve_flags(hardening=mode, inflight_deadline=60), worker_key_file=key
+            ),
         )
         for arm, mode in ARMS.items()
     }
@@ -138,7 +155,10 @@ def _start(fleet: Fleet) -> dict[str, Router]:
         wait_healthy([rt for pair in pairs.values() for rt in pair], timeout=START_TIMEOUT_S)
     except (WaitTimeout, RuntimeError) as err:
         raise BenchError(f"runtimes: {err}") from None
-    routers = {arm: fleet.router([prefill], [decode]) for arm, (prefill, decode) in pairs.items()}
+    routers = {
+        arm: fleet.router([prefill], [decode], worker_key_file=key)
+        for arm, (prefill, decode) in pairs.items()
+    }
     for arm, router in routers.items():
         try:
             wait_router(router, timeout=ROUTER_TIMEOUT_S)
@@ -170,12 +190,12 @@ async def _rounds(
     return figures
 
 
-def run(pairs: int, requests: int, concurrency: int, seed: int) -> dict[str, Any]:
+def run(pairs: int, requests: int, concurrency: int, seed: int, front_door: bool = False) -> dict[str, Any]:
     """The benchmark's figures (the JSON line but seconds); BenchError names a failed part."""
     with Fleet() as fleet:
         t0 = time.perf_counter()
         try:
-            routers = _start(fleet)
+            routers = _start(fleet, front_door)
             _progress(f"{len(fleet.procs)} processes up in {time.perf_counter() - t0:.1f}s")
             figures = asyncio.run(_rounds(routers, short_requests(requests, seed), pairs, concurrency))
         finally:
@@ -189,6 +209,7 @@ def run(pairs: int, requests: int, concurrency: int, seed: int) -> dict[str, Any
         "requests_per_round": requests,
         "concurrency": concurrency,
         "seed": seed,
+        "front_door": front_door,
         **summarize(figures),
     }
 
@@ -210,14 +231,20 @@ def run(pairs: int, requests: int, concurrency: int, seed: int) -> dict[str, Any
 )
 @click.option("--concurrency", type=click.IntRange(min=1), default=DEFAULT_CONCURRENCY, show_default=True)
 @click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True)
+@click.option(
+    "--front-door",
+    is_flag=True,
+    help="Every arm as a model runs by default: the worker key on the workers (the hardened arm "
+    "signs its side channel with it) and smg behind the router gate.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
-def serving(pairs: int, requests: int, concurrency: int, seed: int, as_json: bool) -> None:
+def serving(pairs: int, requests: int, concurrency: int, seed: int, front_door: bool, as_json: bool) -> None:
     """Short requests through the router: hardened vs stock runtimes (paired rounds, one run)."""
     exit_on_sigterm()
     t0 = time.perf_counter()
     _progress(f"{', '.join(ARMS)}: {requests} requests x {pairs} rounds each, {concurrency} clients")
     try:
-        result = run(pairs, requests, concurrency, seed)
+        result = run(pairs, requests, concurrency, seed, front_door)
     except BenchError as err:
         raise click.ClickException(str(err)) from None
     result["seconds"] = round(time.perf_counter() - t0, 1)
