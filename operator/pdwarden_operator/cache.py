@@ -49,6 +49,13 @@ def controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    """Whether the object's controller is the owner with `uid` (the never-take-over rule:
+    reconcile's NameTaken, the watchdog's list of gone pods)."""
+    ctl = controller_ref(obj)
+    return ctl is not None and ctl.get("uid") == uid
+
+
 def owner_model(body: Mapping[str, Any]) -> ModelKey | None:
     """The DisaggregatedModel a child belongs to, from its controller owner reference."""
     meta = body.get("metadata") or {}

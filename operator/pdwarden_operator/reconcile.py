@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from pdwarden_contract import LABEL_MANAGED_BY, LABEL_MODEL, LABEL_ROLE, MANAGED_BY, RUNTIME_ROLES
 from pdwarden_operator import plan, podpolicy, replicas, scheduling, timestamps, worker_key_secret
-from pdwarden_operator.cache import controller_ref
+from pdwarden_operator.cache import controlled_by, controller_ref
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
@@ -27,6 +27,7 @@ from pdwarden_operator.render import (
     Owner,
     child_key,
     child_name,
+    gone_pods_configmap,
     render_children,
     spec_field,
     worker_key_secret_object,
@@ -213,11 +214,6 @@ async def _refuse_foreign(
     return ours
 
 
-def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
-    ctl = controller_ref(obj)
-    return ctl is not None and ctl.get("uid") == uid
-
-
 def _controller(obj: Mapping[str, Any]) -> str:
     ctl = controller_ref(obj)
     return f"controlled by {ctl.get('kind')} {ctl.get('name')}" if ctl else "no controller"
@@ -247,7 +243,7 @@ async def _owner(
     use = worker_key_secret.plan_use(workloads, owner.name, spec.worker_key.enabled)
     pending = worker_key_secret.pending(owner.name)
     checked = use is not None and use.secret != pending and verify and spec.worker_key.enabled
-    if use is not None and checked and not await _secret_exists(body, spec, owner.namespace, use.secret):
+    if use is not None and checked and not await _secret_exists(body, spec, owner, use.secret):
         log.warning("%s/%s: the worker key's Secret %s is gone", owner.namespace, owner.name, use.secret)
         use = replace(use, secret=pending)
     deployed = {
@@ -302,9 +298,12 @@ BASELINE = _Baseline()
 
 
 async def _secret_exists(
-    body: Mapping[str, Any], spec: DisaggregatedModelSpec, namespace: str, name: str
+    body: Mapping[str, Any], spec: DisaggregatedModelSpec, owner: Owner, name: str
 ) -> bool:
-    probe = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}}
+    # With the model's labels and owner: the chart's admission policy admits the operator's
+    # writes, dry runs included, only to objects it manages.
+    probe = worker_key_secret_object(owner, "")
+    probe["metadata"] = {**{k: v for k, v in probe["metadata"].items() if k != "generateName"}, "name": name}
     try:
         await kube_apply.create(probe, dry_run=True)
     except KubeApiError as exc:
@@ -358,7 +357,7 @@ async def _apply(
     applies, for a refusal that admission of the model itself almost always catches first). The
     later passes of a refused generation (the status writer remembers it) dry-run first, so a
     model that stays refused creates and removes nothing again."""
-    existing = await _refuse_foreign(body, spec, objs, known)
+    existing = await _refuse_foreign(body, spec, [*objs, gone_pods_configmap(owner, "")], known)
     refused = WRITER.refused(owner.namespace, owner.name, _generation(body))
     fresh = not known and not existing and not refused
     if not fresh:

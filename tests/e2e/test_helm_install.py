@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -261,10 +261,17 @@ def test_install_reconciles_a_model_and_uninstall_leaves_no_operator_objects(
     install_reconcile_uninstall(kubeconfig, namespace, "namespace")
 
 
-def install_reconcile_uninstall(kubeconfig: Path, namespace: str, scope: str) -> None:
+def install_reconcile_uninstall(
+    kubeconfig: Path,
+    namespace: str,
+    scope: str,
+    while_reconciled: Callable[[str, str], None] | None = None,
+) -> None:
     """Install the chart with `operator.scope` set to `scope`; its operator pods run as the
-    chart says, one holds the Lease, `helm test` passes, the example model is reconciled; then
-    uninstall leaves no operator object (the cluster scope: tests/e2e/test_helm_install_cluster_scope.py)."""
+    chart says, one holds the Lease, `helm test` passes, the example model is reconciled (under
+    the chart's admission policies; `while_reconciled(release, model)` runs then); deleting it
+    deletes its ConfigMaps too; then uninstall leaves no operator object (the cluster scope:
+    tests/e2e/test_helm_install_cluster_scope.py)."""
     release = f"pdwe2e-{scope[:2]}-{namespace[-6:]}"  # cluster-scoped names must not collide
     scope_values = ["--set", f"operator.scope={scope}"]
     if scope == "namespace":
@@ -317,6 +324,8 @@ def install_reconcile_uninstall(kubeconfig: Path, namespace: str, scope: str) ->
         deploys = get_json(kubeconfig, "deployments", "-n", namespace, "-l", f"{contract.LABEL_MODEL}={name}")
         roles = sorted(d["metadata"]["labels"][contract.LABEL_ROLE] for d in deploys["items"])
         assert roles == ["decode", "prefill", "router"]
+        if while_reconciled is not None:
+            while_reconciled(release, name)
 
         # Models go before the operator: their finalizer needs it.
         assert (
@@ -324,6 +333,18 @@ def install_reconcile_uninstall(kubeconfig: Path, namespace: str, scope: str) ->
                 kubeconfig, "delete", "disaggregatedmodels", name, "-n", namespace, "--timeout=120s"
             ).returncode
             == 0
+        )
+        # the garbage collector deletes the model's ConfigMaps (its gone-pods list) past the
+        # chart's admission policy
+        wait_for(
+            lambda: (
+                not get_json(
+                    kubeconfig, "configmaps", "-n", namespace, "-l", f"{contract.LABEL_MODEL}={name}"
+                )["items"]
+            ),
+            120,
+            "the model's ConfigMaps to be collected",
+            2.0,
         )
     finally:
         # Hook objects are not the release's (Helm leaves them at uninstall): the test's Pod and
@@ -336,7 +357,12 @@ def install_reconcile_uninstall(kubeconfig: Path, namespace: str, scope: str) ->
         namespaced = get_json(
             kubeconfig, "deploy,svc,sa,role,rolebinding,pods", "-n", namespace, "-l", selector
         )["items"]
-        cluster_wide = get_json(kubeconfig, "clusterrole,clusterrolebinding", "-l", selector)["items"]
+        cluster_wide = get_json(
+            kubeconfig,
+            "clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding",
+            "-l",
+            selector,
+        )["items"]
         return not namespaced and not cluster_wide
 
     wait_for(gone, 120, "every operator object to be deleted", 2.0)

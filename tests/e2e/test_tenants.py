@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_localcluster.cluster import ports
 from pdwarden_localcluster.waits import pod_ready, wait_for
 from pdwarden_testkit.cluster_env import wait_rounds
@@ -225,6 +226,14 @@ def test_a_same_named_foreign_object_is_reported_not_rewritten(kubectl: Kubectl,
             "metadata": {"name": "web-runtime"},
             "spec": {"podSelector": {"matchLabels": {"app": "theirs"}}, "policyTypes": ["Ingress"]},
         },
+        # the name of the watchdog's list of gone pods, which the runtime pods mount: a list
+        # forged there would free pages a live prefill may still write
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": f"web-{contract.GONE_PODS_SUFFIX}"},
+            "data": {contract.GONE_PODS_KEY: json.dumps({"gone": []})},
+        },
     ]
     for obj in theirs:
         kubectl.apply(obj, tenant)
@@ -234,6 +243,7 @@ def test_a_same_named_foreign_object_is_reported_not_rewritten(kubectl: Kubectl,
     assert degraded["reason"] == "NameTaken", degraded
     assert "ServiceAccount web-router" in degraded["message"]
     assert "NetworkPolicy web-runtime" in degraded["message"]
+    assert f"ConfigMap web-{contract.GONE_PODS_SUFFIX}" in degraded["message"]
     for kind, old in before.items():
         assert old is not None
         now = kubectl.get(kind.lower(), old["metadata"]["name"], tenant)

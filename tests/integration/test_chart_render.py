@@ -42,6 +42,10 @@ NON_DEFAULT = {
 }
 
 
+ADMISSION_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+CLUSTER_SCOPED_KINDS = ("ClusterRole", "ClusterRoleBinding", *ADMISSION_KINDS)
+
+
 def render(values: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     return chart.helm_template(release="pdw", namespace=NAMESPACE, set_values=values)
 
@@ -71,7 +75,16 @@ def is_hook(doc: Mapping[str, Any], which: str | None = None) -> bool:
 
 def test_default_render_is_the_operator_its_rbac_service_budget_policy_and_helm_test() -> None:
     docs = render()
-    assert kinds([d for d in docs if not is_hook(d)]) == sorted(
+    lasting = [d for d in docs if not is_hook(d)]
+    # the admission policies, each with its binding (tested below)
+    policies: dict[str, set[str]] = {kind: set() for kind in ADMISSION_KINDS}
+    for doc in lasting:
+        policies.get(doc["kind"], set()).add(doc["metadata"]["name"])
+    assert policies["ValidatingAdmissionPolicy"] == policies["ValidatingAdmissionPolicyBinding"]
+    assert {f"{NAMESPACE}.pdw-pdwarden.{p}" for p in ("operator-writes", "gone-pods")} <= policies[
+        "ValidatingAdmissionPolicy"
+    ]
+    assert kinds([d for d in lasting if d["kind"] not in ADMISSION_KINDS]) == sorted(
         [
             "ClusterRole",
             "ClusterRole",
@@ -92,7 +105,7 @@ def test_default_render_is_the_operator_its_rbac_service_budget_policy_and_helm_
     assert kinds(upgrade) == ["ClusterRole", "ClusterRoleBinding", "Job", "ServiceAccount"]
     assert all(is_hook(d, "test") or is_hook(d, "pre-upgrade") for d in docs if is_hook(d))
     for doc in docs:
-        if doc["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if doc["kind"] not in CLUSTER_SCOPED_KINDS:
             assert doc["metadata"]["namespace"] == NAMESPACE
 
 
@@ -664,3 +677,148 @@ def test_the_charts_brake_defaults_are_the_operators() -> None:
         }, key
     assert values["fleetBrake"]["minOtherTroubledNamespaces"] == DEFAULT_FLEET.min_other_troubled_namespaces
     assert "minOtherTroubledNamespaces" not in values["namespaceBrake"], "a fleet limit only"
+
+
+OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:pdw-pdwarden"
+WRITE_VERBS = {"create", "update", "patch", "delete"}
+# What the operator writes that the admission policy does not judge (docs/tenancy.md): its
+# models, Events, its leader Lease (a Role in the release namespace) and evictions (the request
+# carries no pod to judge).
+UNJUDGED_WRITES = {
+    (contract.API_GROUP, contract.PLURAL),
+    (contract.API_GROUP, f"{contract.PLURAL}/status"),
+    (contract.API_GROUP, f"{contract.PLURAL}/finalizers"),
+    ("", "events"),
+    ("events.k8s.io", "events"),
+    ("coordination.k8s.io", "leases"),
+    ("", "pods/eviction"),
+}
+
+
+def admission_policy(docs: list[dict[str, Any]], suffix: str) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    """The policy `<release namespace>.<full name>.<suffix>` and its binding."""
+    name = f"{NAMESPACE}.pdw-pdwarden.{suffix}"
+    (policy,) = [
+        d for d in chart.find_objects(docs, "ValidatingAdmissionPolicy") if d["metadata"]["name"] == name
+    ]
+    (binding,) = [
+        d
+        for d in chart.find_objects(docs, "ValidatingAdmissionPolicyBinding")
+        if d["metadata"]["name"] == name
+    ]
+    assert binding["spec"]["policyName"] == name and binding["spec"]["validationActions"] == ["Deny"]
+    assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert policy["spec"]["failurePolicy"] == "Fail"  # a policy that cannot be evaluated refuses
+    return policy, binding
+
+
+def cel(policy: Mapping[str, Any]) -> str:
+    """Every CEL expression of the policy, one text."""
+    spec = policy["spec"]
+    parts = [c["expression"] for c in spec.get("matchConditions", [])]
+    parts += [v["expression"] for v in spec.get("variables", [])]
+    parts += [v["expression"] for v in spec["validations"]]
+    return "\n".join(parts)
+
+
+def matched(policy: Mapping[str, Any]) -> set[tuple[str, str, str]]:
+    """(apiGroup, resource, operation) the policy's resource rules match."""
+    return {
+        (g, r, op)
+        for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for op in rule["operations"]
+    }
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_every_write_the_operators_rbac_allows_is_judged_by_the_confining_policy(scope: str) -> None:
+    docs = [d for d in render_scope(scope) if not is_hook(d)]
+    policy, binding = admission_policy(docs, "operator-writes")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == f'request.userInfo.username == "{OPERATOR_USER}"'
+    assert "matchResources" not in binding["spec"]  # every namespace, whatever the scope
+    writes = {
+        (g, r)
+        for g, r, v in granted_by(rules_of(docs, "ClusterRole") + rules_of(docs, "Role"))
+        if v in WRITE_VERBS
+    }
+    rules = matched(policy)
+    judged = {
+        (g, r) for g, r, _ in rules if all((g, r, op) in rules for op in ("CREATE", "UPDATE", "DELETE"))
+    }
+    # a kind the operator may write is either judged or one of the few named above: a new kind
+    # granted without the policy fails here
+    assert writes - judged == UNJUDGED_WRITES
+    text = cel(policy)
+    for needed in (
+        f"'{contract.LABEL_MANAGED_BY}'",
+        f"'{contract.MANAGED_BY}'",
+        f"'{contract.KIND}'",
+        f"'{contract.API_GROUP}/'",
+        f"'{contract.LABEL_MODEL}'",
+        *(f"'-{role}'" for role in contract.RUNTIME_ROLES),  # the scale subresource, by name
+        "[oldObject, object]",  # an update: the stored object is judged, not only the new one
+    ):
+        assert needed in text, needed
+    # the operator's own pods (the external metrics leader label) only when that API is on
+    (own,) = [v for v in policy["spec"]["variables"] if v["name"] == "ownPods"]
+    assert own["expression"] == "false"
+
+
+def test_the_confining_policy_admits_the_operators_own_pods_only_with_the_external_metrics_api() -> None:
+    policy, _ = admission_policy(render({"externalMetrics.enabled": "true"}), "operator-writes")
+    (own,) = [v for v in policy["spec"]["variables"] if v["name"] == "ownPods"]
+    assert f'request.namespace == "{NAMESPACE}"' in own["expression"]
+    assert "o.metadata.labels['app.kubernetes.io/instance'] == \"pdw\"" in own["expression"]
+    assert "o.metadata.labels['app.kubernetes.io/component'] == 'operator'" in own["expression"]
+
+
+@pytest.mark.parametrize("scope", ["cluster", "namespace"])
+def test_only_the_operator_writes_a_models_gone_pods_list(scope: str) -> None:
+    policy, binding = admission_policy(render_scope(scope), "gone-pods")
+    assert matched(policy) == {("", "configmaps", op) for op in ("CREATE", "UPDATE", "DELETE")}
+    conditions = [c["expression"] for c in policy["spec"]["matchConditions"]]
+    assert conditions == [
+        f"request.name.endsWith('-{contract.GONE_PODS_SUFFIX}')",
+        f'request.userInfo.username != "{OPERATOR_USER}"',
+    ]
+    (validation,) = policy["spec"]["validations"]
+    assert validation["reason"] == "Forbidden"
+    # no one else creates one; changing or deleting pdwarden's is left to the collectors
+    assert validation["expression"].startswith("request.operation != 'CREATE' && ")
+    text = cel(policy)
+    for needed in (
+        f"'{contract.LABEL_MANAGED_BY}'",
+        f"'{contract.LABEL_MODEL}'",
+        "[oldObject, object]",
+        "system:serviceaccount:kube-system:generic-garbage-collector",
+        "system:serviceaccount:kube-system:namespace-controller",
+    ):
+        assert needed in text, needed
+    if scope == "cluster":
+        assert "matchResources" not in binding["spec"]
+    else:  # one operator per tenant namespace: each guards its own namespace's lists
+        selector = binding["spec"]["matchResources"]["namespaceSelector"]
+        assert selector == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+
+
+def test_each_admission_policy_can_be_turned_off() -> None:
+    ours = {f"{NAMESPACE}.pdw-pdwarden.{p}" for p in ("operator-writes", "gone-pods")}
+
+    def names(values: Mapping[str, str]) -> set[str]:
+        return {d["metadata"]["name"] for d in render(values) if d["kind"] in ADMISSION_KINDS} & ours
+
+    assert names({"admissionPolicies.confineOperator.enabled": "false"}) == {
+        f"{NAMESPACE}.pdw-pdwarden.gone-pods"
+    }
+    assert names({"admissionPolicies.gonePods.enabled": "false"}) == {
+        f"{NAMESPACE}.pdw-pdwarden.operator-writes"
+    }
+    off = {
+        "admissionPolicies.confineOperator.enabled": "false",
+        "admissionPolicies.gonePods.enabled": "false",
+    }
+    assert names(off) == set()
+    assert names({}) == ours

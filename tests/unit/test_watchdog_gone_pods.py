@@ -6,12 +6,15 @@ import json
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_operator.watchdog.gone_pods import (
     KEEP_SECONDS,
     MAX_ENTRIES,
+    GonePod,
     GonePods,
     Seen,
     from_json,
+    published,
     seen,
     to_json,
 )
@@ -78,3 +81,26 @@ def test_the_document_round_trips_and_garbage_reads_as_nothing() -> None:
         assert from_json(garbage) == []
     restored = GonePods(from_json(text))  # a restarted operator keeps what it had published
     assert [e.uid for e in restored.entries()] == ["a"]
+
+
+def configmap(controller_uid: str | None, document: str = '{"gone": []}') -> dict:
+    refs = (
+        [] if controller_uid is None else [{"kind": contract.KIND, "uid": controller_uid, "controller": True}]
+    )
+    return {
+        "metadata": {"name": "m-gone-pods", "ownerReferences": refs},
+        "data": {contract.GONE_PODS_KEY: document},
+    }
+
+
+def test_the_list_is_read_and_written_only_where_the_model_controls_its_configmap() -> None:
+    forged = to_json([GonePod("live-prefill", "m-prefill-0", "198.18.0.7", T0, T0)])
+    assert published(None, "model-uid") == (True, None)  # the name is free: the watchdog creates it
+    assert published(configmap("model-uid", forged), "model-uid") == (True, forged)
+    # someone else's ConfigMap of that name: its list is never believed, and never written over
+    assert published(configmap("other-uid", forged), "model-uid") == (False, None)
+    assert published(configmap(None, forged), "model-uid") == (False, None)
+    # the model among its owners but not its controller is not enough
+    merely_owned = configmap(None, forged)
+    merely_owned["metadata"]["ownerReferences"] = [{"kind": contract.KIND, "uid": "model-uid"}]
+    assert published(merely_owned, "model-uid") == (False, None)

@@ -114,3 +114,16 @@ matchExpressions:
     operator: In
     values: [prefill, decode]
 {{- end }}
+
+{{/* The user the API server sees when the operator calls it: its ServiceAccount. */}}
+{{- define "pdwarden.operatorUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .Release.Namespace (include "pdwarden.serviceAccountName" .) }}
+{{- end }}
+
+{{/* A cluster-scoped name of the release's: with the release namespace in it, since the
+namespace scope runs one release per tenant namespace, often all of the same name. The
+argument is (list $ "suffix"). */}}
+{{- define "pdwarden.clusterObjectName" -}}
+{{- $ := index . 0 }}
+{{- printf "%s.%s.%s" $.Release.Namespace (include "pdwarden.fullname" $) (index . 1) }}
+{{- end }}

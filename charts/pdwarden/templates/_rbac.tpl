@@ -12,6 +12,10 @@ ServiceAccounts and their permissions. On a multi-tenant cluster use operator.sc
 (a Role in one namespace, nothing cluster-wide), one operator per tenant namespace, and
 enforce a Pod Security level on those namespaces (pdwarden's pods pass `restricted` unless
 they use hostPath, hostNetwork or RDMA).
+
+RBAC names resources, not objects: the admission policy operator-writes
+(templates/admission-policies.yaml, admissionPolicies.confineOperator) refuses the operator's
+writes to any object that is not a model's, in both scopes.
 */}}
 {{- define "pdwarden.operatorRules" -}}
 # DisaggregatedModels: watch, and kopf's progress annotations / finalizers.

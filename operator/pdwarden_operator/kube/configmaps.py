@@ -10,14 +10,14 @@ from pdwarden_operator.kube.client import KubeApiError, get_client, resource_pat
 Obj = dict[str, Any]
 
 
-async def read_key(namespace: str, name: str, key: str) -> str | None:
-    """One key of the ConfigMap, None when it (or the key) does not exist."""
-    obj = await kube_apply.get("v1", "ConfigMap", namespace, name)
-    return None if obj is None else (obj.get("data") or {}).get(key)
+async def read(namespace: str, name: str) -> Obj | None:
+    """The ConfigMap, None when it does not exist."""
+    return await kube_apply.get("v1", "ConfigMap", namespace, name)
 
 
 async def write(obj: Obj) -> None:
-    """Create or update the ConfigMap pdwarden owns (server-side apply)."""
+    """Create or update the ConfigMap pdwarden owns (server-side apply, with force: the caller
+    has made sure that one of that name, if any, is the model's)."""
     await kube_apply.apply(obj)
 
 

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import pdwarden_contract as contract
+from pdwarden_operator.cache import controlled_by
 from pdwarden_operator.timestamps import from_rfc3339, to_rfc3339
 
 KEEP_SECONDS: Final = 3600.0  # longer than any page stays held for a writer being remediated
@@ -118,3 +120,15 @@ def from_json(text: str | None) -> list[GonePod]:
             name, ip = str(item.get("pod") or ""), str(item.get("ip") or "")
             out.append(GonePod(item["uid"], name, ip, at, float(seen)))
     return out
+
+
+def published(configmap: Mapping[str, Any] | None, model_uid: str) -> tuple[bool, str | None]:
+    """(whether the watchdog may write the model's list, the document it holds now). A
+    ConfigMap of that name that the model does not control is someone else's, never read
+    (a list forged there would free pages) nor written over: the rule of every child, whose
+    NameTaken reconcile reports."""
+    if configmap is None:
+        return True, None
+    if not controlled_by(configmap, model_uid):
+        return False, None
+    return True, (configmap.get("data") or {}).get(contract.GONE_PODS_KEY)

@@ -33,7 +33,7 @@ from pdwarden_operator.watchdog import blame, group_health, ladder
 from pdwarden_operator.watchdog.brake import BRAKE, BrakeState
 from pdwarden_operator.watchdog.drain import healthy_requests_done
 from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
-from pdwarden_operator.watchdog.gone_pods import GonePods, from_json, seen, to_json
+from pdwarden_operator.watchdog.gone_pods import GonePods, from_json, published, seen, to_json
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.outcome import Outcome
@@ -109,6 +109,7 @@ class ModelWatchdog:
         self._strangers: set[str] = set()  # look-alike pods already logged
         self._seeded = False  # the brakes know this model's remediations from its status
         self._gone_unwritten = False
+        self._gone_foreign = False  # a ConfigMap of the list's name is not the model's
 
     async def run(self, latest: LatestBody) -> None:
         try:
@@ -347,8 +348,7 @@ class ModelWatchdog:
         ns, name = self.model.namespace, self.model.name
         try:
             if self.gone is None:
-                cm_name = render.gone_pods_name(name)
-                document = await kube_configmaps.read_key(ns, cm_name, contract.GONE_PODS_KEY)
+                _, document = await self._published()
                 self.gone = GonePods(from_json(document))
             listed = [s for obj in pod_objs if (s := seen(obj)) is not None]
             confirmed = [
@@ -370,11 +370,31 @@ class ModelWatchdog:
         if self.gone is None or not self._gone_unwritten:
             return
         try:
+            ours, _ = await self._published()
+            if not ours:  # written once the name is free (the list stays unwritten until then)
+                return
             owner = render.Owner(name=name, namespace=ns, uid=self.model.uid)
             await kube_configmaps.write(render.gone_pods_configmap(owner, to_json(self.gone.entries())))
             self._gone_unwritten = False
         except Exception as exc:
             log.warning("%s/%s: publishing the gone runtime pods: %s", ns, name, exc)
+
+    async def _published(self) -> tuple[bool, str | None]:
+        """`gone_pods.published` of the model's ConfigMap as the API server holds it; a foreign
+        one is logged when first found."""
+        ns, name = self.model.namespace, self.model.name
+        cm_name = render.gone_pods_name(name)
+        ours, document = published(await kube_configmaps.read(ns, cm_name), self.model.uid)
+        if not ours and not self._gone_foreign:
+            log.warning(
+                "%s/%s: ConfigMap %s exists and is not this model's: its gone pods are neither read "
+                "from it nor written to it",
+                ns,
+                name,
+                cm_name,
+            )
+        self._gone_foreign = not ours
+        return ours, document
 
     async def _label_ranks(self, pod_objs: list[dict[str, Any]]) -> None:
         """`pdwarden.io/rank` on each group pod (its StatefulSet ordinal), once; a failure is
