@@ -15,6 +15,7 @@ import logging
 import re
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,7 +262,7 @@ class ExternalMetricsApi:
     def __init__(self, front: access.FrontProxy, loads: RoleLoads = ROLE_LOADS) -> None:
         self.front = front
         self.loads = loads
-        self._reviews: dict[tuple[Caller, str, str], tuple[bool, str, float]] = {}
+        self._reviews: OrderedDict[tuple[Caller, str, str], tuple[bool, str, float]] = OrderedDict()
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -304,6 +305,9 @@ class ExternalMetricsApi:
             return failure(401, "Unauthorized", str(exc))
         if caller is None:
             return failure(401, "Unauthorized", "the front proxy named no user")
+        metric = METRICS.get(name)
+        if metric is None:  # before the review: a made-up name costs the API server nothing
+            return failure(404, "NotFound", f"no external metric {name!r}; served: {', '.join(METRICS)}")
         allowed, reason = await self._review(caller, namespace, name)
         if not allowed:
             why = f": {reason}" if reason else ""
@@ -313,9 +317,6 @@ class ExternalMetricsApi:
                 f'{caller.user} cannot list resource "{name}" in API group "{GROUP}" '
                 f'in namespace "{namespace}"{why}',
             )
-        metric = METRICS.get(name)
-        if metric is None:
-            return failure(404, "NotFound", f"no external metric {name!r}; served: {', '.join(METRICS)}")
         try:
             selector = parse_selector(request.query.get("labelSelector", ""))
         except SelectorError as exc:
@@ -328,6 +329,7 @@ class ExternalMetricsApi:
         now = time.monotonic()
         cached = self._reviews.get(key)
         if cached is not None and cached[2] > now:
+            self._reviews.move_to_end(key)
             return cached[0], cached[1]
         attributes = {
             "namespace": namespace,
@@ -340,9 +342,10 @@ class ExternalMetricsApi:
             allowed, reason = await access.may(caller.user, caller.groups, dict(caller.extra), attributes)
         except KubeApiError as exc:
             return False, f"the access review failed: {exc}"
-        if len(self._reviews) >= REVIEW_CACHE_MAX:
-            self._reviews.clear()
         self._reviews[key] = (allowed, reason, now + REVIEW_TTL_S)
+        self._reviews.move_to_end(key)
+        while len(self._reviews) > REVIEW_CACHE_MAX:  # the least recently used answer goes
+            self._reviews.popitem(last=False)
         return allowed, reason
 
 

@@ -229,3 +229,51 @@ def test_the_api_needs_its_certificate_before_the_operator_starts(
     result = CliRunner().invoke(operator, ["run", "--no-leader-elect", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
+
+
+def _api_counting_reviews(monkeypatch: pytest.MonkeyPatch) -> tuple[em.ExternalMetricsApi, list[str]]:
+    """The API with the SubjectAccessReview replaced by a recorder that allows everything (the
+    review's own call is the cluster's; what is tested here is when it is made)."""
+    asked: list[str] = []
+
+    async def may(user: str, groups: object, extra: object, attributes: dict[str, str]) -> tuple[bool, str]:
+        asked.append(f"{user}/{attributes['namespace']}/{attributes['resource']}")
+        return True, ""
+
+    monkeypatch.setattr(em.access, "may", may)
+    front = FrontProxy("", (), ("X-Remote-User",), ("X-Remote-Group",), ())
+    return em.ExternalMetricsApi(front), asked
+
+
+def test_a_made_up_metric_is_refused_before_any_access_review(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from aiohttp.test_utils import make_mocked_request
+
+    api, asked = _api_counting_reviews(monkeypatch)
+    caller = em.Caller("alice", (), ())
+    monkeypatch.setattr(api, "_caller", lambda _request: caller)
+    request = make_mocked_request(
+        "GET", "/apis/x/namespaces/ns/nonsense", match_info={"namespace": "ns", "metric": "nonsense"}
+    )
+    response = asyncio.run(api._values(request))
+    assert response.status == 404 and asked == []
+
+
+def test_access_reviews_are_remembered_least_recently_used_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    api, asked = _api_counting_reviews(monkeypatch)
+    metric = next(iter(em.METRICS))
+
+    async def reviews() -> None:
+        first = em.Caller("first", (), ())
+        await api._review(first, "ns", metric)
+        for i in range(em.REVIEW_CACHE_MAX):  # one more caller than the cache holds, in all
+            await api._review(first, "ns", metric)  # the first kept in use all along
+            await api._review(em.Caller(f"u{i}", (), ()), "ns", metric)
+
+    asyncio.run(reviews())
+    assert len(api._reviews) == em.REVIEW_CACHE_MAX  # bounded, never cleared wholesale
+    assert asked.count("first/ns/" + metric) == 1  # in use: never evicted, never asked again
+    assert len(asked) == em.REVIEW_CACHE_MAX + 1
