@@ -240,6 +240,16 @@ METRIC_KV_PAGES_HELD_SECONDS: Final = "pdwarden_kv_pages_held_seconds"
 METRIC_KV_POOL_PAGES: Final = "pdwarden_kv_pool_pages"
 # Pages of the pod's KV pool allocated now (decode: what autoscaling's kvPagesInUse reads).
 METRIC_KV_PAGES_IN_USE: Final = "pdwarden_kv_pages_in_use"
+# New decode requests refused before any page was published to their prefill (`peer`: its
+# IP; bounded, the rest under PEER_OTHER), by `reason`: the pages held for that writer are
+# over the decode's bound (held_pages_over_bound), or its bootstrap server's answer naming a
+# rank carried no valid proof of the model's key (unproven_route).
+METRIC_KV_WRITER_REFUSED_TOTAL: Final = "pdwarden_kv_writer_refused_total"
+METRIC_KV_WRITER_REFUSED_BASE: Final = "pdwarden_kv_writer_refused"
+LABEL_METRIC_REASON: Final = "reason"
+WRITER_REFUSED_HELD_PAGES: Final = "held_pages_over_bound"
+WRITER_REFUSED_UNPROVEN_ROUTE: Final = "unproven_route"
+WRITER_REFUSED_REASONS: Final = (WRITER_REFUSED_HELD_PAGES, WRITER_REFUSED_UNPROVEN_ROUTE)
 # Decode-side page verification failures (synthetic engine): corrupted KV pages seen.
 METRIC_KV_VERIFY_FAILURES_TOTAL: Final = "pdwarden_kv_verify_failures_total"
 METRIC_KV_VERIFY_FAILURES_BASE: Final = "pdwarden_kv_verify_failures"

@@ -26,6 +26,7 @@ import pdwarden_contract as c
 from pdwarden_runtime.group import GroupOptions
 from pdwarden_runtime.hardening.config import (
     BENCH_HARDENING_MODES,
+    DEFAULT_HELD_PAGES_PER_WRITER,
     DEFAULT_INFLIGHT_DEADLINE,
     DEFAULT_RACE_WINDOW,
     DEFAULT_TRANSFER_DEADLINE,
@@ -62,6 +63,7 @@ class ServeOptions:
     node_rank: int = 0
     dist_init_addr: str | None = None
     worker_key_file: str | None = None
+    held_pages_per_writer: float = DEFAULT_HELD_PAGES_PER_WRITER
 
     def worker_key(self) -> str | None:
         """The model's worker key (None: the HTTP port takes requests without one); raises
@@ -170,6 +172,14 @@ def _deadline(value: str) -> float | None:
     default=DEFAULT_RACE_WINDOW,
     show_default=True,
     help=f"{c.FAULT_EMULATED_PORT_RACE}: how long a finished chunk's status write waits for an ABORT.",
+)
+@click.option(
+    "--held-pages-per-writer",
+    type=click.FloatRange(min=0, max=1, min_open=True),
+    default=DEFAULT_HELD_PAGES_PER_WRITER,
+    show_default=True,
+    help="Decode: the share of the KV pool that pages held for one prefill (its requests "
+    "ended, awaiting its drain ACK) may exceed only by refusing that prefill's new requests.",
 )
 @click.option(
     c.ServeFlag.MODEL, default="pdwarden/synthetic", show_default=True, help="Synthetic: served model name."
@@ -368,6 +378,7 @@ def _serve_synthetic(options: ServeOptions) -> int:
         race_window=options.race_window,
         engine="synthetic",
         worker_key_file=options.worker_key_file,
+        held_pages_per_writer=options.held_pages_per_writer,
     )
     engine = build_engine(
         SyntheticOptions(

@@ -153,7 +153,27 @@ class RuntimeMetrics:
             [c.LABEL_METRIC_ROLE, "version", "engine", "transfer_backend"],
             registry=self.registry,
         ).labels(role, version or pdwarden_version(), engine, transfer_backend).set(1)
+        self._writer_refused = Counter(
+            c.METRIC_KV_WRITER_REFUSED_BASE,
+            "New decode requests refused before any page was published to their prefill, by "
+            "writer (its IP; bounded, rest as 'other') and reason.",
+            [c.LABEL_METRIC_ROLE, c.LABEL_METRIC_PEER, c.LABEL_METRIC_REASON],
+            registry=self.registry,
+        )
+        self._refused_peers: set[str] = set()
+        self._refused_lock = threading.Lock()
         tracker.add_conclude_listener(self._observe_conclusion)
+
+    def count_writer_refused(self, peer: str, reason: str) -> None:
+        """Count a request refused for its writer ``peer`` (a stranger may name any address:
+        past ``_MAX_HELD_PEERS`` writers, the rest are counted under PEER_OTHER)."""
+        if reason not in c.WRITER_REFUSED_REASONS:
+            raise ValueError(f"unknown writer refusal reason {reason!r}")
+        with self._refused_lock:
+            if peer not in self._refused_peers and len(self._refused_peers) < _MAX_HELD_PEERS:
+                self._refused_peers.add(peer)
+            label = peer if peer in self._refused_peers else c.PEER_OTHER
+        self._writer_refused.labels(self.role, label, reason).inc()
 
     def add_bytes(self, count: int) -> None:
         """Count KV bytes moved (call once per completed transfer or chunk)."""

@@ -8,7 +8,8 @@ engine freed them then before), and are freed once the writer drains (the fault 
 quarantine sees the handles end, prefill sends its drain ACK) or once the writer is a new
 process at the same address (a restart in place). A room that fails for a reason decode did
 not start (its heartbeat to a prefill that is alive but unreachable failed) holds its pages
-the same way.
+the same way. Pages held for one writer over its bound (a quarter of the pool) make the decode
+refuse that writer's new requests before publishing anything, until it drains.
 """
 
 from __future__ import annotations
@@ -23,9 +24,18 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as c
-from pdwarden_bench.pdclient import Endpoint, new_session, pd_request
+from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request, request_body
 from pdwarden_localcluster.waits import wait_for
-from pdwarden_testkit.runtime_procs import Fleet, Runtime, http_post_json, serve_flags, wait_healthy
+from pdwarden_runtime.hardening.config import DEFAULT_HELD_PAGES_PER_WRITER
+from pdwarden_testkit.promtext import metric_sum, samples
+from pdwarden_testkit.runtime_procs import (
+    SMALL_KV,
+    Fleet,
+    Runtime,
+    http_post_json,
+    serve_flags,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -86,13 +96,15 @@ def set_fault(rt: Runtime, fault: str) -> None:
     assert status == 200 and body == {"fault": fault}, (status, body)
 
 
-def hold_one_room(pair: Pair, room: int) -> dict[str, Any]:
+def hold_one_room(pair: Pair, room: int, prompt_tokens: int = 96) -> dict[str, Any]:
     """A request whose transfer stalls: decode fails it at its deadline and holds its pages."""
     set_fault(pair.prefill, c.FAULT_STALL)
 
     async def one() -> str:
         async with new_session() as session:
-            outcome, _ = await pd_request(session, pair.endpoint, room, prompt_tokens=96, timeout=30)
+            outcome, _ = await pd_request(
+                session, pair.endpoint, room, prompt_tokens=prompt_tokens, timeout=30
+            )
             return outcome
 
     asyncio.run(one())
@@ -197,3 +209,39 @@ def test_a_room_failed_by_a_lost_heartbeat_holds_its_pages_until_the_writer_drai
     assert gone["how"] == "drained"
     state = pair.decode.state()
     assert state["held_rooms"] == [] and state["free_pages"] == state["total_pages"]
+
+
+def test_a_writer_over_its_held_pages_bound_is_refused_new_requests_until_it_drains(pair: Pair) -> None:
+    room, refused_room = 8_424_301, 8_424_302
+    bound = int(int(str(SMALL_KV["pool_pages"])) * DEFAULT_HELD_PAGES_PER_WRITER)
+    page_tokens = int(str(SMALL_KV["page_size"]))
+    state = hold_one_room(pair, room, prompt_tokens=(bound + 5) * page_tokens)
+    assert [(h["room"], h["pages"]) for h in state["held_rooms"]] == [(room, bound + 5)]
+    # a new request for that writer: refused by the decode before it publishes anything
+    body = request_body(refused_room, 96, 2, pair.endpoint)
+    status, answer = http_post_json(f"{pair.decode.url}{c.GENERATE_PATH}", body, timeout=30)
+    assert status == 500 and "over this decode's bound" in str(answer), (status, answer)
+    state = pair.decode.state()
+    assert [h["room"] for h in state["held_rooms"]] == [room]  # the refusal frees nothing held
+    assert state["writer_refusals"][c.WRITER_REFUSED_HELD_PAGES] == 1
+    assert str(refused_room) not in pair.prefill.state()["room_list"]  # no metadata reached it
+    found = samples(pair.decode.metrics())
+    assert (
+        metric_sum(
+            found,
+            c.METRIC_KV_WRITER_REFUSED_TOTAL,
+            peer=pair.prefill.host,
+            reason=c.WRITER_REFUSED_HELD_PAGES,
+        )
+        == 1
+    )
+    set_fault(pair.prefill, c.FAULT_NONE)  # the writer drains: under its bound again
+    gone = wait_for(lambda: freed(pair, room), 15, f"room {room}'s pages freed", 0.2)
+    assert gone["how"] == "drained"
+
+    async def one() -> str:
+        async with new_session() as session:
+            outcome, _ = await pd_request(session, pair.endpoint, 8_424_303, prompt_tokens=96, timeout=30)
+            return outcome
+
+    assert asyncio.run(one()) == COMPLETED

@@ -4,7 +4,9 @@ started by the project's launcher, with and without the model's worker key.
 A stranger (no key) cannot register a prefill rank, cannot read a rank's side-channel address,
 and cannot end or confuse the prefill's NIXL bootstrap thread with ZMQ messages: whatever it
 pushes is dropped and counted, the thread stays alive, and the pair still serves. Without a
-key, a malformed message is dropped and counted all the same.
+key, a malformed message is dropped and counted all the same. A fake prefill (a bootstrap
+server that answers anyone) named as the prefill of requests sent to the keyed decode gets
+neither its registration nor any room's pages: those requests fail at once.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import random
 import secrets
 import struct
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,15 +25,22 @@ from pathlib import Path
 import aiohttp
 import pytest
 import zmq
+from aiohttp import web
 
 import pdwarden_contract as c
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, pd_request
 from pdwarden_localcluster.waits import wait_for
-from pdwarden_runtime.hardening.bootstrap_guard import PROOF_HEADER, route_read_proof
+from pdwarden_runtime.hardening.bootstrap_guard import (
+    ANSWER_PROOF_HEADER,
+    PROOF_HEADER,
+    route_answer_proof,
+    route_read_proof,
+)
 from pdwarden_runtime.hardening.side_channel import SideKey
 from pdwarden_runtime.worker_key import read_key_file
+from pdwarden_testkit.ports import free_port
 from pdwarden_testkit.promtext import metric_sum, samples
-from pdwarden_testkit.runtime_procs import Fleet, Runtime, serve_flags, wait_healthy
+from pdwarden_testkit.runtime_procs import Fleet, Runtime, http_post_json, serve_flags, wait_healthy
 
 pytestmark = pytest.mark.integration
 
@@ -254,3 +264,115 @@ def test_without_a_key_a_malformed_frame_no_longer_kills_the_bootstrap_thread(
     wait_for(lambda: _side_errors(prefill) >= errors + len(sent), 60, "the prefill to count the frames", 0.5)
     assert _bootstrap_threads(prefill) == 1
     assert prefill.state()["sglang_threads"]["bootstrap_thread_guarded"] == 1
+
+
+# The fake prefill's address: another loopback address, so the decode's figures for it (by
+# IP) are its own, not the real prefill's.
+FAKE_HOST = "127.0.0.2"
+
+
+class FakePrefill:
+    """A bootstrap server that answers anyone (it takes whatever request proof comes): the
+    summary it copies from the real prefill, and for a rank its own ZMQ socket, which records
+    whatever a decode sends it. Its answers carry no proof, or one made with another key."""
+
+    def __init__(self, summary: str) -> None:
+        self.summary = summary
+        self.rank_asks = 0
+        self.ctx = zmq.Context()
+        self.pull = self.ctx.socket(zmq.PULL)
+        self.zmq_port = self.pull.bind_to_random_port(f"tcp://{FAKE_HOST}")
+        self.port = free_port(FAKE_HOST)
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._runner: web.AppRunner | None = None
+
+    async def _route(self, request: web.Request) -> web.Response:
+        if request.query.get("target_tp_rank") == "-1":
+            return web.Response(text=self.summary, content_type="application/json")
+        self.rank_asks += 1
+        body = json.dumps({"rank_ip": FAKE_HOST, "rank_port": self.zmq_port}).encode()
+        headers = {}
+        if self.rank_asks % 2 == 0:  # a proof, of another model's key
+            headers[ANSWER_PROOF_HEADER] = route_answer_proof(SideKey.derive("another model's key"), body)
+        return web.Response(body=body, content_type="application/json", headers=headers)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_get("/route", self._route)
+        self._runner = web.AppRunner(app)
+        self._loop.run_until_complete(self._runner.setup())
+        self._loop.run_until_complete(web.TCPSite(self._runner, FAKE_HOST, self.port).start())
+        self._started.set()
+        self._loop.run_forever()
+
+    def start(self) -> None:
+        self._thread.start()
+        assert self._started.wait(30)
+
+    def received(self, wait_ms: int) -> list[list[bytes]]:
+        """What decodes sent its rank, waiting up to ``wait_ms`` for a first message."""
+        got: list[list[bytes]] = []
+        while self.pull.poll(wait_ms if not got else 0):
+            got.append(self.pull.recv_multipart())
+        return got
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self.pull.close(linger=0)
+        self.ctx.term()
+
+
+@pytest.fixture
+def fake_prefill(pair: tuple[Runtime, Runtime]) -> Iterator[FakePrefill]:
+    prefill, _ = pair
+    status, summary = _route(prefill, "GET", SUMMARY_QUERY)
+    assert status == 200, summary
+    fake = FakePrefill(summary)
+    fake.start()
+    try:
+        yield fake
+    finally:
+        fake.stop()
+
+
+def _refused(rt: Runtime, peer: str) -> float:
+    found = samples(rt.metrics())
+    return metric_sum(
+        found, c.METRIC_KV_WRITER_REFUSED_TOTAL, peer=peer, reason=c.WRITER_REFUSED_UNPROVEN_ROUTE
+    )
+
+
+def test_a_keyed_decode_publishes_nothing_to_a_prefill_that_cannot_prove_the_key(
+    pair: tuple[Runtime, Runtime], fake_prefill: FakePrefill
+) -> None:
+    prefill, decode = pair
+    errors = _side_errors(decode)
+    requests = 4
+    for _ in range(requests):  # as a router made to name the fake would send them
+        body = {
+            "text": "a request routed to a fake prefill",
+            "sampling_params": {"max_new_tokens": 2},
+            "bootstrap_host": FAKE_HOST,
+            "bootstrap_port": fake_prefill.port,
+            "bootstrap_room": random.getrandbits(62),
+        }
+        # fails at once: well inside the client's timeout, far inside the inflight deadline
+        status, answer = http_post_json(
+            f"{decode.url}{c.GENERATE_PATH}", body, timeout=30, headers=decode.headers
+        )
+        assert status == 500 and "bootstrap info" in str(answer), (status, answer)
+    assert fake_prefill.rank_asks == requests  # the decode asked, and took no answer
+    assert fake_prefill.received(wait_ms=2000) == []  # no registration, no metadata: no pages
+    state = decode.state()
+    assert [h for h in state["held_rooms"] if h["peer"] == FAKE_HOST] == []
+    assert state["writer_refusals"][c.WRITER_REFUSED_UNPROVEN_ROUTE] >= requests
+    assert state["pending_requests"] == 0 and state["free_pages"] == state["total_pages"]
+    assert _refused(decode, FAKE_HOST) >= requests
+    assert _side_errors(decode) >= errors + requests
+    asyncio.run(_one_request(prefill, decode))  # the real keyed pair still serves

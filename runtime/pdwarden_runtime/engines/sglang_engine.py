@@ -360,6 +360,7 @@ _HARDENING_OPTIONS: Final = (
     "fault",
     "race_window",
     "nixl_progress_poll_us",
+    "held_pages_per_writer",
     # A path: each SGLang process derives the PD side channel's key from the file itself.
     "worker_key_file",
 )

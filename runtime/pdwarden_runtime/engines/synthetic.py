@@ -396,6 +396,9 @@ class SyntheticEngine:
                     "prefill_response_tracker": len(mgr.prefill_response_tracker),
                     "required_prefill_response_num_table": len(mgr.required_prefill_response_num_table),
                     "deferred_abort_acks": len(mgr._deferred_abort_ack_tracker),
+                    "writer_refusals": (
+                        mgr.writer_refusals() if isinstance(mgr, HardenedNixlKVManager) else {}
+                    ),
                     "held_rooms": [
                         {"room": h.room, "peer": h.peer, "pages": h.pages, "seconds": round(h.seconds, 3)}
                         for h in rt.held_pages.held()[:50]
@@ -570,6 +573,11 @@ class DecodeEngine(SyntheticEngine):
             loop = asyncio.get_running_loop()
             init = loop.run_in_executor(self._executor, receiver.init, 0)
             await asyncio.shield(init)
+            if receiver.conclude_state == KVPoll.Failed:
+                # Refused before anything was published (its prefill unproven or over its
+                # held-pages bound, no bootstrap info): it fails now, without waiting for pages.
+                self.failed += 1
+                raise RequestFailed(self._failure_reason(receiver))
             self.pending[room] = "admission"
             pages, aux = await self._take(spec)
             receiver.send_metadata(pages, aux_index=aux)

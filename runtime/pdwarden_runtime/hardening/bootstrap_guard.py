@@ -13,6 +13,11 @@ hardened server asks ``RouteGate.refusal`` first:
 - ``GET /route`` for a rank needs the proof of ``GET /route`` (decodes put it on the session
   SGLang asks with). The parallel-info summary (every coordinate -1) stays open: it names no
   address, and SGLang's decode asks it through a call pdwarden cannot add a header to.
+- the answer naming a rank carries ``ANSWER_PROOF_HEADER``, the proof of its exact body
+  (``route_answer_proof``): a decode publishes its pages only to a rank whose answer a key
+  holder made (``RouteAnswerCheck``). A server that takes any request proof (one that is not
+  a pod of the model) cannot make it, so a decode a router sent there publishes nothing. A
+  replayed answer names a rank a pod of the model registered, nothing else.
 
 Without a key only the ``rank_ip`` rule applies (nothing else can be checked).
 """
@@ -24,6 +29,7 @@ import json
 import logging
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -34,6 +40,9 @@ from pdwarden_runtime.hardening.side_channel import SideKey
 log = logging.getLogger(__name__)
 
 PROOF_HEADER: Final = "X-Pdwarden-Side-Proof"
+ANSWER_PROOF_HEADER: Final = "X-Pdwarden-Route-Proof"
+# Not an HTTP method: an answer's proof is never a request's.
+ANSWER_METHOD: Final = "ANSWER"
 ROUTE_PATH: Final = "/route"
 # SGLang's summary query: every coordinate -1 (``try_ensure_parallel_info``).
 SUMMARY_QUERY: Final = ("prefill_dp_rank", "prefill_cp_rank", "target_tp_rank", "target_pp_rank")
@@ -44,6 +53,63 @@ REGISTER_TIMEOUT_S: Final = 5.0
 
 def route_read_proof(key: SideKey) -> str:
     return key.http_proof("GET", ROUTE_PATH)
+
+
+def route_answer_proof(key: SideKey, body: bytes) -> str:
+    """The bootstrap server's proof of its answer naming a rank (the exact bytes it sends)."""
+    return key.http_proof(ANSWER_METHOD, ROUTE_PATH, body)
+
+
+def is_rank_query(query: Mapping[str, str]) -> bool:
+    """A ``GET /route`` that asks for a rank's address (not the summary)."""
+    return not _is_summary(query)
+
+
+class UnprovenRouteAnswer(Exception):
+    """A bootstrap server's answer naming a rank without the proof of the model's key."""
+
+
+class RouteAnswerCheck:
+    """A ``requests`` response hook for a decode's bootstrap session: an answer naming a
+    rank without a valid ``ANSWER_PROOF_HEADER`` raises ``UnprovenRouteAnswer`` before
+    SGLang reads it (SGLang fails that room as one whose bootstrap info could not be
+    fetched). One per session, so per thread (SGLang's sessions are thread-local):
+    ``take_refusal`` tells the caller that the last answer was refused."""
+
+    def __init__(self, key: SideKey) -> None:
+        self.key = key
+        self._refused = False
+
+    def __call__(self, response: Any, *args: Any, **kwargs: Any) -> None:
+        request = response.request
+        if request is None or request.method != "GET" or response.status_code != 200:
+            return  # SGLang fails an answer that is not 200 on its own
+        parts = urllib.parse.urlsplit(request.url)
+        query = dict(urllib.parse.parse_qsl(parts.query))
+        if parts.path != ROUTE_PATH or not is_rank_query(query):
+            return
+        header = response.headers.get(ANSWER_PROOF_HEADER)
+        if self.key.http_verify(header, ANSWER_METHOD, ROUTE_PATH, response.content):
+            return
+        self._refused = True
+        raise UnprovenRouteAnswer("the bootstrap server's answer carries no proof of the model's key")
+
+    def take_refusal(self) -> bool:
+        refused, self._refused = self._refused, False
+        return refused
+
+
+def answer_check(session: Any, key: SideKey) -> RouteAnswerCheck:
+    """The session's ``RouteAnswerCheck`` for ``key``, installed once (a check for another
+    key is replaced)."""
+    hooks: list[Any] = session.hooks.setdefault("response", [])
+    for hook in hooks:
+        if isinstance(hook, RouteAnswerCheck) and hook.key is key:
+            return hook
+    hooks[:] = [hook for hook in hooks if not isinstance(hook, RouteAnswerCheck)]
+    check = RouteAnswerCheck(key)
+    hooks.append(check)
+    return check
 
 
 def _normal(address: str) -> str:

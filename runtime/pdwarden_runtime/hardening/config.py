@@ -68,12 +68,17 @@ ENV_RACE_WINDOW: Final = "PDWARDEN_RACE_WINDOW"
 ENV_METRICS_HOST: Final = "PDWARDEN_METRICS_HOST"
 ENV_METRICS_PORT: Final = "PDWARDEN_METRICS_PORT"
 ENV_ENGINE: Final = "PDWARDEN_ENGINE"
+ENV_HELD_PAGES_PER_WRITER: Final = "PDWARDEN_HELD_PAGES_PER_WRITER"
 
 DEFAULT_TRANSFER_DEADLINE: Final = float(DEFAULT_TRANSFER_DEADLINE_S)
 DEFAULT_INFLIGHT_DEADLINE: Final = float(DEFAULT_INFLIGHT_DEADLINE_S)
 # How long the emulated-port race fault holds a finished chunk's status write, waiting
 # for the room's ABORT (it lets go as soon as the ABORT has been handled).
 DEFAULT_RACE_WINDOW: Final = 5.0
+# Decode: the share of its KV pool that pages held for one writer may reach before new
+# requests to that writer are refused (a quarter: a writer that never drains can take no more,
+# and a decode still serves three others that do).
+DEFAULT_HELD_PAGES_PER_WRITER: Final = 0.25
 
 
 class ConfigError(ValueError):
@@ -132,6 +137,9 @@ class HardeningConfig:
     # derived from it (side_channel); without, it takes none, as SGLang's.
     worker_key_file: str | None = None
     side_key: SideKey | None = dataclasses.field(default=None, repr=False, compare=False)
+    # Decode: the share of the KV pool (0 < x <= 1) that pages held for one writer may
+    # exceed only by refusing that writer's new requests (held pages are never freed by it).
+    held_pages_per_writer: float = DEFAULT_HELD_PAGES_PER_WRITER
 
     def __post_init__(self) -> None:
         self.fixes = parse_fixes(list(self.fixes))
@@ -143,6 +151,11 @@ class HardeningConfig:
             )
         if not self.race_window > 0:
             raise ConfigError(f"race window must be > 0 seconds, got {self.race_window!r}")
+        if not 0 < self.held_pages_per_writer <= 1:
+            raise ConfigError(
+                "held pages per writer must be a share of the pool in (0, 1], "
+                f"got {self.held_pages_per_writer!r}"
+            )
         if isinstance(self.fault, str):
             self.fault = FaultSwitch(self.fault)
         if self.worker_key_file is not None and self.side_key is None:
@@ -173,7 +186,7 @@ class HardeningConfig:
             kwargs["stock_prompt_wake"] = _is_bench_prompt_wake(str(mode))
         if "fixes" in data:
             kwargs["fixes"] = parse_fixes(data.pop("fixes"))
-        for name in ("transfer_deadline", "race_window"):
+        for name in ("transfer_deadline", "race_window", "held_pages_per_writer"):
             if name in data:
                 kwargs[name] = _number(name, data.pop(name))
         if "inflight_deadline" in data:
@@ -211,6 +224,7 @@ class HardeningConfig:
             ENV_METRICS_HOST: "metrics_host",
             ENV_METRICS_PORT: "metrics_port",
             ENV_ENGINE: "engine",
+            ENV_HELD_PAGES_PER_WRITER: "held_pages_per_writer",
         }
         for env_name, key in names.items():
             if env.get(env_name, "") != "":

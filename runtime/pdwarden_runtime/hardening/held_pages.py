@@ -197,6 +197,11 @@ class HeldPages:
                 out[entry.peer] = out.get(entry.peer, 0) + entry.pages
         return out
 
+    def pages_for(self, peer: str) -> int:
+        """Pages held now for one writer (checked per new decode request: no list built)."""
+        with self._lock:
+            return sum(e.pages for e in self._rooms.values() if e.held_since is not None and e.peer == peer)
+
     def freed(self) -> list[Freed]:
         """The latest held rooms whose pages were freed, oldest first."""
         with self._lock:

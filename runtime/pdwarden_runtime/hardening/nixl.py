@@ -35,7 +35,12 @@ What each override adds (by ``Fix``):
   manager and the receiver send carries the proof (``_send_multipart_locked``, the
   receiver's ``_connect``); a rank registers with a signed PUT and decodes read ranks with
   the proof on SGLang's session; the bootstrap server refuses the rest
-  (``bootstrap_guard``). A decode registration NIXL refuses is dropped, not raised.
+  (``bootstrap_guard``). A decode registration NIXL refuses is dropped, not raised. The
+  server signs its answer naming a rank and the decode's route fetch checks it: an
+  unproven answer fails the room before anything is registered or published.
+- decode's writer bound (``writer_bound``): a new request whose prefill holds more than
+  ``held_pages_per_writer`` of the pool in held pages fails in the receiver's ``init`` (and
+  again before ``send_metadata``) with nothing published; nothing held is freed.
 - ``metrics``: the table, tracker, RuntimeMetrics and thread watch live in ``RoomRuntime``
   (``mgr.pdwarden``). Every hook pdwarden adds inside SGLang's threads runs under
   ``RoomRuntime.guard``: an exception in it is logged and counted
@@ -81,11 +86,17 @@ from pdwarden_contract import (
     OUTCOME_FAILED,
     ROLE_DECODE,
     ROLE_PREFILL,
+    WRITER_REFUSED_HELD_PAGES,
+    WRITER_REFUSED_UNPROVEN_ROUTE,
 )
 from pdwarden_runtime.hardening.bootstrap_guard import (
+    ANSWER_PROOF_HEADER,
     PROOF_HEADER,
     RouteGate,
+    answer_check,
+    is_rank_query,
     register_signed,
+    route_answer_proof,
     route_read_proof,
 )
 from pdwarden_runtime.hardening.config import (
@@ -122,6 +133,12 @@ from pdwarden_runtime.hardening.runtime import (
 from pdwarden_runtime.hardening.side_frames import prefill_message_problem
 from pdwarden_runtime.hardening.side_socket import CheckingSocket, DropLog, SigningSocket
 from pdwarden_runtime.hardening.stalled_peers import StalledPeers
+from pdwarden_runtime.hardening.writer_bound import (
+    REASON_UNPROVEN_ROUTE,
+    WriterRefusals,
+    over_bound,
+    over_bound_reason,
+)
 from pdwarden_runtime.hardening.writer_watch import INCARNATION_PATH, WriterWatch, incarnation_body
 from pdwarden_runtime.kvpoll import KVPoll, coerce
 from pdwarden_runtime.peers import peer_of_address
@@ -192,6 +209,7 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_port_race = PortRace()
         self._pdw_stall_kv_receive = StallKvReceive(args)
         self._pdw_side_drops = DropLog(f"pdwarden {role} KV manager")
+        self._pdw_refusals = WriterRefusals(self.pdwarden.metrics.count_writer_refused)
         if config.side_key is not None and envs.SGLANG_DISAGG_STAGING_BUFFER.get():
             # SGLang's staging requests go out on sockets of their own, unsigned: every one
             # would be dropped and its transfer would wait for its deadline.
@@ -764,6 +782,29 @@ class HardenedNixlKVManager(NixlKVManager):
         super().clear_deferred_abort_state(bootstrap_room)
         self.pdwarden.held_pages.release(bootstrap_room)
 
+    # --- decode: writers refused before anything is published (writer_bound) -----------
+    def _pdw_over_bound(self, bootstrap_addr: str) -> str | None:
+        """Why a new request to the prefill at ``bootstrap_addr`` is refused (the pages held
+        for it are over the bound), or None."""
+        pool = self.pdwarden.pool_pages
+        share = self._pdw_config.held_pages_per_writer
+        peer = peer_of_address(bootstrap_addr)
+        held = self.pdwarden.held_pages.pages_for(peer)
+        if pool is None or not over_bound(held, pool, share):
+            return None
+        reason = over_bound_reason(peer, held, pool, share)
+        self._pdw_refusals.refused(peer, WRITER_REFUSED_HELD_PAGES, reason)
+        return reason
+
+    def _pdw_unproven_route(self, bootstrap_addr: str) -> None:
+        reason = REASON_UNPROVEN_ROUTE.format(addr=bootstrap_addr)
+        self.pdwarden.count_error(WHERE_SIDE_CHANNEL)
+        self._pdw_refusals.refused(peer_of_address(bootstrap_addr), WRITER_REFUSED_UNPROVEN_ROUTE, reason)
+
+    def writer_refusals(self) -> dict[str, int]:
+        """Decode requests refused before publishing, by reason (for /debug/state)."""
+        return self._pdw_refusals.counts()
+
     def shutdown_pdwarden(self) -> None:
         if self._pdw_quarantine is not None:
             self._pdw_quarantine.stop()
@@ -805,7 +846,25 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
         mgr = self.kv_mgr
         if isinstance(mgr, HardenedNixlKVManager):
             mgr._pdw_stall_flip()
+            if self.conclude_state is None and self._pdw_refuse_over_bound(mgr):
+                return
         super().init(prefill_dp_rank)
+
+    def _pdw_refuse_over_bound(self, mgr: HardenedNixlKVManager) -> bool:
+        """Fail the room before it registers or publishes anything when its writer holds
+        more than its bound (as SGLang fails a room whose bootstrap info it cannot fetch:
+        no bootstrap info, so no ABORT and no drain wait arms for pages never published)."""
+        reason = None
+        with mgr._pdw_guard(WHERE_PEERS):
+            reason = mgr._pdw_over_bound(self.bootstrap_addr)
+        if reason is None:
+            return False
+        room = self.bootstrap_room
+        mgr.record_failure(room, reason)
+        self.conclude_state = KVPoll.Failed
+        mgr.update_status(room, KVPoll.Failed)
+        self.bootstrap_infos = None
+        return True
 
     @classmethod
     def _connect(cls, endpoint: str, is_ipv6: bool = False) -> tuple[Any, Any]:
@@ -818,14 +877,37 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
     def _get_bootstrap_info_from_server(
         self, prefill_dp_rank: Any, prefill_cp_rank: Any, target_tp_rank: Any, target_pp_rank: Any
     ) -> Any:
+        # The one place SGLang's decode learns a rank's address (the summary it reads first
+        # names none; a cached answer was checked when fetched): checked here, before SGLang
+        # registers with or publishes pages to it.
         key = installed_config().side_key
+        check = None
         if key is not None:  # SGLang asks on this session (one per thread and prefill)
-            _get_bootstrap_session(self.bootstrap_addr).headers[PROOF_HEADER] = route_read_proof(key)
-        return super()._get_bootstrap_info_from_server(
+            session = _get_bootstrap_session(self.bootstrap_addr)
+            session.headers[PROOF_HEADER] = route_read_proof(key)
+            check = answer_check(session, key)
+            check.take_refusal()  # a refusal left by a fetch that did not reach this one
+        info = super()._get_bootstrap_info_from_server(
             prefill_dp_rank, prefill_cp_rank, target_tp_rank, target_pp_rank
         )
+        mgr = self.kv_mgr
+        if check is not None and check.take_refusal() and isinstance(mgr, HardenedNixlKVManager):
+            # SGLang got None: it fails the room ("Could not fetch bootstrap info").
+            with mgr._pdw_guard(WHERE_SIDE_CHANNEL):
+                mgr._pdw_unproven_route(self.bootstrap_addr)
+        return info
 
     def send_metadata(self, kv_indices: Any, *args: Any, **kwargs: Any) -> None:
+        mgr = self.kv_mgr
+        if (
+            isinstance(mgr, HardenedNixlKVManager)
+            and self.conclude_state is None
+            and getattr(self, "bootstrap_infos", None) is not None
+            and self._pdw_refuse_over_bound(mgr)
+        ):
+            # The writer went over its bound while this request waited for pages: nothing is
+            # published, SGLang frees the pages (no drain wait: no bootstrap info).
+            return
         super().send_metadata(kv_indices, *args, **kwargs)
         mgr = self.kv_mgr
         room = self.bootstrap_room
@@ -895,7 +977,18 @@ class HardenedNixlKVBootstrapServer(NixlKVBootstrapServer):
         if refusal is not None:
             self._pdw_refusals.dropped(f"{request.method} {request.path} from {request.remote}: {refusal}")
             return web.Response(status=403, text=refusal)
-        return await super()._handle_route(request)
+        response = await super()._handle_route(request)
+        key = self._pdw_gate.key
+        if (
+            key is not None
+            and request.method == "GET"
+            and is_rank_query(request.query)
+            and response.status == 200
+            and isinstance(response.body, bytes)
+        ):
+            # A decode publishes its pages only to a rank named by a key holder's answer.
+            response.headers[ANSWER_PROOF_HEADER] = route_answer_proof(key, response.body)
+        return response
 
 
 def _own_addresses(host: str) -> list[str | None]:
