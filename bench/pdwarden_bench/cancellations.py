@@ -27,10 +27,11 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 import aiohttp
 import click
@@ -40,6 +41,7 @@ from pdwarden_operator.render import ROUTER_MODULE
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
 from pdwarden_operator.watchdog.rule import judge
+from pdwarden_testkit.promtext import samples
 from pdwarden_testkit.runtime_procs import (
     Fleet,
     Runtime,
@@ -178,27 +180,34 @@ def hung(results: Sequence[Result], within: float) -> int:
     )
 
 
-def router_workers(router_url: str, timeout: float = 5.0) -> dict[str, int]:
-    """Healthy workers per type ("prefill", "decode") as smg lists them (``GET /workers``);
-    empty while it does not answer."""
-    status, text = http_get(f"{router_url}/workers", timeout)
-    listed: Any = []
-    if status == 200:
-        with contextlib.suppress(ValueError, AttributeError):
-            listed = json.loads(text).get("workers") or []
+# smg's gauge of each worker's health (1 healthy), labelled with the worker's URL.
+WORKER_HEALTH: Final = "smg_worker_health"
+
+
+def router_workers(metrics_url: str, roles: Mapping[str, str], timeout: float = 5.0) -> dict[str, int]:
+    """Healthy workers per role as smg counts them (its `smg_worker_health` gauge, read on its
+    metrics port: its worker list is its control plane, which a gated router answers no one);
+    `roles` names each worker's role by its URL's host:port. Empty while smg does not answer."""
+    status, text = http_get(metrics_url, timeout)
+    try:
+        found = samples(text, {WORKER_HEALTH}) if status == 200 else []
+    except ValueError:
+        found = []
     counts: dict[str, int] = {}
-    for worker in listed:
-        if isinstance(worker, dict) and worker.get("is_healthy") is True:
-            kind = str(worker.get("worker_type", "")).lower()
-            counts[kind] = counts.get(kind, 0) + 1
+    for sample in found:
+        role = roles.get(urlsplit(sample.labels.get("worker", "")).netloc)
+        if role is not None and sample.value == 1:
+            counts[role] = counts.get(role, 0) + 1
     return counts
 
 
-def wait_router_workers(router_url: str, prefills: int, decodes: int, timeout: float = 120.0) -> None:
+def wait_router_workers(
+    metrics_url: str, roles: Mapping[str, str], prefills: int, decodes: int, timeout: float = 120.0
+) -> None:
     """Until smg routes to every pod: it discovers them itself, some seconds after they are
     ready, and a workload started before that meets 503 no_available_workers."""
     every = {"prefill": prefills, "decode": decodes}
-    wait_for(lambda: router_workers(router_url) == every, timeout, f"the router listing {every}", 1.0)
+    wait_for(lambda: router_workers(metrics_url, roles) == every, timeout, f"the router listing {every}", 1.0)
 
 
 def failure_reasons(results: Sequence[Result], top: int = 3) -> dict[str, int]:
@@ -389,8 +398,9 @@ def cancellations(
         wait_healthy(runtimes, timeout=300)
         router = fleet.router(p_rts, d_rts, python=router_python, module=router_module)
         wait_router(router, timeout=240)
-        if router_module == ROUTER_MODULE:  # smg lists its workers; another router may not
-            wait_router_workers(router.url, prefills, decodes)
+        if router_module == ROUTER_MODULE:  # smg exports its workers' health; another router may not
+            roles = {f"{rt.host}:{rt.port}": rt.role for rt in runtimes}
+            wait_router_workers(router.metrics_url, roles, prefills, decodes)
         watch = WedgeWatch(
             {f"{rt.role}:{rt.port}": rt.metrics_url for rt in runtimes}, stuck_after, scrape_interval
         )

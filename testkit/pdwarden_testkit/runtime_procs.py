@@ -77,6 +77,48 @@ def http_post_json(
         return err.code, err.read().decode(errors="replace")
 
 
+def http_status(
+    method: str,
+    url: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+    data: bytes | None = None,
+    timeout: float = 60.0,
+) -> int:
+    """The status of one request (`body` as JSON, or raw `data`); 0 when nothing answered."""
+    payload = data if data is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(
+        url, data=payload, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+# smg 1.13.0's control plane and the admin routes it would fan out to the workers, as a client of
+# a model's router (with or without a key) tried them: registering a worker of its own choosing,
+# listing and removing the model's, reading loads, flushing caches, profiling, SGLang's admin
+# routes, and a path spelled to look like a served one.
+CONTROL_PLANE_REQUESTS: tuple[tuple[str, str, Any], ...] = (
+    ("GET", "/workers", None),
+    ("POST", "/workers", {"url": "http://198.18.255.1:8080", "worker_type": "decode"}),
+    ("DELETE", "/workers/any", None),
+    ("GET", "/get_loads", None),
+    ("POST", "/flush_cache", {}),
+    ("POST", "/start_profile", {}),
+    ("POST", "/stop_profile", {}),
+    ("GET", "/get_server_info", None),
+    ("POST", "/update_weights_from_disk", {"model_path": "/tmp"}),
+    ("POST", "/configure_logging", {"log_requests": True}),
+    ("POST", "/abort_request", {"rid": "x"}),
+    ("GET", "/generate/../workers", None),
+)
+
+
 @dataclass
 class Proc:
     name: str
@@ -244,10 +286,16 @@ class Router:
     host: str
     port: int
     proc: Proc
+    metrics_port: int
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """smg's own metrics (its --prometheus-port)."""
+        return f"http://{self.host}:{self.metrics_port}/metrics"
 
 
 def start_router(
@@ -268,6 +316,7 @@ def start_router(
     smg's own ``--api-key`` alone (its clients must then present it)."""
     gated = worker_key_file is not None if gated is None else gated
     port = free_port(host)
+    metrics_port = free_port(host)
     smg_port = free_port("127.0.0.1") if gated else port
     workers: list[str] = []
     for prefill in prefills:
@@ -285,7 +334,7 @@ def start_router(
         "--port",
         str(smg_port),
         "--prometheus-port",
-        str(free_port(host)),
+        str(metrics_port),
         "--log-level",
         "warn",
         "--worker-startup-check-interval",
@@ -300,7 +349,7 @@ def start_router(
         if worker_key_file is not None:
             gate += ["--worker-key-file", str(worker_key_file)]
         argv = [*gate, "--", *argv]
-    return Router(host, port, spawn(f"router-{port}", argv, log_dir))
+    return Router(host, port, spawn(f"router-{port}", argv, log_dir), metrics_port)
 
 
 def wait_router(router: Router, timeout: float = 180.0, headers: dict[str, str] | None = None) -> None:

@@ -96,7 +96,12 @@ def test_cancelling_clients_hang_no_request_strand_no_room_and_get_no_pod_restar
         return got[0].outcome == cancellations.OK
 
     wait_for(routes, 120, "a first request through the router", 2.0)
-    cancellations.wait_router_workers(router_url, replicas, replicas)
+    metrics_url = f"http://{router['status']['podIP']}:{contract.ROUTER_METRICS_PORT}{contract.METRICS_PATH}"
+    roles = {
+        f"{p['status']['podIP']}:{contract.DEFAULT_HTTP_PORT}": p["metadata"]["labels"][contract.LABEL_ROLE]
+        for p in _runtime_pods(env, name)
+    }
+    cancellations.wait_router_workers(metrics_url, roles, replicas, replicas)
 
     results = asyncio.run(
         cancellations.run_load(
@@ -114,7 +119,7 @@ def test_cancelling_clients_hang_no_request_strand_no_room_and_get_no_pod_restar
         if r.outcome != cancellations.OK or r.seconds > INFLIGHT_DEADLINE + MARGIN_S
     ]
     if late:  # the router's own account of what it did with them
-        workers = cancellations.router_workers(router_url)
+        workers = cancellations.router_workers(metrics_url, roles)
         why = env.pod_log(router["metadata"]["name"], 60)
         pytest.fail(
             f"{len(late)} of {len(waited)} requests the client waited for: {late[:10]}\n"

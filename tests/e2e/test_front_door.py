@@ -12,8 +12,6 @@ from __future__ import annotations
 import functools
 import json
 import time
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
@@ -21,6 +19,7 @@ import pytest
 import pdwarden_contract as contract
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, http_json, router_clients, synthetic_body
+from pdwarden_testkit.runtime_procs import CONTROL_PLANE_REQUESTS, http_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -43,29 +42,6 @@ else:
         print(f"SIDECAR refused {err}", flush=True)
 time.sleep(3600)
 """
-# smg 1.13.0's control plane and the workers' admin routes, as a client without a key tried them.
-CONTROL_PLANE: list[tuple[str, str, Any]] = [
-    ("GET", "/workers", None),
-    ("POST", "/workers", {"url": "http://198.18.255.1:8080", "worker_type": "decode"}),
-    ("DELETE", "/workers/any", None),
-    ("GET", "/get_loads", None),
-    ("POST", "/flush_cache", {}),
-    ("POST", "/start_profile", {}),
-    ("POST", "/stop_profile", {}),
-    ("GET", "/get_server_info", None),
-    ("POST", "/update_weights_from_disk", {"model_path": "/tmp"}),
-    ("POST", "/configure_logging", {"log_requests": True}),
-]
-
-
-def _status(method: str, url: str, body: Any = None) -> int:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
 
 
 def _model(namespace: str) -> dict[str, Any]:
@@ -113,7 +89,7 @@ def test_the_front_door_serves_clients_only_and_a_router_pod_stops_without_faili
 
     # a client without a key: served routes answer, smg's control plane and admin routes do not
     assert http_json(f"{url}/v1/models")[0] == 200
-    refused = {(m, p): _status(m, f"{url}{p}", b) for m, p, b in CONTROL_PLANE}
+    refused = {(m, p): http_status(m, f"{url}{p}", b) for m, p, b in CONTROL_PLANE_REQUESTS}
     assert set(refused.values()) == {403}, refused
 
     # the router's sidecar holds no API token; the router itself discovers the workers with its own

@@ -13,33 +13,13 @@ import yaml
 import pdwarden_contract as contract
 from pdwarden_demo import chart
 
-from .test_chart_render import NAMESPACE, helm, render
+from .test_chart_render import NAMESPACE, cel, helm, matched, render
 
 pytestmark = pytest.mark.integration
 
 NAME = f"{NAMESPACE}.pdw-pdwarden.model-members"
 OPERATOR_USER = f"system:serviceaccount:{NAMESPACE}:pdw-pdwarden"
 CONTROLLERS = "system:serviceaccount:kube-system:"
-
-
-def cel(policy: Mapping[str, Any]) -> str:
-    """Every CEL expression of the policy, one text."""
-    spec = policy["spec"]
-    parts = [c["expression"] for c in spec.get("matchConditions", [])]
-    parts += [v["expression"] for v in spec.get("variables", [])]
-    parts += [v["expression"] for v in spec["validations"]]
-    return "\n".join(parts)
-
-
-def matched(policy: Mapping[str, Any]) -> set[tuple[str, str, str]]:
-    """(apiGroup, resource, operation) the policy's resource rules match."""
-    return {
-        (g, r, op)
-        for rule in policy["spec"]["matchConstraints"]["resourceRules"]
-        for g in rule["apiGroups"]
-        for r in rule["resources"]
-        for op in rule["operations"]
-    }
 
 
 def default_values() -> dict[str, Any]:

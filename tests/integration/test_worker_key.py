@@ -9,7 +9,6 @@ their own), and that a client that leaves still ends both legs through the gate.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
 import secrets
@@ -25,11 +24,13 @@ import pytest
 import pdwarden_contract as c
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_testkit.runtime_procs import (
+    CONTROL_PLANE_REQUESTS,
     Fleet,
     Router,
     Runtime,
     http_get,
     http_post_json,
+    http_status,
     pdwarden_argv,
     serve_flags,
     wait_healthy,
@@ -199,45 +200,13 @@ def test_the_router_gate_benchmark_answers_every_request_in_both_arms() -> None:
     )
 
 
-# smg 1.13.0's control plane and the admin routes it fans out to workers: what a client of the
-# model tried in order to register its own workers, read the loads, flush caches and profile.
-CONTROL_PLANE: list[tuple[str, str, Any]] = [
-    ("GET", "/workers", None),
-    ("POST", "/workers", {"url": "http://127.0.0.2:1", "worker_type": "decode"}),
-    ("DELETE", "/workers/any", None),
-    ("GET", "/get_loads", None),
-    ("POST", "/flush_cache", {}),
-    ("POST", "/start_profile", {}),
-    ("POST", "/stop_profile", {}),
-    ("GET", "/get_server_info", None),
-    ("POST", "/update_weights_from_disk", {"model_path": "/tmp"}),
-    ("POST", "/abort_request", {"rid": "x"}),
-    ("GET", "/generate/../workers", None),
-]
-
-
-def _call(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None) -> int:
-    import urllib.error
-    import urllib.request
-
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
-
-
 def test_no_client_reaches_smgs_control_plane_with_or_without_the_key(
     fleet: Fleet, router: Router, workers: tuple[Runtime, Runtime], key_file: Path
 ) -> None:
     key = key_file.read_text().strip()
     for headers in ({}, {"Authorization": f"Bearer {key}"}):
-        for method, path, body in CONTROL_PLANE:
-            assert _call(method, f"{router.url}{path}", body, headers) == 403, (method, path, headers)
+        for method, path, body in CONTROL_PLANE_REQUESTS:
+            assert http_status(method, f"{router.url}{path}", body, headers) == 403, (method, path, headers)
     # the data plane still answers, and smg still has exactly the model's two workers
     body = {"text": "after the attempts", "sampling_params": {"max_new_tokens": 2}}
     assert http_post_json(f"{router.url}{c.GENERATE_PATH}", body, timeout=30)[0] == 200
@@ -245,8 +214,8 @@ def test_no_client_reaches_smgs_control_plane_with_or_without_the_key(
     # a router of a model without the key is gated the same way
     keyless = fleet.router(list(workers[:1]), list(workers[1:]), gated=True)
     wait_for(lambda: http_get(f"{keyless.url}/liveness")[0] == 200, 120, "the keyless router to start", 1.0)
-    for method, path, body in CONTROL_PLANE:
-        assert _call(method, f"{keyless.url}{path}", body) == 403, (method, path)
+    for method, path, body in CONTROL_PLANE_REQUESTS:
+        assert http_status(method, f"{keyless.url}{path}", body) == 403, (method, path)
 
 
 def _router_rss_mib(router: Router) -> float:
@@ -301,19 +270,7 @@ def test_forty_parallel_64_mib_uploads_leave_the_router_serving_within_its_memor
     assert peak < 1536, f"the router held {peak:.0f} MiB"
     assert router.proc.alive()
     over = b"a" * (MAX_BODY_BYTES + 1)
-    assert _call_bytes(f"{router.url}{c.GENERATE_PATH}", over) == 413
-
-
-def _call_bytes(url: str, data: bytes) -> int:
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return int(resp.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
+    assert http_status("POST", f"{router.url}{c.GENERATE_PATH}", data=over) == 413
 
 
 async def _load_through_a_stop(router: Router, after_stop: float) -> tuple[list[int], list[str], list[int]]:

@@ -215,12 +215,31 @@ def test_the_watch_asks_the_prefills_and_reads_the_pod_list_only_while_pages_are
         held, prefills=lambda: [ADDR, "198.18.0.6:8998"], fetch=fetch, gone_pods_file=str(gone)
     )
     watch.probe_once()
-    assert asked == [ADDR, "198.18.0.6:8998"] and watch.identity(ADDR) == OLD
+    assert sorted(asked) == sorted([ADDR, "198.18.0.6:8998"]) and watch.identity(ADDR) == OLD  # side by side
     # rooms go to the identity learned before their metadata went out
     held.published(1, "198.18.0.5", ADDR, 8, watch.identity(ADDR))
     held.hold(1)
     watch.probe_once()
     assert held.proof(1) == GONE_POD_DELETED
+
+
+def test_a_prefill_found_to_be_a_new_process_is_reported_once() -> None:
+    """What the decode knew of the old process (its ranks' addresses) is stale: the manager
+    forgets it when told, as SGLang does for a prefill lost to missed heartbeats."""
+    answers = [OLD, OLD, NEW, NEW]
+    restarted: list[str] = []
+    watch = WriterWatch(
+        HeldPages(FakeClock(), wall=lambda: WALL),
+        prefills=lambda: [ADDR],
+        fetch=lambda _addr: answers.pop(0),
+        restarted=restarted.append,
+    )
+    try:
+        for _ in range(4):
+            watch.probe_once()
+    finally:
+        watch.stop()
+    assert restarted == [ADDR] and watch.identity(ADDR) == NEW
 
 
 @pytest.mark.parametrize("text", ["", "not json", "[]", '{"gone": 3}', '{"gone": [3, {"uid": 4}]}'])

@@ -243,12 +243,24 @@ class HardenedNixlKVManager(NixlKVManager):
         if role == ROLE_DECODE:
             # SGLang's decode keeps the prefills it reads from in prefill_info_table.
             self._pdw_writers = WriterWatch(
-                self.pdwarden.held_pages, lambda: list(self.prefill_info_table.copy())
+                self.pdwarden.held_pages,
+                lambda: list(self.prefill_info_table.copy()),
+                restarted=self._pdw_prefill_restarted,
             )
             self._pdw_writers.start()
             self.pdwarden.threads.watch(self._pdw_writers.thread)
         self.pdwarden.pool_pages = _pool_pages(args)
         self.pdwarden.start()
+
+    def _pdw_prefill_restarted(self, bootstrap_addr: str) -> None:
+        """A new process serves a prefill's bootstrap address (a restart in place: same pod, or
+        a new pod at the old address). SGLang forgets a prefill's ranks only after missed
+        heartbeats, which a prompt restart never gives it: the new process answers them, and
+        every request would go on to the old ranks' ZMQ addresses. Forget it now, as SGLang
+        does for a lost prefill (rooms in flight to the old process fail; their pages are
+        held until the proofs free them)."""
+        with self._pdw_guard(WHERE_PEERS):
+            self._handle_node_failure(bootstrap_addr)
 
     def _pdw_guard(self, where: str) -> AbstractContextManager[None]:
         """pdwarden's own bookkeeping inside SGLang's threads: an error in it is logged

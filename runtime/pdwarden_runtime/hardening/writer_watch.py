@@ -145,7 +145,8 @@ class WriterWatch:
     """A daemon thread that asks the prefills this decode reads from who they are: the
     identity each room's metadata goes to (``identity``, no request of its own), and, while
     pages are held, the answers ``HeldPages`` turns into proofs; it reads the operator's list
-    of deleted pods."""
+    of deleted pods. A prefill found to be a new process is reported (``restarted``): what
+    the decode knew of the old one (its ranks' addresses) is stale."""
 
     def __init__(
         self,
@@ -155,9 +156,11 @@ class WriterWatch:
         gone_pods_file: str | None = None,
         probe_s: float = PROBE_S,
         clock: Callable[[], float] = time.monotonic,
+        restarted: Callable[[str], None] | None = None,
     ) -> None:
         self._held = held
         self._prefills = prefills
+        self._restarted = restarted
         self._fetch = fetch
         self._gone_file = gone_pods_file if gone_pods_file is not None else os.environ.get(ENV_GONE_PODS_FILE)
         self._probe_s = probe_s
@@ -194,6 +197,8 @@ class WriterWatch:
                 self._known[addr] = found
             if before is not None and before.incarnation != found.incarnation:
                 log.warning("the prefill at %s is a new process (was %s)", addr, before.incarnation)
+                if self._restarted is not None:
+                    self._restarted(addr)
             if addr in held:
                 self._held.observe(addr, found, started)
         if self._gone_file and held:

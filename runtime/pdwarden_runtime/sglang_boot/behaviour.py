@@ -46,6 +46,8 @@ PINNED_SIGNATURES: Final = {
     ("NixlKVManager", "_send_multipart_locked"): "self endpoint parts is_ipv6=",
     ("NixlKVManager", "_register_topology_row"): "self url payload",
     ("NixlKVManager", "_add_remote_peer"): "self decode_kv_args",
+    # called, not overridden: a prefill restarted in place is forgotten as a lost one
+    ("NixlKVManager", "_handle_node_failure"): "self failed_bootstrap_addr",
     ("NixlKVSender", "clear"): "self",
     ("NixlKVReceiver", "init"): "self prefill_dp_rank",
     ("NixlKVReceiver", "send_metadata"): (
