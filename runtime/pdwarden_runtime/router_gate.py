@@ -420,12 +420,9 @@ async def run(host: str, port: int, router_port: int, key: str | None, router_ar
             code = exited.result()
             log.error("smg exited with status %s", code)
             return code if code >= 0 else 128 - code
+        # Every answer from now on closes its connection (the client's next request opens one
+        # elsewhere); an idle connection is not closed under a client that may be sending on it.
         gate.draining = True
-        # Idle keep-alive connections close now, while the pod is still serving: a client sees
-        # the close before its next request and opens a connection elsewhere (closed at the end
-        # of the drain instead, one could be closed under a request the client just sent).
-        if runner.server is not None:
-            runner.server.pre_shutdown()
         log.warning(
             "stopping: serving %.0f s more, then the requests in flight, then smg", c.TERMINATION_DRAIN_S
         )

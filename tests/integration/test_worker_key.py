@@ -316,7 +316,7 @@ def test_a_stopping_router_fails_no_request_it_accepted(
     prefill, decode = workers
     stopping = fleet.router([prefill], [decode], worker_key_file=key_file)
     wait_router(stopping, timeout=240)
-    statuses, errors, readiness = asyncio.run(_load_through_a_stop(stopping, c.TERMINATION_DRAIN_S - 1.5))
+    statuses, errors, readiness = asyncio.run(_load_through_a_stop(stopping, c.TERMINATION_DRAIN_S / 2))
     # served on through the drain (smg alive all along: no 502), each connection closed after
     # its answer, readiness 503 from the first moment
     assert statuses and set(statuses) == {200}, statuses
