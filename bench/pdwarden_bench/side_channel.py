@@ -33,7 +33,7 @@ def registration() -> list[bytes]:
     return [
         GUARD,
         b"None",
-        b"10.12.34.56",
+        b"198.18.34.56",
         b"40123",
         b"decode-agent-0123456789abcdef",
         bytes(8192),  # NIXL agent metadata
@@ -65,7 +65,7 @@ def transfer_info() -> list[bytes]:
     return [
         GUARD,
         b"4611686018427387904",
-        b"10.12.34.56",
+        b"198.18.34.56",
         b"40123",
         agent,
         indices,
