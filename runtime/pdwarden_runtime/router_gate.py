@@ -277,13 +277,6 @@ class Gate:
         reservation = _Reservation(self.body_budget)
         try:
             body = await self._body(request, reservation) if request.body_exists else None
-        except BodyTooLarge:
-            return error_response(413, f"the request body is over {MAX_BODY_BYTES} bytes", "body_too_large")
-        except NoRoom:
-            return error_response(
-                503, "the router holds as many request bodies as it may", "overloaded", {"Retry-After": "1"}
-            )
-        try:
             return await self._forward(request, body)
         except BodyTooLarge:
             return error_response(413, f"the request body is over {MAX_BODY_BYTES} bytes", "body_too_large")
