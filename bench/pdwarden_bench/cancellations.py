@@ -12,9 +12,29 @@ judge) reads every runtime's ``/metrics`` each ``--scrape-interval`` with the mo
 ``--stuck-after``: a pod it judges wedged is a remediation the operator would have taken.
 After the load, ``--settle`` seconds pass and every runtime must hold no room.
 
-One JSON line: ``requests``, ``cancelled``, ``ok``, ``hung`` (not cancelled, not answered
-within the inflight deadline), ``p99_ok_seconds`` and the control's, ``rooms_left_after_settle``,
-``abandoned_rooms_max``, ``remediations``, ``router`` (name, version), ``seconds``.
+``--stream`` adds a third arm, interleaved with the two (ABC, CBA, ...): the same seeded
+prompts as streamed chats (OpenAI's ``/v1/chat/completions`` through the router, server-sent
+events), a ``--cancel-fraction`` of whose clients hang up mid-answer, once
+``--hangup-after-events`` events came (a stream that hangs up asks for at least
+``STREAM_TAIL_TOKENS`` more tokens than that, so it is cut mid-answer). Decode then paces its
+tokens (``--token-interval-ms``, 10 ms with ``--stream``, else 0, for every arm alike), so a
+stream lasts long enough to be cut.
+
+No operator runs here: ``remediations`` counts the runtimes that the operator's own wedge rule,
+run over their ``/metrics`` as the operator runs it, judged wedged (what the operator would
+have remediated), over every arm.
+
+One JSON line: ``requests``, ``cancelled``, ``ok``, ``failed``, ``hung`` (not cancelled, not
+answered within the inflight deadline), ``failed_why``, ``p99_ok_seconds`` and the control's
+(``control_ok``, ``control_hung``, ``control_p99_ok_seconds``, ``p99_over_control``),
+``rooms_left_after_settle`` and ``requests_left_after_settle`` (every runtime, after the load
+and ``--settle``), ``abandoned_rooms_max``, ``waiting_on_peer_max``, ``remediations``;
+``tokens_after_hangup`` (decode tokens produced after their client had left: the goal is 0,
+decode stops before its next step), ``decode_hangups`` (requests decode ended because their
+client left) and ``tokens_produced``, summed over the decode runtimes' ``/debug/state`` over the
+run (every arm), ``token_interval_ms``; with ``--stream``, ``stream``: the streaming arm's
+``requests``, ``hung_up``, ``ok``, ``failed``, ``hung``, ``p99_ok_seconds`` and
+``hangup_after_events``; ``router`` (name, version), ``prefills``, ``decodes``, ``seconds``.
 """
 
 from __future__ import annotations
@@ -36,6 +56,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import click
 
+from pdwarden_bench import streams
+from pdwarden_bench.arms import round_order
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator.render import ROUTER_MODULE
 from pdwarden_operator.watchdog.history import Histories, Observation
@@ -52,9 +74,15 @@ from pdwarden_testkit.runtime_procs import (
     wait_router,
 )
 
-OK, FAILED, CANCELLED, TIMED_OUT = "ok", "failed", "cancelled", "timed-out"
-ARM_CANCELLING, ARM_CONTROL = "cancelling", "control"
+OK, FAILED, CANCELLED, TIMED_OUT = streams.OK, streams.FAILED, streams.HUNG_UP, streams.TIMED_OUT
+ARM_CANCELLING, ARM_CONTROL, ARM_STREAMING = "cancelling", "control", "streaming"
 PAGE_TOKENS: Final = 16
+# A stream that hangs up asks for at least this many tokens beyond its hang-up point.
+STREAM_TAIL_TOKENS: Final = 32
+STREAM_TOKEN_INTERVAL_MS: Final = 10.0  # decode's pace with --stream, unless given
+HANGUP_AFTER_EVENTS: Final = 3
+# What decode's /debug/state counts of the requests whose client left, summed over decodes.
+DECODE_COUNTERS: Final = ("hangups", "tokens_after_hangup", "tokens_produced")
 
 
 @dataclass(frozen=True)
@@ -78,10 +106,25 @@ class PlannedRequest:
     max_new_tokens: int
     cancel_after: float | None  # seconds; None: the client waits for its answer
 
+    @property
+    def cancels(self) -> bool:
+        return self.cancel_after is not None
+
+
+@dataclass(frozen=True)
+class PlannedStream:
+    chars: int
+    max_new_tokens: int
+    hangup_after_events: int | None  # None: the client reads the stream to its end
+
+    @property
+    def cancels(self) -> bool:
+        return self.hangup_after_events is not None
+
 
 @dataclass(frozen=True)
 class Result:
-    planned: PlannedRequest
+    planned: PlannedRequest | PlannedStream
     outcome: str
     seconds: float
     status: int | None = None
@@ -105,11 +148,30 @@ def plan(
     return out
 
 
+def plan_streams(
+    workload: Workload, hangup_after_events: int, count: int | None = None, offset: int = 0
+) -> list[PlannedStream]:
+    """The streaming arm's requests: the cancelling arm's prompts and picks, a cancelling
+    client hanging up once ``hangup_after_events`` events came, its stream long enough
+    (``STREAM_TAIL_TOKENS`` more tokens) to be cut mid-answer."""
+    least = hangup_after_events + STREAM_TAIL_TOKENS
+    return [
+        PlannedStream(p.chars, max(p.max_new_tokens, least), hangup_after_events)
+        if p.cancels
+        else PlannedStream(p.chars, p.max_new_tokens, None)
+        for p in plan(workload, cancelling=True, count=count, offset=offset)
+    ]
+
+
+def prompt(chars: int) -> str:
+    return ("pdwarden cancellations " * (chars // 23 + 1))[:chars]
+
+
 def request_body(planned: PlannedRequest, model: str | None = None) -> dict[str, Any]:
     """The request's body; ``model``: the model's served name (a router that discovers its
     workers routes by it)."""
     body: dict[str, Any] = {
-        "text": ("pdwarden cancellations " * (planned.chars // 23 + 1))[: planned.chars],
+        "text": prompt(planned.chars),
         "sampling_params": {"max_new_tokens": planned.max_new_tokens, "temperature": 0.0},
     }
     if model is not None:
@@ -171,13 +233,43 @@ async def run_load(
         return list(await asyncio.gather(*(bounded(p) for p in requests)))
 
 
+async def run_streams(
+    url: str,
+    planned: Sequence[PlannedStream],
+    concurrency: int,
+    client_timeout: float,
+    model: str | None = None,
+) -> list[Result]:
+    """Every planned stream, ``concurrency`` at a time, through ``url`` (a router's chat
+    completions); each one's result (CANCELLED: its client hung up as planned)."""
+    sem = asyncio.Semaphore(concurrency)
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=True)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def bounded(p: PlannedStream) -> Result:
+            body = streams.chat_body(prompt(p.chars), p.max_new_tokens, model or streams.SYNTHETIC_MODEL)
+            async with sem:
+                got = await streams.stream_chat(
+                    session, url, body, hangup_after=p.hangup_after_events, timeout=client_timeout
+                )
+            return Result(p, got.outcome, got.seconds, got.status, got.detail)
+
+        return list(await asyncio.gather(*(bounded(p) for p in planned)))
+
+
 def hung(results: Sequence[Result], within: float) -> int:
     """Requests not cancelled by their client and not answered within ``within`` seconds."""
-    return sum(
-        1
-        for r in results
-        if r.planned.cancel_after is None and (r.outcome == TIMED_OUT or r.seconds > within)
-    )
+    return sum(1 for r in results if not r.planned.cancels and (r.outcome == TIMED_OUT or r.seconds > within))
+
+
+def decode_counters(states: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """``DECODE_COUNTERS`` summed over decode runtimes' /debug/state (0 where one lacks it)."""
+    return {key: sum(int(state.get(key) or 0) for state in states) for key in DECODE_COUNTERS}
+
+
+def counters_moved(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, int]:
+    """How far each counter moved between two readings (a counter absent before counts from 0)."""
+    return {key: value - before.get(key, 0) for key, value in after.items()}
 
 
 # smg's gauge of each worker's health (1 healthy), labelled with the worker's URL.
@@ -314,10 +406,17 @@ def _progress(message: str) -> None:
     print(f"[bench cancellations] {message}", file=sys.stderr, flush=True)
 
 
+def arms(stream: bool) -> list[str]:
+    """The arms in their order in even rounds (reversed in odd ones: ABAB, or ABC CBA)."""
+    return [ARM_CANCELLING, ARM_CONTROL, *([ARM_STREAMING] if stream else [])]
+
+
 async def _interleaved(
-    url: str, workload: Workload, rounds: int, watch: WedgeWatch
+    router_url: str, workload: Workload, rounds: int, watch: WedgeWatch, hangup_events: int | None
 ) -> dict[str, list[Result]]:
-    results: dict[str, list[Result]] = {ARM_CANCELLING: [], ARM_CONTROL: []}
+    """Every arm's requests, round by round; ``hangup_events`` None: no streaming arm."""
+    every = arms(hangup_events is not None)
+    results: dict[str, list[Result]] = {arm: [] for arm in every}
     stop = asyncio.Event()
     watcher = asyncio.ensure_future(watch.run(stop))
     try:
@@ -325,14 +424,39 @@ async def _interleaved(
         for i in range(rounds):
             offset = i * per_round
             count = per_round if i < rounds - 1 else workload.requests - offset
-            for arm in (ARM_CANCELLING, ARM_CONTROL) if i % 2 == 0 else (ARM_CONTROL, ARM_CANCELLING):
+            for arm in round_order(every, i):
+                _progress(f"round {i + 1}/{rounds}: {arm}, {count} requests")
+                if arm == ARM_STREAMING and hangup_events is not None:
+                    planned = plan_streams(workload, hangup_events, count=count, offset=offset)
+                    results[arm] += await run_streams(
+                        f"{router_url}{streams.CHAT_PATH}",
+                        planned,
+                        workload.concurrency,
+                        workload.client_timeout,
+                    )
+                    continue
                 requests = plan(workload, cancelling=arm == ARM_CANCELLING, count=count, offset=offset)
-                _progress(f"round {i + 1}/{rounds}: {arm}, {len(requests)} requests")
-                results[arm] += await run_load(url, requests, workload.concurrency, workload.client_timeout)
+                results[arm] += await run_load(
+                    f"{router_url}/generate", requests, workload.concurrency, workload.client_timeout
+                )
     finally:
         stop.set()
         await watcher
     return results
+
+
+def stream_figures(results: Sequence[Result], within: float, hangup_events: int) -> dict[str, Any]:
+    """The streaming arm's part of the JSON line."""
+    ok_s = p99([r.seconds for r in results if r.outcome == OK])
+    return {
+        "requests": len(results),
+        "hung_up": sum(r.outcome == CANCELLED for r in results),
+        "ok": sum(r.outcome == OK for r in results),
+        "failed": sum(r.outcome == FAILED and not r.planned.cancels for r in results),
+        "hung": hung(results, within),
+        "p99_ok_seconds": None if ok_s is None else round(ok_s, 3),
+        "hangup_after_events": hangup_events,
+    }
 
 
 @click.command("cancellations")
@@ -352,6 +476,24 @@ async def _interleaved(
 @click.option("--scrape-interval", type=click.FloatRange(min=0.5), default=5.0, show_default=True)
 @click.option("--settle", type=click.FloatRange(min=0), default=10.0, show_default=True)
 @click.option("--seed", type=int, default=29, show_default=True)
+@click.option(
+    "--stream",
+    is_flag=True,
+    help="A third arm: the same prompts as streamed chats, the cancelling ones hung up mid-answer.",
+)
+@click.option(
+    "--hangup-after-events",
+    type=click.IntRange(1, 1000),
+    default=HANGUP_AFTER_EVENTS,
+    show_default=True,
+    help="With --stream: a hanging-up client leaves once this many server-sent events came.",
+)
+@click.option(
+    "--token-interval-ms",
+    type=click.FloatRange(0, 1000),
+    default=None,
+    help=f"Decode's pace between two tokens (default {STREAM_TOKEN_INTERVAL_MS:g} with --stream, else 0).",
+)
 @click.option(
     "--router-python",
     default=None,
@@ -374,6 +516,9 @@ def cancellations(
     scrape_interval: float,
     settle: float,
     seed: int,
+    stream: bool,
+    hangup_after_events: int,
+    token_interval_ms: float | None,
     router_python: str | None,
     router_module: str,
     as_json: bool,
@@ -389,11 +534,14 @@ def cancellations(
         prompt_max_chars=prompt_max_chars,
         seed=seed,
     )
+    if token_interval_ms is None:
+        token_interval_ms = STREAM_TOKEN_INTERVAL_MS if stream else 0.0
     flags = serve_flags(transfer_deadline=transfer_deadline, inflight_deadline=inflight_deadline)
+    decode_flags = [*flags, "--token-interval-ms", f"{token_interval_ms:g}"]
     with Fleet() as fleet:
         _progress(f"starting {prefills} prefill and {decodes} decode runtimes and the router")
         p_rts = [fleet.runtime("prefill", extra=flags) for _ in range(prefills)]
-        d_rts = [fleet.runtime("decode", extra=flags) for _ in range(decodes)]
+        d_rts = [fleet.runtime("decode", extra=decode_flags) for _ in range(decodes)]
         runtimes = [*p_rts, *d_rts]
         wait_healthy(runtimes, timeout=300)
         router = fleet.router(p_rts, d_rts, python=router_python, module=router_module)
@@ -404,9 +552,12 @@ def cancellations(
         watch = WedgeWatch(
             {f"{rt.role}:{rt.port}": rt.metrics_url for rt in runtimes}, stuck_after, scrape_interval
         )
-        results = asyncio.run(_interleaved(f"{router.url}/generate", workload, rounds, watch))
+        before = decode_counters([rt.state() for rt in d_rts])
+        hangup_events = hangup_after_events if stream else None
+        results = asyncio.run(_interleaved(router.url, workload, rounds, watch, hangup_events))
         time.sleep(settle)
         left = leftovers(runtimes)
+        moved = counters_moved(before, decode_counters([rt.state() for rt in d_rts]))
     cancelling, control = results[ARM_CANCELLING], results[ARM_CONTROL]
     ok_s = [r.seconds for r in cancelling if r.outcome == OK]
     control_ok_s = [r.seconds for r in control if r.outcome == OK]
@@ -415,9 +566,9 @@ def cancellations(
         "requests": len(cancelling),
         "cancelled": sum(r.outcome == CANCELLED for r in cancelling),
         "ok": sum(r.outcome == OK for r in cancelling),
-        "failed": sum(r.outcome == FAILED and r.planned.cancel_after is None for r in cancelling),
+        "failed": sum(r.outcome == FAILED and not r.planned.cancels for r in cancelling),
         "hung": hung(cancelling, inflight_deadline),
-        "failed_why": failure_reasons([*cancelling, *control]),
+        "failed_why": failure_reasons([r for arm in results.values() for r in arm]),
         "p99_ok_seconds": None if p99_ok is None else round(p99_ok, 3),
         "control_ok": sum(r.outcome == OK for r in control),
         "control_hung": hung(control, inflight_deadline),
@@ -428,11 +579,17 @@ def cancellations(
         "abandoned_rooms_max": watch.abandoned_max,
         "waiting_on_peer_max": watch.waiting_on_peer_max,
         "remediations": len(watch.wedged),
+        "tokens_after_hangup": moved["tokens_after_hangup"],
+        "decode_hangups": moved["hangups"],
+        "tokens_produced": moved["tokens_produced"],
+        "token_interval_ms": token_interval_ms,
         "router": router_identity(router_python, router_module),
         "prefills": prefills,
         "decodes": decodes,
         "seconds": round(time.monotonic() - t0, 1),
     }
+    if stream:
+        line["stream"] = stream_figures(results[ARM_STREAMING], inflight_deadline, hangup_after_events)
     if not as_json:
         for pod, reason in watch.wedged.items():
             _progress(f"the wedge rule judged {pod} wedged: {reason}")

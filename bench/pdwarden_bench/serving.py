@@ -14,18 +14,33 @@ other round (ABC, CBA, ...) so no arm always goes first; a warm-up round of ever
 first and is not counted. A request fails on a non-200 answer, an error, or no answer within
 its time limit; every wait has one too.
 
+Each arm's round is followed by its streamed round, through the same router: ``--stream-requests``
+streamed chats (OpenAI's ``/v1/chat/completions``, server-sent events; seeded prompts of 8 to 64
+characters, ``--stream-tokens`` new tokens each), ``--concurrency`` clients, timed token by
+token (``pdwarden_bench.streams``): time to first token (the first event carrying content) and
+inter-token latency (the gaps between the next ones). Decode paces its tokens by
+``--token-interval-ms`` (every arm alike; 0 by default, so the gaps are what the path adds to
+tokens produced at once, and the short requests' figures stay comparable with earlier runs).
+``--stream-requests 0`` leaves the streamed rounds out.
+
 One JSON line: benchmark ("serving"), pairs, requests_per_round, concurrency, seed; per arm
 (``hardened``, ``stock``, ``stock_prompt_wake``): latency_p50_ms and latency_p99_ms (over all
 its answered requests), requests_per_second (the median of its rounds), requests_failed,
 requests; hardened_over_stock_rps and hardened_over_stock_prompt_wake_rps (the medians of
-the per-round ratios) each with _min and _max (their spread), seconds (the whole run). Exit
-1 when a request failed (the line still printed).
+the per-round ratios) each with _min and _max (their spread), seconds (the whole run). With
+streamed rounds, also per arm: ttft_p50_ms, ttft_p99_ms, itl_p50_ms, itl_p99_ms (over all its
+streams and gaps), stream_requests, stream_failed; hardened_over_stock_ttft_p50,
+hardened_over_stock_ttft_p99, hardened_over_stock_itl_p50, hardened_over_stock_itl_p99 (the
+medians of the per-round ratios of that percentile, hardened over stock), each with _min and
+_max; and stream_requests_per_round, stream_tokens, token_interval_ms. Exit 1 when a request or
+a stream failed (the line still printed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import random
 import secrets
 import signal
 import statistics
@@ -36,9 +51,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
 import click
 
 import pdwarden_contract as c
+from pdwarden_bench import streams
 from pdwarden_bench.arms import (
     ARM_MODES,
     HARDENED,
@@ -71,6 +88,16 @@ DEFAULT_PAIRS: Final = 8
 DEFAULT_REQUESTS: Final = 400
 DEFAULT_CONCURRENCY: Final = 8
 DEFAULT_SEED: Final = 20261203
+DEFAULT_STREAM_REQUESTS: Final = 64
+DEFAULT_STREAM_TOKENS: Final = 16
+# The streamed figures compared hardened over stock: key suffix -> (figure, quantile).
+STREAM_FIGURES: Final = {
+    "ttft_p50": ("ttft", 0.5),
+    "ttft_p99": ("ttft", 0.99),
+    "itl_p50": ("itl", 0.5),
+    "itl_p99": ("itl", 0.99),
+}
+STREAM_RATIO_PREFIX: Final = "hardened_over_stock_"
 START_TIMEOUT_S: Final = 300.0
 ROUTER_TIMEOUT_S: Final = 240.0
 REQUEST_TIMEOUT_S: Final = 60.0
@@ -93,6 +120,61 @@ class RoundFigures:
         return len(self.latencies) / self.seconds if self.seconds > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class StreamFigures:
+    """One arm's streamed round: each answered stream's time to first token, every gap
+    between two tokens (s), the streams that failed, and how many were sent."""
+
+    ttft: tuple[float, ...]
+    itl: tuple[float, ...]
+    failed: int
+    requests: int
+
+    def quantile(self, figure: str, q: float) -> float | None:
+        values = list(self.ttft if figure == "ttft" else self.itl)
+        return percentile(values, q) if values else None
+
+
+def stream_bodies(n: int, seed: int, max_tokens: int) -> list[dict[str, Any]]:
+    """``n`` seeded streamed chats: prompts of 8 to 64 characters, ``max_tokens`` new tokens."""
+    rng = random.Random(seed)
+    return [
+        streams.chat_body("".join(rng.choice("abcdefgh ") for _ in range(rng.randint(8, 64))), max_tokens)
+        for _ in range(n)
+    ]
+
+
+def stream_figures(answers: Sequence[streams.StreamAnswer], requests: int) -> StreamFigures:
+    """A streamed round's figures from its answers (a stream counts when its [DONE] came)."""
+    ttft: list[float] = []
+    itl: list[float] = []
+    for answer in answers:
+        if answer.outcome != streams.OK:
+            continue
+        first, gaps = streams.first_token_and_gaps(answer.token_times)
+        if first is not None:
+            ttft.append(first)
+        itl += gaps
+    return StreamFigures(tuple(ttft), tuple(itl), sum(a.outcome != streams.OK for a in answers), requests)
+
+
+async def stream_round(
+    url: str, bodies: list[dict[str, Any]], concurrency: int, timeout: float = 60.0
+) -> StreamFigures:
+    """``concurrency`` clients stream ``bodies`` through ``url``, each read to its end."""
+    queue = list(bodies)
+    answers: list[streams.StreamAnswer] = []
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def client() -> None:
+            while queue:
+                answers.append(await streams.stream_chat(session, url, queue.pop(), timeout=timeout))
+
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+    return stream_figures(answers, len(bodies))
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(1000 * seconds, 2)
 
@@ -109,10 +191,45 @@ def arm_summary(rounds: Sequence[RoundFigures]) -> dict[str, Any]:
     }
 
 
-def summarize(figures: dict[str, list[RoundFigures]]) -> dict[str, Any]:
+def stream_summary(rounds: Sequence[StreamFigures]) -> dict[str, Any]:
+    """One arm's streamed figures over its rounds (percentiles None when nothing streamed)."""
+    pooled = StreamFigures(
+        tuple(v for r in rounds for v in r.ttft), tuple(v for r in rounds for v in r.itl), 0, 0
+    )
+    result: dict[str, Any] = {
+        f"{key}_ms": _ms(pooled.quantile(figure, q)) for key, (figure, q) in STREAM_FIGURES.items()
+    }
+    result["stream_requests"] = sum(r.requests for r in rounds)
+    result["stream_failed"] = sum(r.failed for r in rounds)
+    return result
+
+
+def stream_ratios(hardened: Sequence[StreamFigures], stock: Sequence[StreamFigures]) -> dict[str, Any]:
+    """Each streamed percentile, hardened over stock: the median of the per-round ratios and
+    its spread; None where a round of either arm lacks the figure or stock's is 0."""
+    result: dict[str, Any] = {}
+    for suffix, (figure, q) in STREAM_FIGURES.items():
+        key = f"{STREAM_RATIO_PREFIX}{suffix}"
+        tops = [value for r in hardened if (value := r.quantile(figure, q)) is not None]
+        bottoms = [value for r in stock if (value := r.quantile(figure, q))]
+        if hardened and len(tops) == len(hardened) == len(bottoms) == len(stock):
+            result |= ratio_summary(key, paired_ratios(tops, bottoms))
+        else:
+            result |= {key: None, f"{key}_min": None, f"{key}_max": None}
+    return result
+
+
+def summarize(
+    figures: dict[str, list[RoundFigures]], streamed: dict[str, list[StreamFigures]] | None = None
+) -> dict[str, Any]:
     """Each arm's figures and the paired rate ratios' medians and spreads (figures[arm][i]:
-    round i); a ratio is None when a round of its denominator answered nothing."""
+    round i); a ratio is None when a round of its denominator answered nothing. ``streamed``:
+    the streamed rounds, likewise (each arm's stream figures, the streamed ratios)."""
     result: dict[str, Any] = {arm: arm_summary(figures[arm]) for arm in ARMS}
+    if streamed is not None:
+        for arm in ARMS:
+            result[arm] |= stream_summary(streamed[arm])
+        result |= stream_ratios(streamed[HARDENED], streamed[STOCK])
     for key, (top, bottom) in RATIOS.items():
         numerator = [r.requests_per_second for r in figures[top]]
         denominator = [r.requests_per_second for r in figures[bottom]]
@@ -135,10 +252,11 @@ def _key_file(fleet: Fleet) -> Path:
     return path
 
 
-def _start(fleet: Fleet, front_door: bool) -> dict[str, Router]:
+def _start(fleet: Fleet, front_door: bool, token_interval_ms: float = 0.0) -> dict[str, Router]:
     """Every arm's pair and router, all up and routing before any is measured; with
     `front_door`, as the operator deploys a model by default: workers that require the model's
-    worker key (and sign their side channel with it, where hardened), smg behind the gate."""
+    worker key (and sign their side channel with it, where hardened), smg behind the gate;
+    decode paced by `token_interval_ms`."""
     key = _key_file(fleet) if front_door else None
     pairs = {
         arm: (
@@ -146,7 +264,9 @@ def _start(fleet: Fleet, front_door: bool) -> dict[str, Router]:
                 c.ROLE_PREFILL, extra=serve_flags(hardening=mode, inflight_deadline=60), worker_key_file=key
             ),
             fleet.runtime(
-                c.ROLE_DECODE, extra=serve_flags(hardening=mode, inflight_deadline=60), worker_key_file=key
+                c.ROLE_DECODE,
+                extra=serve_flags(hardening=mode, inflight_deadline=60, token_interval_ms=token_interval_ms),
+                worker_key_file=key,
             ),
         )
         for arm, mode in ARMS.items()
@@ -174,30 +294,53 @@ def schedule(pairs: int) -> list[tuple[int, str]]:
 
 
 async def _rounds(
-    routers: dict[str, Router], bodies: list[dict[str, Any]], pairs: int, concurrency: int
-) -> dict[str, list[RoundFigures]]:
+    routers: dict[str, Router],
+    bodies: list[dict[str, Any]],
+    pairs: int,
+    concurrency: int,
+    streamed_bodies: list[dict[str, Any]],
+) -> tuple[dict[str, list[RoundFigures]], dict[str, list[StreamFigures]]]:
+    """Each arm's rounds, each followed by its streamed round (none without streamed bodies)."""
     figures: dict[str, list[RoundFigures]] = {arm: [] for arm in ARMS}
+    streamed: dict[str, list[StreamFigures]] = {arm: [] for arm in ARMS}
     for i, arm in schedule(pairs):
         url = f"{routers[arm].url}{c.GENERATE_PATH}"
         lat, failed, seconds = await send_round(url, bodies, concurrency, timeout=REQUEST_TIMEOUT_S)
         figure = RoundFigures(tuple(lat), failed, seconds)
-        _progress(
-            f"round {i}/{pairs}{' (warm-up)' if not i else ''} {arm}: "
-            f"{figure.requests_per_second:.1f} req/s, {failed} failed"
-        )
+        message = f"{figure.requests_per_second:.1f} req/s, {failed} failed"
+        if streamed_bodies:
+            chat_url = f"{routers[arm].url}{streams.CHAT_PATH}"
+            stream = await stream_round(chat_url, streamed_bodies, concurrency, timeout=REQUEST_TIMEOUT_S)
+            ttft = stream.quantile("ttft", 0.5)
+            message += f"; streams: ttft p50 {_ms(ttft)} ms, {stream.failed} failed"
+            if i:
+                streamed[arm].append(stream)
+        _progress(f"round {i}/{pairs}{' (warm-up)' if not i else ''} {arm}: {message}")
         if i:
             figures[arm].append(figure)
-    return figures
+    return figures, streamed
 
 
-def run(pairs: int, requests: int, concurrency: int, seed: int, front_door: bool = False) -> dict[str, Any]:
+def run(
+    pairs: int,
+    requests: int,
+    concurrency: int,
+    seed: int,
+    front_door: bool = False,
+    stream_requests: int = DEFAULT_STREAM_REQUESTS,
+    stream_tokens: int = DEFAULT_STREAM_TOKENS,
+    token_interval_ms: float = 0.0,
+) -> dict[str, Any]:
     """The benchmark's figures (the JSON line but seconds); BenchError names a failed part."""
+    streamed_bodies = stream_bodies(stream_requests, seed, stream_tokens)
     with Fleet() as fleet:
         t0 = time.perf_counter()
         try:
-            routers = _start(fleet, front_door)
+            routers = _start(fleet, front_door, token_interval_ms)
             _progress(f"{len(fleet.procs)} processes up in {time.perf_counter() - t0:.1f}s")
-            figures = asyncio.run(_rounds(routers, short_requests(requests, seed), pairs, concurrency))
+            figures, streamed = asyncio.run(
+                _rounds(routers, short_requests(requests, seed), pairs, concurrency, streamed_bodies)
+            )
         finally:
             # A runtime serves on for a drain period after SIGTERM: signal all at once, so the
             # Fleet's one-by-one stop waits out one drain, not one per process.
@@ -210,7 +353,16 @@ def run(pairs: int, requests: int, concurrency: int, seed: int, front_door: bool
         "concurrency": concurrency,
         "seed": seed,
         "front_door": front_door,
-        **summarize(figures),
+        **summarize(figures, streamed if stream_requests else None),
+        **(
+            {
+                "stream_requests_per_round": stream_requests,
+                "stream_tokens": stream_tokens,
+                "token_interval_ms": token_interval_ms,
+            }
+            if stream_requests
+            else {}
+        ),
     }
 
 
@@ -237,14 +389,47 @@ def run(pairs: int, requests: int, concurrency: int, seed: int, front_door: bool
     help="Every arm as a model runs by default: the worker key on the workers (the hardened arm "
     "signs its side channel with it) and smg behind the router gate.",
 )
+@click.option(
+    "--stream-requests",
+    type=click.IntRange(min=0),
+    default=DEFAULT_STREAM_REQUESTS,
+    show_default=True,
+    help="Streamed chats per round and arm, after each round (0: none).",
+)
+@click.option(
+    "--stream-tokens",
+    type=click.IntRange(min=2),
+    default=DEFAULT_STREAM_TOKENS,
+    show_default=True,
+    help="New tokens of each streamed chat.",
+)
+@click.option(
+    "--token-interval-ms",
+    type=click.FloatRange(0, 1000),
+    default=0.0,
+    show_default=True,
+    help="Decode's pace between two tokens, every arm alike.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
-def serving(pairs: int, requests: int, concurrency: int, seed: int, front_door: bool, as_json: bool) -> None:
+def serving(
+    pairs: int,
+    requests: int,
+    concurrency: int,
+    seed: int,
+    front_door: bool,
+    stream_requests: int,
+    stream_tokens: int,
+    token_interval_ms: float,
+    as_json: bool,
+) -> None:
     """Short requests through the router: hardened vs stock runtimes (paired rounds, one run)."""
     exit_on_sigterm()
     t0 = time.perf_counter()
     _progress(f"{', '.join(ARMS)}: {requests} requests x {pairs} rounds each, {concurrency} clients")
     try:
-        result = run(pairs, requests, concurrency, seed, front_door)
+        result = run(
+            pairs, requests, concurrency, seed, front_door, stream_requests, stream_tokens, token_interval_ms
+        )
     except BenchError as err:
         raise click.ClickException(str(err)) from None
     result["seconds"] = round(time.perf_counter() - t0, 1)
@@ -252,5 +437,5 @@ def serving(pairs: int, requests: int, concurrency: int, seed: int, front_door: 
         for arm in ARMS:
             _progress(f"{arm:8} {result[arm]}")
     print(json.dumps(result, sort_keys=True), flush=True)
-    if any(result[arm]["requests_failed"] for arm in ARMS):
+    if any(result[arm]["requests_failed"] or result[arm].get("stream_failed") for arm in ARMS):
         sys.exit(1)

@@ -16,10 +16,16 @@ CPU moves with them, so the verdict is the median window with the spread beside 
 that reads the same every scrape), as much of a real fleet is at quiet hours; the goal is
 judged on a serving fleet only (`goal_met` is null otherwise).
 
-The same code costs more CPU on a slower machine, so the line also carries a yardstick of the
-machine: the CPU time of one parse of a fleet pod's body by the operator's own parser, in the
-bench's process (`reference_parse_cpu_us`), and the operator's CPU per scrape as a multiple of
-it (`scrape_over_reference_parse`), which moves less with the machine than `cores` does.
+The same code costs more CPU on a slower machine, so the line also carries yardsticks of the
+machine, measured in the bench's process on one fleet pod's body: `prometheus_parse_cpu_us`,
+the CPU time of prometheus_client's parse of the body (a yardstick outside our code), and
+`reference_parse_cpu_us`, the operator's parser before issue 58 (kept in the test kit).
+`cpu_over_prometheus_parse` is the operator's whole CPU per scrape (fetch, parse, judge,
+bookkeeping) as a multiple of the first; `scrape_over_reference_parse` (also
+`cpu_over_reference_parse`) of the second; `parse_cpu_us` is the operator's own parser on the
+same body. `goal_met` is judged on the first ratio (within `GOAL_CPU_OVER_PROMETHEUS_PARSE`),
+the RSS, no late round, no scrape error, every pod observed and the wedge remediated;
+`cores_goal_met` on the cores as before (`GOAL_CORES`, which moves with the machine).
 """
 
 from __future__ import annotations
@@ -39,11 +45,13 @@ from pathlib import Path
 from typing import Any, Final
 
 import click
+from prometheus_client.parser import text_string_to_metric_families
 
 import pdwarden_contract as contract
 from pdwarden_localcluster.kubeapi import ApiError
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator.watchdog.parse import parse_metrics
+from pdwarden_testkit import reference_parse
 from pdwarden_testkit.cluster_env import Env, open_env, operator_metric, operator_page, pod_metrics_body
 from pdwarden_testkit.fleet.model import fleet_model
 from pdwarden_testkit.fleet.process import FleetProcess
@@ -54,6 +62,9 @@ from pdwarden_testkit.promtext import metric_sum, samples
 MAX_ENDPOINTS: Final = 10000
 GOAL_CORES: Final = 0.25
 GOAL_RSS_MIB: Final = 300.0
+# the operator's whole CPU per scrape (fetch, parse, judge, bookkeeping) over prometheus_client's
+# parse of the same body
+GOAL_CPU_OVER_PROMETHEUS_PARSE: Final = 2.0
 REMEDIATION_COUNTED_S: Final = 30.0
 GC_COLLECTIONS: Final = "python_gc_collections_total"  # prometheus_client's, on the operator's page
 REFERENCE_PARSES: Final = 2000
@@ -185,26 +196,40 @@ def steady_figures(windows: Sequence[Window], models: int, interval: int) -> dic
     }
 
 
-def reference_parse_cpu_us(body: bytes, parses: int = REFERENCE_PARSES) -> float:
-    """The machine's yardstick: CPU microseconds of one parse of `body` by the operator's
-    parser, in this process's thread (its CPU time, not the clock's, so the load on the other
-    cores counts less). Raises the parser's ParseError for a body it refuses."""
-    parse_metrics(body)  # a refused body fails here, not as a figure
+def reference_parse_cpu_us(body: bytes, parses: int = REFERENCE_PARSES, parse: Any = None) -> float:
+    """A yardstick of the machine: CPU microseconds of one parse of `body` by the reference parser
+    (`parse`: another), in this process's thread (its CPU time, not the clock's, so the load on
+    the other cores counts less). Raises the parser's error for a body it refuses."""
+    parse = reference_parse.parse_metrics if parse is None else parse
+    parse(body)  # a refused body fails here, not as a figure
     started = time.thread_time()
     for _ in range(parses):
-        parse_metrics(body)
+        parse(body)
     return (time.thread_time() - started) / parses * 1e6
 
 
-def scrape_cost(figures: dict[str, Any], endpoints: int, models: int, reference_us: float) -> dict[str, Any]:
+def prometheus_parse(body: bytes) -> list[Any]:
+    """prometheus_client's parse of a whole exposition body: every family, every sample."""
+    return list(text_string_to_metric_families(body.decode("utf-8")))
+
+
+def scrape_cost(
+    figures: dict[str, Any], endpoints: int, models: int, reference_us: float, prometheus_us: float
+) -> dict[str, Any]:
     """The operator's CPU per scrape over the steady windows (each round scrapes its model's
-    pods), in microseconds and as a multiple of the reference parse."""
-    cost: dict[str, Any] = {"reference_parse_cpu_us": round(reference_us, 1)}
+    pods), in microseconds and as multiples of the yardsticks."""
+    cost: dict[str, Any] = {
+        "reference_parse_cpu_us": round(reference_us, 1),
+        "prometheus_parse_cpu_us": round(prometheus_us, 1),
+    }
     scrapes = figures["rounds"] * endpoints / models
     if scrapes:
         per_scrape_us = figures["operator_cpu_s"] / scrapes * 1e6
         cost["cpu_us_per_scrape"] = round(per_scrape_us, 1)
-        cost["scrape_over_reference_parse"] = round(per_scrape_us / reference_us, 2)
+        cost["scrape_over_reference_parse"] = cost["cpu_over_reference_parse"] = round(
+            per_scrape_us / reference_us, 2
+        )
+        cost["cpu_over_prometheus_parse"] = round(per_scrape_us / prometheus_us, 2)
     return cost
 
 
@@ -218,7 +243,23 @@ def _pod_body(env: Env) -> bytes:
 
 
 def goal_met(figures: dict[str, Any]) -> bool:
-    """The issue's goal, judged on the median window."""
+    """Issue 58's goal: the operator's CPU per scrape within GOAL_CPU_OVER_PROMETHEUS_PARSE
+    parses of the same body by prometheus_client, its RSS within the goal's, no late round, no
+    scrape error, every pod observed, the wedge remediated."""
+    ratio = figures.get("cpu_over_prometheus_parse")
+    return bool(
+        ratio is not None
+        and ratio <= GOAL_CPU_OVER_PROMETHEUS_PARSE
+        and figures["operator_peak_rss_mib"] <= GOAL_RSS_MIB
+        and figures["rounds_late"] == 0
+        and figures["scrape_errors"] == 0
+        and figures["unobserved_pods"] == 0
+        and figures["wedge_remediated_s"] is not None
+    )
+
+
+def cores_goal_met(figures: dict[str, Any]) -> bool:
+    """The earlier goal, judged on the median window's cores (which move with the machine)."""
     return bool(
         figures["cores"] <= GOAL_CORES
         and figures["operator_peak_rss_mib"] <= GOAL_RSS_MIB
@@ -346,8 +387,14 @@ def run(
         # connections are open
         time.sleep(2 * interval)
         setup_s = time.monotonic() - started
-        reference_us = reference_parse_cpu_us(_pod_body(env))
-        _say(f"reference parse: {reference_us:.1f} CPU-us")
+        body = _pod_body(env)
+        reference_us = reference_parse_cpu_us(body)
+        prometheus_us = reference_parse_cpu_us(body, REFERENCE_PARSES // 4, prometheus_parse)
+        parse_us = reference_parse_cpu_us(body, parse=parse_metrics)
+        _say(
+            f"prometheus_client's parse: {prometheus_us:.1f} CPU-us; the reference parse: "
+            f"{reference_us:.1f}; the operator's parse: {parse_us:.1f}"
+        )
         measured: list[Window] = []
         reading = _read(op)
         for i in range(windows):
@@ -373,17 +420,19 @@ def run(
         "pods_running_s": round(pods_running_s, 1),
         "setup_seconds": round(setup_s, 1),
         **steady,
-        **scrape_cost(steady, endpoints, models, reference_us),
+        **scrape_cost(steady, endpoints, models, reference_us, prometheus_us),
+        "parse_cpu_us": round(parse_us, 1),
         "unobserved_pods": int(reading.unobserved_pods),
         "operator_rss_mib": round(rss, 1),
         "operator_peak_rss_mib": round(peak, 1),
         **wedge,
         "cpus": os.cpu_count(),
         "loadavg_1m": round(os.getloadavg()[0], 2),
-        "goal": f"{endpoints} serving pods every {interval}s within {GOAL_CORES} core (median window) "
-        f"and {GOAL_RSS_MIB:g} MiB, no late round",
+        "goal": f"{endpoints} serving pods every {interval}s at most {GOAL_CPU_OVER_PROMETHEUS_PARSE:g}x "
+        f"prometheus_client's parse per scrape and {GOAL_RSS_MIB:g} MiB, no late round",
     }
     result["goal_met"] = goal_met(result) if idle_models == 0 else None
+    result["cores_goal_met"] = cores_goal_met(result) if idle_models == 0 else None
     return result
 
 

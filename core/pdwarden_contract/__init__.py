@@ -52,6 +52,10 @@ class ServeFlag(StrEnum):
     INFLIGHT_DEADLINE = "--inflight-deadline"
     TRANSFER_DEADLINE = "--transfer-deadline"
     WORKER_KEY_FILE = "--worker-key-file"
+    # while a key rotates: another key the pod accepts (the side channel's proofs, the bearer)
+    WORKER_KEY_ACCEPT_FILE = "--worker-key-accept-file"
+    # while a key is switched on or off: the side channel also takes what carries no proof
+    SIDE_CHANNEL_LENIENT = "--side-channel-lenient"
     ALLOW_FAULT_INJECTION = "--allow-fault-injection"
     # a group's pods (SGLang's own multi-node flags, which the runtime hands on)
     NNODES = "--nnodes"
@@ -138,6 +142,8 @@ WORKER_KEY_OPEN_PREFIXES: Final = ("/health", "/metrics")
 WORKER_KEY_SECRET_INFIX: Final = "worker-key"
 WORKER_KEY_SECRET_KEY: Final = "key"
 WORKER_KEY_DIR: Final = "/var/run/pdwarden/worker-key"
+# While the key rotates, the other key a worker accepts (mounted beside the one it uses).
+WORKER_KEY_ACCEPT_DIR: Final = "/var/run/pdwarden/worker-key-accept"
 
 # --- Environment variables ------------------------------------------------------------
 ENV_POD_IP: Final = "POD_IP"

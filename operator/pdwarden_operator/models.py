@@ -640,9 +640,25 @@ class RoleSpec(_Base):
 
 
 # smg's options the router pod owns: where smg listens (loopback, behind the gate: on another
-# address its control plane would face clients) and its keys. argparse takes any unambiguous
-# prefix of an option, so a prefix of one of these is refused too.
-ROUTER_OWNED_ARGS: Final = ("--host", "--port", "--api-key", "--control-plane-api-keys")
+# address its control plane would face clients) and its keys.
+ROUTER_LISTEN_ARGS: Final = ("--host", "--port", "--api-key", "--control-plane-api-keys")
+# ... and its health checks and removal of workers (render.ROUTER_HEALTH_ARGS: off), every
+# spelling smg 1.13.0 takes: whether a worker serves is its pod's readiness and the watchdog's
+# to say, never smg's.
+ROUTER_HEALTH_OWNED_ARGS: Final = (
+    "--disable-health-check",
+    "--health-check-interval-secs",
+    "--health-check-timeout-secs",
+    "--health-check-endpoint",
+    "--health-failure-threshold",
+    "--health-success-threshold",
+    "--remove-unhealthy-workers",
+    "--no-remove-unhealthy-workers",
+    "--worker-auto-recovery",
+    "--no-worker-auto-recovery",
+)
+# argparse takes any unambiguous prefix of an option, so a prefix of one of these is refused too.
+ROUTER_OWNED_ARGS: Final = (*ROUTER_LISTEN_ARGS, *ROUTER_HEALTH_OWNED_ARGS)
 
 
 def _router_args_not_owned(args: list[str]) -> list[str]:
@@ -652,10 +668,13 @@ def _router_args_not_owned(args: list[str]) -> list[str]:
             continue
         owned = [flag for flag in ROUTER_OWNED_ARGS if flag.startswith(name)]
         if owned:
-            raise ValueError(
-                f"{name} is set by the router pod ({owned[0]}: smg listens on loopback behind the "
-                "model's gate, with keys of the gate's own); leave it out"
+            why = (
+                "smg takes no worker out of routing on its own judgement: the pods' readiness and "
+                "the watchdog decide"
+                if owned[0] in ROUTER_HEALTH_OWNED_ARGS
+                else "smg listens on loopback behind the model's gate, with keys of the gate's own"
             )
+            raise ValueError(f"{name} is set by the router pod ({owned[0]}: {why}); leave it out")
     return args
 
 
@@ -814,10 +833,19 @@ class WorkerKeySpec(_Base):
     answers 401 to any HTTP request without it, except /health* and /metrics: only the model's
     router can hand it a PD request, read its state or reach SGLang's other endpoints, even on a
     cluster that does not enforce NetworkPolicies. The router presents the key itself; its
-    clients need none. Deleting the Secret makes the operator create a new one at the model's
-    next change or the operator's next start, and roll every pod onto it."""
+    clients need none. Raising `rotation` replaces the key without a refused request. Deleting
+    the Secret makes the operator create a new one at the model's next change or the operator's
+    next start, and roll every pod onto it at once."""
 
     enabled: bool = Field(True, description="Require the model's worker key on the workers' HTTP port.")
+    rotation: int = Field(
+        0,
+        ge=0,
+        le=2**31 - 1,
+        description="Raise it (by one) to rotate the key: the operator creates a new Secret and moves "
+        "the router and every pod onto it through windows in which the old key and the new are both "
+        "accepted, so that no request is refused. Lowering it does nothing.",
+    )
 
 
 def _nested(model: type[_Base], description: str) -> Any:
@@ -1093,6 +1121,18 @@ class AutoscalingStatus(_Base):
     ratio_message: str | None = Field(None, description="Why the band cannot be kept.", max_length=1024)
 
 
+class WorkerKeyStatus(_Base):
+    """Where the model's worker key stands."""
+
+    state: Literal["Off", "On", "SwitchingOn", "SwitchingOff", "Rotating"] = Field(
+        description="Off, On, or on the way: SwitchingOn, SwitchingOff, Rotating (one roll at a time)."
+    )
+    rotation: int | None = Field(None, description="The rotation of the key the router presents.")
+    message: str | None = Field(
+        None, description="On the way: who uses which key now, and what it waits for.", max_length=4096
+    )
+
+
 class DisaggregatedModelStatus(_Base):
     """Observed state, written by the operator."""
 
@@ -1113,6 +1153,9 @@ class DisaggregatedModelStatus(_Base):
     )
     autoscaling: AutoscalingStatus | None = Field(
         None, description="Autoscaled roles: desired against current replicas, and why."
+    )
+    worker_key: WorkerKeyStatus | None = Field(
+        None, description="The worker key: on, off, or moving (switched on or off, rotated)."
     )
     remediations: list[RemediationStatus] | None = Field(
         None, description="The last remediations, oldest first.", max_length=MAX_REMEDIATIONS_KEPT

@@ -48,6 +48,7 @@ TMP_VOLUME: Final = "tmp"
 HF_TOKEN_VOLUME: Final = "hf-token"
 # The model's worker key (router and workers), as a file.
 WORKER_KEY_VOLUME: Final = "worker-key"
+WORKER_KEY_ACCEPT_VOLUME: Final = "worker-key-accept"
 # The router's ServiceAccount token (pod discovery), in the router container only.
 ROUTER_TOKEN_VOLUME: Final = "router-token"
 
@@ -120,11 +121,12 @@ OWNED_VOLUMES: Final = (
     TMP_VOLUME,
     HF_TOKEN_VOLUME,
     WORKER_KEY_VOLUME,
+    WORKER_KEY_ACCEPT_VOLUME,
     ROUTER_TOKEN_VOLUME,
 )
 # Volumes only the main container mounts: what they hold is the model's (its keys, its Hugging
 # Face token, the router's API token), not a sidecar's.
-MAIN_ONLY_VOLUMES: Final = (HF_TOKEN_VOLUME, WORKER_KEY_VOLUME, ROUTER_TOKEN_VOLUME)
+MAIN_ONLY_VOLUMES: Final = (HF_TOKEN_VOLUME, WORKER_KEY_VOLUME, WORKER_KEY_ACCEPT_VOLUME, ROUTER_TOKEN_VOLUME)
 MAX_VOLUME_MOUNTS: Final = 64
 
 # Bounds on the fragment's lists: they keep the CEL rules' cost estimate within the budget.

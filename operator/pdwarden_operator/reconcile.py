@@ -240,12 +240,15 @@ async def _owner(
         # None in the cache: a new model, or a cache not filled yet (the operator just started),
         # which must not make a second Secret and roll every pod onto it
         workloads = await BASELINE.workloads(owner)
-    use = worker_key_secret.plan_use(workloads, owner.name, spec.worker_key.enabled)
+    key = spec.worker_key
+    use = worker_key_secret.plan_use(workloads, owner.name, key.enabled, key.rotation)
     pending = worker_key_secret.pending(owner.name)
-    checked = use is not None and use.secret != pending and verify and spec.worker_key.enabled
-    if use is not None and checked and not await _secret_exists(body, spec, owner, use.secret):
-        log.warning("%s/%s: the worker key's Secret %s is gone", owner.namespace, owner.name, use.secret)
-        use = replace(use, secret=pending)
+    newest = None if use is None else worker_key_secret.newest(use.secrets, owner.name)
+    checked = newest is not None and newest != pending and verify and key.enabled
+    if newest is not None and checked and not await _secret_exists(body, spec, owner, newest):
+        # pods could not start on it: everyone moves to a new one at once
+        log.warning("%s/%s: the worker key's Secret %s is gone", owner.namespace, owner.name, newest)
+        use = worker_key_secret.KeyUse.final(pending)
     deployed = {
         role: count
         for role in spec.autoscaled_roles
@@ -302,7 +305,7 @@ async def _secret_exists(
 ) -> bool:
     # With the model's labels and owner: the chart's admission policy admits the operator's
     # writes, dry runs included, only to objects it manages.
-    probe = worker_key_secret_object(owner, "")
+    probe = worker_key_secret_object(owner, spec, "")
     probe["metadata"] = {**{k: v for k, v in probe["metadata"].items() if k != "generateName"}, "name": name}
     try:
         await kube_apply.create(probe, dry_run=True)
@@ -331,16 +334,17 @@ async def with_worker_key(
     """`objs`, or, when the model has no worker key's Secret yet, every child rendered over
     one created now (and that Secret)."""
     use = owner.worker_key
-    if use is None or use.secret != worker_key_secret.pending(owner.name):
+    pending = worker_key_secret.pending(owner.name)
+    if use is None or pending not in use.secrets:
         return objs, None
-    secret = worker_key_secret_object(owner, worker_key_secret.new_key())
+    secret = worker_key_secret_object(owner, spec, worker_key_secret.new_key())
     try:
         created = await kube_apply.create(secret)
     except KubeApiError as exc:
         raise await _worker_key_failed(body, spec, exc) from exc
     name = created["metadata"]["name"]
     log.info("%s/%s: created the worker key's Secret %s", owner.namespace, owner.name, name)
-    rendered = plan.stamped(render_children(replace(owner, worker_key=replace(use, secret=name)), spec))
+    rendered = plan.stamped(render_children(replace(owner, worker_key=use.renamed(pending, name)), spec))
     return rendered, created
 
 
@@ -443,7 +447,14 @@ async def _finish(
     """Hand the observation to the status writer (it writes when the status changed). When
     pods exist that have waited long to run, ask the scheduler's view why first (one pod list)."""
     deployments = [o for (kind, _), o in children.items() if kind == "Deployment"]
-    observed = replace(_observed(body, spec, children), blocked=scheduling.refused(deployments))
+    uid = str(body["metadata"].get("uid", ""))
+    workloads = [o for o in children.values() if controlled_by(o, uid)]
+    key = worker_key_secret.progress(
+        workloads, body["metadata"]["name"], spec.worker_key.enabled, spec.worker_key.rotation
+    )
+    observed = replace(
+        _observed(body, spec, children), blocked=scheduling.refused(deployments), worker_key=key
+    )
     waiting = scheduling.pods_not_ready(observed.workloads.values())
     if waiting and _waiting_long(WRITER.preview(body, spec, observed)):
         pods = await _pods(body)

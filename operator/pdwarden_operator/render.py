@@ -123,34 +123,38 @@ def _key_use(owner: Owner, spec: DisaggregatedModelSpec) -> worker_key_secret.Ke
     replaces before anything is applied."""
     if owner.worker_key is not None or not spec.worker_key.enabled:
         return owner.worker_key
-    return worker_key_secret.KeyUse(worker_key_secret.pending(owner.name))
+    return worker_key_secret.KeyUse.final(worker_key_secret.pending(owner.name))
 
 
 def router_key(owner: Owner, spec: DisaggregatedModelSpec) -> str | None:
     """The Secret whose key the router presents (None: it presents none)."""
     use = _key_use(owner, spec)
-    return use.secret if use is not None and use.router else None
+    return use.router if use is not None else None
 
 
-def workers_key(owner: Owner, spec: DisaggregatedModelSpec) -> str | None:
-    """The Secret whose key the prefill and decode pods require (None: they require none)."""
+def workers_key_use(owner: Owner, spec: DisaggregatedModelSpec) -> worker_key_secret.KeyUse:
+    """What the prefill and decode pods use: the key they require and sign with, the other one
+    they accept, and whether the side channel is lenient (all None/False: no key)."""
     use = _key_use(owner, spec)
-    return use.secret if use is not None and use.workers else None
+    return use if use is not None else worker_key_secret.KeyUse()
 
 
-def _mount_worker_key(secret: str | None, volumes: list[Obj], mounts: list[Obj]) -> None:
-    """Add the key's volume and mount from `secret` (nothing for None)."""
+def _mount_worker_key(
+    secret: str | None, volumes: list[Obj], mounts: list[Obj], accepted: bool = False
+) -> None:
+    """Add a key's volume and mount from `secret` (nothing for None)."""
     if secret is not None:
-        volume, mount = worker_key_secret.volume(secret)
+        volume, mount = worker_key_secret.volume(secret, accepted)
         volumes.append(volume)
         mounts.append(mount)
 
 
-def worker_key_secret_object(owner: Owner, key: str) -> Obj:
-    """A new Secret for the model's worker key, named by the API server."""
+def worker_key_secret_object(owner: Owner, spec: DisaggregatedModelSpec, key: str) -> Obj:
+    """A new Secret for the model's worker key (of its current rotation), named by the API
+    server."""
     meta = _metadata(owner, "", WORKER_KEY_ROLE)
     del meta["name"]
-    meta["generateName"] = worker_key_secret.generate_name(owner.name)
+    meta["generateName"] = worker_key_secret.generate_name(owner.name, spec.worker_key.rotation)
     return worker_key_secret.secret(meta, key)
 
 
@@ -187,8 +191,13 @@ def runtime_command(
         flag.TRANSFER_DEADLINE,
         str(spec.transfer.transfer_deadline_seconds),
     ]
-    if workers_key(owner, spec) is not None:
+    keys = workers_key_use(owner, spec)
+    if keys.sign is not None:
         cmd += [flag.WORKER_KEY_FILE, worker_key_secret.KEY_FILE]
+        if keys.accept is not None and keys.accept != keys.sign:
+            cmd += [flag.WORKER_KEY_ACCEPT_FILE, worker_key_secret.ACCEPT_KEY_FILE]
+        if keys.lenient:
+            cmd.append(flag.SIDE_CHANNEL_LENIENT)
     if owner.allow_fault_injection:
         cmd.append(flag.ALLOW_FAULT_INJECTION)
     if group is not None:
@@ -373,7 +382,10 @@ def runtime_volumes(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> tu
         {"name": podtemplate.GONE_PODS_VOLUME, "mountPath": GONE_PODS_DIR, "readOnly": True},
         tmp_mount,
     ]
-    _mount_worker_key(workers_key(owner, spec), volumes, mounts)
+    keys = workers_key_use(owner, spec)
+    _mount_worker_key(keys.sign, volumes, mounts)
+    if keys.sign is not None and keys.accept != keys.sign:
+        _mount_worker_key(keys.accept, volumes, mounts, accepted=True)
     shm = spec.role(role).shm_size
     if shm:
         volumes.append({"name": podtemplate.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}})
@@ -577,6 +589,12 @@ ROUTER_RESILIENCE_ARGS: Final = (
     "1000",
     "--disable-circuit-breaker",
 )
+# Whether a worker serves is the pods' readiness probes' and the watchdog's to say, never smg's:
+# smg's own health checks (every 60 s, 5 s timeout, 3 failures) would take a live worker that is
+# slow to answer (a CPU-starved node) out of routing, and under discovery smg by default also
+# removes an unhealthy worker from its registry. Discovery (pod readiness) decides which
+# workers smg has; retries cover a worker that fails a request meanwhile.
+ROUTER_HEALTH_ARGS: Final = ("--disable-health-check", "--no-remove-unhealthy-workers")
 
 
 def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
@@ -610,10 +628,14 @@ def router_command(owner: Owner, spec: DisaggregatedModelSpec) -> list[str]:
         "--prometheus-port",
         str(contract.ROUTER_METRICS_PORT),
         *ROUTER_RESILIENCE_ARGS,
+        *ROUTER_HEALTH_ARGS,
         *spec.router.args,
     ]
     gate = ["pdwarden", "runtime", "router", "--host", pod_ip, "--port", str(contract.ROUTER_HTTP_PORT)]
     gate += ["--router-port", str(contract.ROUTER_LOOPBACK_PORT)]
+    # smg routes by model under discovery: the gate names the model in a native /generate body
+    # that names none (one model behind one router)
+    gate += ["--served-model-name", served_name(owner, spec)]
     if router_key(owner, spec) is not None:
         gate += ["--worker-key-file", worker_key_secret.KEY_FILE]
     return [*gate, "--", *smg]

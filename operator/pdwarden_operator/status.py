@@ -45,6 +45,7 @@ class Observed:
     error_message: str | None = None
     previous_conditions: tuple[Mapping[str, Any], ...] = ()
     blocked: Mapping[str, str] = field(default_factory=dict)  # role -> why its pods cannot run
+    worker_key: Mapping[str, Any] | None = None  # status.workerKey (worker_key_secret.progress)
 
     def workload(self, role: str) -> Workload:
         return self.workloads.get(role, Workload())
@@ -293,6 +294,8 @@ def compute_status(
         "phase": compute_phase(conditions, observed),
         "conditions": conditions,
     }
+    if observed.worker_key is not None:
+        status["workerKey"] = dict(observed.worker_key)
     for role in ROLES:
         want = desired_replicas(spec, role, observed)
         w = observed.workload(role)

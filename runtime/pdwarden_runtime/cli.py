@@ -58,12 +58,19 @@ class ServeOptions:
     aux_slots: int
     chunk_pages: int
     compute_ms: float
+    token_interval_ms: float = 0.0
     nixl_progress_poll_us: int = nixl_progress.DEFAULT_POLL_US
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: str | None = None
     worker_key_file: str | None = None
+    worker_key_accept_file: tuple[str, ...] = ()  # repeatable
+    side_channel_lenient: bool = False
     held_pages_per_writer: float = DEFAULT_HELD_PAGES_PER_WRITER
+
+    @property
+    def worker_key_accept_files(self) -> tuple[str, ...]:
+        return tuple(self.worker_key_accept_file)
 
     def worker_key(self) -> str | None:
         """The model's worker key (None: the HTTP port takes requests without one); raises
@@ -71,6 +78,12 @@ class ServeOptions:
         if self.worker_key_file is None:
             return None
         return read_key_file(self.worker_key_file)
+
+    def accepted_worker_keys(self) -> tuple[str, ...]:
+        """Every key the HTTP port takes: the worker key, then those a rotation adds."""
+        own = self.worker_key()
+        others = tuple(read_key_file(f) for f in self.worker_key_accept_files)
+        return tuple(dict.fromkeys([*([own] if own is not None else []), *others]))
 
     def group(self) -> GroupOptions | None:
         """The replica's group (None: a single-pod replica); raises ValueError when malformed."""
@@ -234,6 +247,14 @@ def _deadline(value: str) -> float | None:
     help="Synthetic prefill: simulated compute time between chunks.",
 )
 @click.option(
+    "--token-interval-ms",
+    type=click.FloatRange(min=0, max=60000),
+    default=0.0,
+    show_default=True,
+    help="Synthetic decode: time between two tokens of an answer (0: all at once), so a stream "
+    "can be read and cancelled mid-answer.",
+)
+@click.option(
     "--nixl-progress-poll-us",
     type=click.IntRange(0, nixl_progress.MAX_POLL_US),
     default=nixl_progress.DEFAULT_POLL_US,
@@ -270,6 +291,20 @@ def _deadline(value: str) -> float | None:
     "--api-key. The PD side channel (KV bootstrap routes, ZMQ messages) then carries a proof "
     "derived from it.",
 )
+@click.option(
+    c.ServeFlag.WORKER_KEY_ACCEPT_FILE,
+    type=click.Path(dir_okay=False),
+    multiple=True,
+    help="A file holding another worker key this pod accepts too (on its HTTP port and the PD "
+    "side channel) while the model's key rotates; it still uses --worker-key-file's. Repeatable.",
+)
+@click.option(
+    c.ServeFlag.SIDE_CHANNEL_LENIENT,
+    is_flag=True,
+    default=False,
+    help="While the model's key is switched on or off: the PD side channel also takes messages "
+    "and requests without a proof (this pod still signs its own).",
+)
 @click.option("--log-level", default="WARNING", show_default=True)
 @click.argument("sglang_args", nargs=-1, type=click.UNPROCESSED)
 def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, **kwargs: Any) -> None:
@@ -287,9 +322,11 @@ def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, 
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     try:
-        options.worker_key()
+        options.accepted_worker_keys()
     except WorkerKeyError as err:
         raise click.BadParameter(str(err), param_hint="--worker-key-file") from None
+    if options.worker_key_accept_files and options.worker_key_file is None:
+        raise click.UsageError(f"{c.ServeFlag.WORKER_KEY_ACCEPT_FILE} needs {c.ServeFlag.WORKER_KEY_FILE}")
     if options.engine == "sglang":
         from pdwarden_runtime.engines.sglang_engine import serve as serve_sglang
 
@@ -318,6 +355,12 @@ def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, 
     default=None,
     help="The model's worker key, presented to smg for every client (none: the model has no key).",
 )
+@click.option(
+    "--served-model-name",
+    default=None,
+    help="The model's served name, added as its model to a native /generate JSON body that names "
+    "none (smg routes by model under discovery); none: bodies pass as they are.",
+)
 @click.option("--log-level", default="WARNING", show_default=True)
 @click.argument("router_args", nargs=-1, required=True, type=click.UNPROCESSED)
 def router(
@@ -325,6 +368,7 @@ def router(
     port: int,
     router_port: int,
     worker_key_file: str | None,
+    served_model_name: str | None,
     log_level: str,
     router_args: tuple[str, ...],
 ) -> None:
@@ -342,7 +386,7 @@ def router(
             key = read_key_file(worker_key_file)
         except WorkerKeyError as err:
             raise click.BadParameter(str(err), param_hint="--worker-key-file") from None
-    sys.exit(asyncio.run(router_gate.run(host, port, router_port, key, router_args)))
+    sys.exit(asyncio.run(router_gate.run(host, port, router_port, key, router_args, served_model_name)))
 
 
 def _exit_failed(err: Exception) -> None:
@@ -378,6 +422,8 @@ def _serve_synthetic(options: ServeOptions) -> int:
         race_window=options.race_window,
         engine="synthetic",
         worker_key_file=options.worker_key_file,
+        worker_key_accept_files=options.worker_key_accept_files,
+        side_channel_lenient=options.side_channel_lenient,
         held_pages_per_writer=options.held_pages_per_writer,
     )
     engine = build_engine(
@@ -395,6 +441,7 @@ def _serve_synthetic(options: ServeOptions) -> int:
             aux_slots=options.aux_slots,
             chunk_pages=options.chunk_pages,
             compute_ms_per_chunk=options.compute_ms,
+            token_interval_ms=options.token_interval_ms,
         ),
         hardening,
     )
@@ -404,7 +451,7 @@ def _serve_synthetic(options: ServeOptions) -> int:
                 engine,
                 allow_fault_injection=options.allow_fault_injection,
                 group=group,
-                worker_key=options.worker_key(),
+                worker_keys=options.accepted_worker_keys(),
             )
         )
     except Exception as err:

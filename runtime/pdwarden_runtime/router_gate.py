@@ -19,6 +19,10 @@ that stalls for `BODY_IDLE_S`, requests over `MAX_IN_FLIGHT`, and bodies over
 `MAX_BODY_BYTES_IN_FLIGHT` in all (smg buffers each request whole) are refused rather than let
 a few dozen large uploads exhaust the pod's memory.
 
+smg switches on its multi-model mode under discovery and there refuses a native `/generate` that
+names no model; with the model's served name (`--served-model-name`) the gate adds `"model"` to
+such a JSON body as it streams through (`gate_model`). A model smg does not serve is smg's 404.
+
 A client that disconnects ends its upstream request at once (the handler is cancelled and the
 upstream connection closed), so a cancellation still reaches smg and both legs. A stop (SIGTERM)
 drains: the gate answers its readiness 503 and closes each connection after its answer, serves
@@ -46,6 +50,7 @@ from aiohttp.typedefs import Handler
 from yarl import URL
 
 import pdwarden_contract as c
+from pdwarden_runtime.gate_model import ModelFill, wants_model
 from pdwarden_runtime.worker_key import bearer
 
 log = logging.getLogger(__name__)
@@ -229,9 +234,11 @@ class Gate:
         key: str | None,
         max_in_flight: int = MAX_IN_FLIGHT,
         max_body_bytes_in_flight: int = MAX_BODY_BYTES_IN_FLIGHT,
+        model: str | None = None,
     ) -> None:
         self.upstream = URL(upstream.rstrip("/"))
         self.key = key
+        self.model = model  # the served name a native /generate body gets when it names none
         self.draining = False
         self.in_flight = 0
         self.max_in_flight = max_in_flight
@@ -277,6 +284,10 @@ class Gate:
         reservation = _Reservation(self.body_budget)
         try:
             body = await self._body(request, reservation) if request.body_exists else None
+            if body is not None and self.model is not None:
+                encoding = request.headers.get("Content-Encoding")
+                if wants_model(request.method, request.path, request.content_type, encoding):
+                    body = _named(body, ModelFill(self.model))
             return await self._forward(request, body)
         except BodyTooLarge:
             return error_response(413, f"the request body is over {MAX_BODY_BYTES} bytes", "body_too_large")
@@ -359,6 +370,12 @@ class Gate:
         return app
 
 
+async def _named(body: AsyncIterator[bytes], fill: ModelFill) -> AsyncIterator[bytes]:
+    """`body` with the model named (ModelFill), chunk by chunk as it arrives."""
+    async for chunk in body:
+        yield fill.feed(chunk)
+
+
 def control_plane_key() -> str:
     """A fresh key for smg's control plane, made for one run and presented by no one."""
     return secrets.token_urlsafe(32)
@@ -384,12 +401,19 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
-async def run(host: str, port: int, router_port: int, key: str | None, router_args: Sequence[str]) -> int:
+async def run(
+    host: str,
+    port: int,
+    router_port: int,
+    key: str | None,
+    router_args: Sequence[str],
+    model: str | None = None,
+) -> int:
     """Serve the gate and run smg until smg exits or a stop arrives; smg's exit status."""
     proc = await asyncio.create_subprocess_exec(
         *router_command(router_args, key, control_plane_key()), preexec_fn=_die_with_parent
     )
-    gate = Gate(f"http://127.0.0.1:{router_port}", key)
+    gate = Gate(f"http://127.0.0.1:{router_port}", key, model=model)
     runner = web.AppRunner(
         gate.app(),
         handler_cancellation=True,

@@ -1,7 +1,9 @@
 """The HTTP surface of a runtime pod (SGLang-compatible subset) over an engine.
 
-Routes: ``POST /generate``, ``GET /health``, ``GET /health_generate``,
-``GET /get_server_info`` and ``/server_info``, ``GET /get_model_info`` and
+Routes: ``POST /generate``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (each
+streamed or not, in SGLang 0.5.23's shapes: ``engines.synthetic_api`` reads them,
+``engines.synthetic_shapes`` answers them, ``sse_answer`` streams them), ``GET /health``,
+``GET /health_generate``, ``GET /get_server_info`` and ``/server_info``, ``GET /get_model_info`` and
 ``/model_info``, ``GET /v1/models``, ``GET /metrics``; ``GET /debug/state`` (read-only
 room/pool counters for tests and operators), ``GET /debug/room/{room}`` (one room's
 status, so a benchmark client can act on a room's phase); ``POST /debug/fault`` only with
@@ -19,19 +21,22 @@ import asyncio
 import json
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from aiohttp import web
 
 import pdwarden_contract as c
-from pdwarden_runtime.engines.synthetic import RequestFailed, SyntheticEngine
+from pdwarden_runtime.engines import synthetic_api, synthetic_shapes
+from pdwarden_runtime.engines.synthetic import ClientGone, RequestFailed, SyntheticEngine
+from pdwarden_runtime.engines.synthetic_api import ApiRequest, Route
 from pdwarden_runtime.engines.synthetic_pattern import BadRequest
 from pdwarden_runtime.group import GroupError, GroupOptions, Leader
 from pdwarden_runtime.hardening import installed_versions
 from pdwarden_runtime.hardening.config import ConfigError
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.metrics import requested_names
+from pdwarden_runtime.sse_answer import SseAnswer, Watch
 from pdwarden_runtime.transfer.kvpool import PagesExhausted
 from pdwarden_runtime.worker_key import require_key
 
@@ -47,8 +52,19 @@ SHUTDOWN_GRACE_S: Final = 5.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "code": status}}, status=status)
+def _error(status: int, message: str, route: Route = Route.GENERATE) -> web.Response:
+    return web.json_response(synthetic_shapes.error_body(route, status, message), status=status)
+
+
+def _failure(err: Exception) -> tuple[int, str]:
+    """The status and message of an engine error."""
+    if isinstance(err, BadRequest):
+        return 400, str(err)
+    if isinstance(err, PagesExhausted):
+        return 503, f"KV pool exhausted: {err}"
+    if isinstance(err, RequestFailed):
+        return err.status, str(err)
+    raise err
 
 
 class RuntimeServer:
@@ -60,10 +76,11 @@ class RuntimeServer:
         *,
         allow_fault_injection: bool = False,
         group: Leader | None = None,
-        worker_key: str | None = None,
+        worker_keys: Sequence[str] = (),
     ) -> None:
         self.engine = engine
-        self.worker_key = worker_key  # None: the HTTP port takes requests without a key
+        # Empty: the HTTP port takes requests without a key; two while the key rotates.
+        self.worker_keys = tuple(worker_keys)
         self.draining = False  # stopping: serving on, but no longer healthy
         self.allow_fault_injection = allow_fault_injection
         self.group = group  # a multi-node replica's leader: ready only once every rank joined
@@ -76,24 +93,57 @@ class RuntimeServer:
             return None
         return f"waiting for the group's ranks: {self.group.describe()}"
 
-    async def generate(self, request: web.Request) -> web.Response:
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, Route.GENERATE)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, Route.COMPLETIONS)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._serve(request, Route.CHAT)
+
+    async def _serve(self, request: web.Request, route: Route) -> web.StreamResponse:
+        """One serving route: its body read into a native request for the engine (one PD path
+        whatever the route), the engine's outputs shaped back into the route's answer."""
         if not self.engine.ready:
-            return _error(503, "engine is starting")
+            return _error(503, "engine is starting", route)
         if (missing := self._group_missing()) is not None:
-            return _error(503, missing)
+            return _error(503, missing, route)
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "request body is not valid JSON")
+            return _error(400, "request body is not valid JSON", route)
         try:
-            result = await self.engine.generate(body)
+            api = synthetic_api.parse(route, body)
         except BadRequest as err:
-            return _error(400, str(err))
-        except PagesExhausted as err:
-            return _error(503, f"KV pool exhausted: {err}")
-        except RequestFailed as err:
-            return _error(err.status, str(err))
-        return web.json_response(result)
+            return _error(400, str(err), route)
+        if api.stream:
+            return await self._stream(request, api)
+        try:
+            out = await self.engine.generate(api.native, Watch(request))
+        except (BadRequest, PagesExhausted, RequestFailed) as err:
+            return _error(*_failure(err), route)
+        except ClientGone:  # nobody to answer
+            return web.Response(status=499)
+        return web.json_response(synthetic_shapes.Shaper(api).response(out))
+
+    async def _stream(self, request: web.Request, api: ApiRequest) -> web.StreamResponse:
+        answer = SseAnswer(request, synthetic_shapes.Shaper(api))
+        try:
+            if SseAnswer.opens_at_once(api.route):
+                await answer.open()
+            try:
+                out = await self.engine.generate(api.native, answer)
+            except (BadRequest, PagesExhausted, RequestFailed) as err:
+                status, message = _failure(err)
+                if not answer.opened:
+                    return _error(status, message, api.route)
+                await answer.fail(status, message)
+                return answer.response
+            await answer.finish(out)
+        except ClientGone:
+            pass  # the engine ended the request; nobody is left to answer
+        return answer.response
 
     async def health(self, request: web.Request) -> web.Response:
         if self.draining:
@@ -148,20 +198,7 @@ class RuntimeServer:
 
     async def models(self, request: web.Request) -> web.Response:
         o = self.engine.options
-        return web.json_response(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": o.model,
-                        "object": "model",
-                        "owned_by": "pdwarden",
-                        "root": o.model,
-                        "max_model_len": o.pool_pages * o.page_size,
-                    }
-                ],
-            }
-        )
+        return web.json_response(synthetic_shapes.model_list(o.model, o.pool_pages * o.page_size))
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         rt = self.engine.rt
@@ -203,10 +240,12 @@ class RuntimeServer:
 
     # --- apps ----------------------------------------------------------------------------
     def http_app(self) -> web.Application:
-        middlewares = [require_key(self.worker_key)] if self.worker_key is not None else []
+        middlewares = [require_key(self.worker_keys)] if self.worker_keys else []
         app = web.Application(client_max_size=c.MAX_REQUEST_BODY_BYTES, middlewares=middlewares)
         add = app.router.add_route
         add("POST", c.GENERATE_PATH, self.generate)
+        add("POST", Route.COMPLETIONS.value, self.completions)
+        add("POST", Route.CHAT.value, self.chat_completions)
         add("GET", c.HEALTH_PATH, self.health)
         add("GET", c.HEALTH_GENERATE_PATH, self.health_generate)
         for path in ("/get_server_info", "/server_info"):
@@ -245,7 +284,7 @@ async def run_synthetic(
     *,
     allow_fault_injection: bool,
     group: GroupOptions | None = None,
-    worker_key: str | None = None,
+    worker_keys: Sequence[str] = (),
 ) -> None:
     """Serve until SIGTERM/SIGINT. The HTTP port answers /health 503 until the engine is up
     (and, for a group's leader, until every rank has joined). A group's leader raises
@@ -255,7 +294,7 @@ async def run_synthetic(
     if leader is not None:
         await leader.start()
     server = RuntimeServer(
-        engine, allow_fault_injection=allow_fault_injection, group=leader, worker_key=worker_key
+        engine, allow_fault_injection=allow_fault_injection, group=leader, worker_keys=worker_keys
     )
     await server.start(o.host, o.port, o.metrics_port)
     log.info(

@@ -10,7 +10,7 @@ any prefill as its peer), read its debug state or inject a fault.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -61,25 +61,33 @@ def auth_headers(key: str | None) -> dict[str, str]:
     return {} if key is None else {"Authorization": bearer(key)}
 
 
-def authorized(header: str | None, key: str) -> bool:
-    """Whether an Authorization header carries `key` (compared in constant time)."""
+def authorized(header: str | None, keys: str | Sequence[str]) -> bool:
+    """Whether an Authorization header carries `keys` (one, or any of several while the key
+    rotates; each compared in constant time)."""
     if not header:
         return False
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(token.strip().encode(), key.encode())
+    given = token.strip().encode()
+    accepted = (keys,) if isinstance(keys, str) else tuple(keys)
+    # every key compared, so the time says nothing of which one matched
+    return sum(hmac.compare_digest(given, key.encode()) for key in accepted) > 0
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def require_key(key: str) -> Middleware:
-    """An aiohttp middleware that answers 401 (SGLang's body shape) without the key."""
+def require_key(keys: str | Sequence[str]) -> Middleware:
+    """An aiohttp middleware that answers 401 (SGLang's body shape) without the key (or one
+    of the keys, while the key rotates)."""
+    accepted = (keys,) if isinstance(keys, str) else tuple(keys)
+    if not accepted:
+        raise ValueError("require_key needs at least one key")
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if is_open(request.path) or authorized(request.headers.get("Authorization"), key):
+        if is_open(request.path) or authorized(request.headers.get("Authorization"), accepted):
             return await handler(request)
         return web.json_response(
             {"error": {"message": "Unauthorized: this worker takes requests from its model's router only"}},

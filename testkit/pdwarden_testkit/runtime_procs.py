@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from typing import Any
 
 import pdwarden_contract as contract
 from pdwarden_localcluster.waits import wait_for
-from pdwarden_operator.render import ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
+from pdwarden_operator.render import ROUTER_HEALTH_ARGS, ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
 from pdwarden_runtime.router_gate import control_plane_key, router_command
 from pdwarden_runtime.worker_key import auth_headers, read_key_file
 from pdwarden_testkit.ports import free_port
@@ -308,21 +309,37 @@ def start_router(
     worker_key_file: Path | None = None,
     api_key: str | None = None,
     gated: bool | None = None,
+    discovery: bool = False,
+    served_model_name: str | None = None,
+    health_args: Sequence[str] = ROUTER_HEALTH_ARGS,
 ) -> Router:
     """SGLang's router over static workers, with the operator's retry and breaker settings
     (``python``/``module``: another router installation, to compare one with the project's);
-    ``gated`` (the default with ``worker_key_file``): behind ``pdwarden runtime router``'s gate
-    as the operator runs it, presenting ``worker_key_file``'s key when given; with ``api_key``,
-    smg's own ``--api-key`` alone (its clients must then present it)."""
-    gated = worker_key_file is not None if gated is None else gated
+    ``gated`` (the default with ``worker_key_file`` or ``served_model_name``): behind
+    ``pdwarden runtime router``'s gate as the operator runs it, presenting ``worker_key_file``'s
+    key when given and naming ``served_model_name`` in a native /generate body that names none;
+    with ``api_key``, smg's own ``--api-key`` alone (its clients must then present it).
+    ``discovery``: the workers come from smg's discovery (its file provider, a manifest naming
+    them) with the operator's health settings (``health_args``), as in the cluster: smg switches
+    on its multi-model mode (IGW) under any discovery, and routes by model."""
+    gated = (worker_key_file is not None or served_model_name is not None) if gated is None else gated
     port = free_port(host)
     metrics_port = free_port(host)
     smg_port = free_port("127.0.0.1") if gated else port
     workers: list[str] = []
-    for prefill in prefills:
-        workers += ["--prefill", prefill.url, str(prefill.bootstrap_port)]
-    for decode in decodes:
-        workers += ["--decode", decode.url]
+    if discovery:
+        manifest = log_dir / f"router-{port}-workers.json"
+        entries: list[dict[str, Any]] = [
+            {"url": p.url, "worker_type": "prefill", "bootstrap_port": p.bootstrap_port} for p in prefills
+        ]
+        entries += [{"url": d.url, "worker_type": "decode"} for d in decodes]
+        manifest.write_text(json.dumps({"version": 1, "workers": entries}))
+        workers += ["--discovery-provider", "file", "--discovery-file", str(manifest), *health_args]
+    else:
+        for prefill in prefills:
+            workers += ["--prefill", prefill.url, str(prefill.bootstrap_port)]
+        for decode in decodes:
+            workers += ["--decode", decode.url]
     argv = [
         python or _python_bin(),
         "-m",
@@ -348,6 +365,8 @@ def start_router(
         gate += ["--router-port", str(smg_port)]
         if worker_key_file is not None:
             gate += ["--worker-key-file", str(worker_key_file)]
+        if served_model_name is not None:
+            gate += ["--served-model-name", served_model_name]
         argv = [*gate, "--", *argv]
     return Router(host, port, spawn(f"router-{port}", argv, log_dir), metrics_port)
 
@@ -385,6 +404,9 @@ class Fleet:
         worker_key_file: Path | None = None,
         api_key: str | None = None,
         gated: bool | None = None,
+        discovery: bool = False,
+        served_model_name: str | None = None,
+        health_args: Sequence[str] = ROUTER_HEALTH_ARGS,
     ) -> Router:
         router = start_router(
             prefills,
@@ -395,13 +417,23 @@ class Fleet:
             worker_key_file=worker_key_file,
             api_key=api_key,
             gated=gated,
+            discovery=discovery,
+            served_model_name=served_model_name,
+            health_args=health_args,
         )
         self.procs.append(router.proc)
         return router
 
-    def stop(self) -> None:
-        for proc in self.procs:
-            proc.stop()
+    def stop(self, grace: float = 5.0) -> None:
+        """Every process told to stop at once, then waited for (SIGKILL after `grace`): a
+        fleet's stop takes one grace, not one per process."""
+        alive = [proc for proc in self.procs if proc.alive()]
+        for proc in alive:
+            proc.signal(signal.SIGCONT)
+            proc.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in alive:
+            proc.stop(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> Fleet:
         return self

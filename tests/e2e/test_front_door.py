@@ -89,6 +89,11 @@ def test_the_front_door_serves_clients_only_and_a_router_pod_stops_without_faili
 
     # a client without a key: served routes answer, smg's control plane and admin routes do not
     assert http_json(f"{url}/v1/models")[0] == 200
+    # smg under Kubernetes discovery routes by model: a /generate naming none reaches the model
+    # (the gate names it), an unknown model is OpenAI's 404
+    unnamed = {k: v for k, v in body.items() if k != "model"}
+    by_model = [http_json(f"{url}{contract.GENERATE_PATH}", b) for b in (unnamed, {**body, "model": "no"})]
+    assert [a[0] for a in by_model] == [200, 404], by_model
     refused = {(m, p): http_status(m, f"{url}{p}", b) for m, p, b in CONTROL_PLANE_REQUESTS}
     assert set(refused.values()) == {403}, refused
 

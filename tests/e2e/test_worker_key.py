@@ -1,10 +1,12 @@
-"""The model's worker key switched on and off under load: no request refused.
+"""The model's worker key switched on, rotated and switched off under load: no request refused.
 
 A model that ran without the key (an upgrade from a release without it, or
 `workerKey.enabled: false`) gets it with clients sending requests through its router's Service
-all along: the router's pods present the key first, the workers require it only once every
-router pod does, and every pod ends up on the Secret the operator created. Switched off again,
-the workers stop requiring it first. Every request answers 200 throughout.
+all along: the router's pods present the key first, the workers require it (taking side-channel
+messages without a proof for one roll), and every pod ends up on the Secret the operator
+created. Rotated (`workerKey.rotation` raised), the workers accept the new key, the router
+presents it, the workers sign with it, and the old one goes. Switched off again, the workers
+drop it first. Every request answers 200 throughout.
 """
 
 from __future__ import annotations
@@ -41,32 +43,38 @@ def clients(url: str) -> contextlib.AbstractContextManager[Answers]:
 
 def _workloads(env: Env) -> list[dict[str, Any]]:
     path = f"/apis/apps/v1/namespaces/{env.namespace}/deployments?labelSelector={contract.LABEL_MODEL}={NAME}"
-    return list(env.call("GET", path)["items"])
+    return [
+        {**item, "kind": "Deployment"} for item in env.call("GET", path)["items"]
+    ]  # a list's items name no kind
 
 
-def _keyed(env: Env, on: bool) -> bool:
-    """Every Deployment of the model mounts the key (`on`) or none does, and each has rolled out."""
+def _on(env: Env, rotation: int | None) -> bool:
+    """Every Deployment of the model on one key of this `rotation`, nothing in between (None:
+    on no key), and each rolled out."""
     workloads = _workloads(env)
-    mounts = [
-        worker_key_secret.mounted_by(w["spec"]["template"]["spec"], NAME) is not None for w in workloads
-    ]
+    seen = worker_key_secret.observed(workloads, NAME)
+    if len(workloads) != 3 or not seen.settled or len(seen.uses) != 1:
+        return False
+    [use] = seen.uses
+    if rotation is None:
+        return not use.secrets
     return (
-        len(workloads) == 3
-        and all(m is on for m in mounts)
-        and all(map(worker_key_secret.rolled_out, workloads))
+        use.sign is not None
+        and use == worker_key_secret.KeyUse.final(use.sign)
+        and (worker_key_secret.rotation_of(use.sign, NAME) == rotation)
     )
 
 
-def _patch(env: Env, enabled: bool) -> None:
+def _patch(env: Env, worker_key: dict[str, Any]) -> None:
     env.call(
         "PATCH",
         f"/apis/{contract.API_GROUP}/{contract.API_VERSION}/namespaces/{env.namespace}/{contract.PLURAL}/{NAME}",
-        {"spec": {"workerKey": {"enabled": enabled}}},
+        {"spec": {"workerKey": worker_key}},
         content_type="application/merge-patch+json",
     )
 
 
-def test_switching_the_worker_key_on_and_off_under_load_refuses_no_request(env: Env) -> None:
+def test_the_worker_key_switched_on_rotated_and_off_under_load_refuses_no_request(env: Env) -> None:
     env.start_operator()
     model = synthetic_model(
         env.namespace,
@@ -75,8 +83,9 @@ def test_switching_the_worker_key_on_and_off_under_load_refuses_no_request(env: 
         transfer={"inflightDeadlineSeconds": 30, "transferDeadlineSeconds": 20},
         watchdog={"stuckAfterSeconds": 60, "scrapeIntervalSeconds": 5, "action": "alert"},
     )
-    env.create_model(model)  # without the key (the host plays the router in other scenarios)
-    wait_for(lambda: _keyed(env, False), 240, "the model's three Deployments rolled out", 1.0, API_TRANSIENT)
+    model["spec"]["workerKey"] = {"enabled": False}  # as a release without the key ran it
+    env.create_model(model)
+    wait_for(lambda: _on(env, None), 240, "the model's three Deployments rolled out", 1.0, API_TRANSIENT)
     svc = env.call("GET", f"/api/v1/namespaces/{env.namespace}/services/{NAME}-router")
     url = f"http://{svc['spec']['clusterIP']}:{contract.ROUTER_HTTP_PORT}{contract.GENERATE_PATH}"
     wait_for(
@@ -87,20 +96,29 @@ def test_switching_the_worker_key_on_and_off_under_load_refuses_no_request(env: 
     )
 
     with clients(url) as answers:
-        _patch(env, True)
-        wait_for(
-            lambda: _keyed(env, True), 300, "every Deployment on the key, rolled out", 2.0, API_TRANSIENT
-        )
+        _patch(env, {"enabled": True})
+        wait_for(lambda: _on(env, 0), 300, "every Deployment on the key, rolled out", 2.0, API_TRANSIENT)
         on = answers.ok
-        time.sleep(5)
-        _patch(env, False)
-        wait_for(lambda: _keyed(env, False), 300, "no Deployment on the key, rolled out", 2.0, API_TRANSIENT)
-        time.sleep(5)
+        _patch(env, {"rotation": 1})
+        wait_for(lambda: _on(env, 1), 400, "every Deployment on the new key, rolled out", 2.0, API_TRANSIENT)
+        wait_for(
+            lambda: (env.dm(NAME).get("status") or {}).get("workerKey") == {"state": "On", "rotation": 1},
+            60,
+            "status to say the rotated key is on",
+            1.0,
+            API_TRANSIENT,
+        )
+        rotated = answers.ok
+        _patch(env, {"enabled": False})
+        wait_for(lambda: _on(env, None), 300, "no Deployment on a key, rolled out", 2.0, API_TRANSIENT)
+        time.sleep(3)
     assert answers.failed == [], json.dumps(answers.failed[:20], indent=1)
-    assert on > 20 and answers.ok > on, (on, answers.ok)
-    # the key the pods had was one Secret, owned by the model
+    assert 20 < on < rotated < answers.ok, (on, rotated, answers.ok)
+    # the keys the pods had: two Secrets (the first and the rotated one), owned by the model
     secrets = env.call(
         "GET", f"/api/v1/namespaces/{env.namespace}/secrets?labelSelector={contract.LABEL_MODEL}={NAME}"
     )
-    names = [s["metadata"]["name"] for s in secrets["items"]]
-    assert len(names) == 1 and names[0].startswith(f"{NAME}-worker-key-"), names
+    rotations = sorted(
+        worker_key_secret.rotation_of(s["metadata"]["name"], NAME) or 0 for s in secrets["items"]
+    )
+    assert rotations == [0, 1], [s["metadata"]["name"] for s in secrets["items"]]

@@ -26,7 +26,7 @@ import pytest
 
 import pdwarden_contract as c
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, new_session, pd_request, request_body
-from pdwarden_localcluster.waits import wait_for
+from pdwarden_localcluster.waits import WaitTimeout, wait_for
 from pdwarden_runtime.hardening.config import DEFAULT_HELD_PAGES_PER_WRITER
 from pdwarden_testkit.promtext import metric_sum, samples
 from pdwarden_testkit.runtime_procs import (
@@ -129,6 +129,19 @@ def freed(pair: Pair, room: int) -> dict[str, Any] | None:
     return next((f for f in state["freed_held_rooms"] if f["room"] == room), None)
 
 
+def wait_freed(pair: Pair, room: int, timeout: float) -> dict[str, Any]:
+    """The room's freed entry, once the decode freed its pages; else a failure that shows
+    both sides' state and logs (what held the drain ACK back)."""
+    try:
+        return wait_for(lambda: freed(pair, room), timeout, f"room {room}'s pages freed", 0.2)
+    except WaitTimeout:
+        raise AssertionError(
+            f"room {room}'s pages not freed in {timeout:g} s\n"
+            f"prefill state: {pair.prefill.state()}\ndecode state: {pair.decode.state()}\n"
+            f"prefill log:\n{pair.prefill.proc.log_tail(80)}\ndecode log:\n{pair.decode.proc.log_tail(80)}"
+        ) from None
+
+
 def test_pages_stay_held_past_the_old_release_timeout_and_go_when_the_writer_drains(pair: Pair) -> None:
     room = 8_424_001
     state = hold_one_room(pair, room)
@@ -142,7 +155,7 @@ def test_pages_stay_held_past_the_old_release_timeout_and_go_when_the_writer_dra
         assert room in pair.prefill.state()["quarantined_rooms"]
         time.sleep(1.0)
     set_fault(pair.prefill, "none")  # the writes end: the quarantine sees it, prefill acks
-    gone = wait_for(lambda: freed(pair, room), 15, f"room {room}'s pages freed", 0.2)
+    gone = wait_freed(pair, room, 30)
     assert gone["how"] == "drained"
     state = pair.decode.state()
     assert state["held_rooms"] == [] and state["free_pages"] == state["total_pages"]
@@ -154,7 +167,7 @@ def test_pages_go_when_the_writer_is_a_new_process_at_the_same_address(pair: Pai
     time.sleep(5.0)  # the writer watch has identified the writer meanwhile
     assert freed(pair, room) is None
     pair.restart_prefill_in_place()
-    gone = wait_for(lambda: freed(pair, room), 20, f"room {room}'s pages freed", 0.2)
+    gone = wait_freed(pair, room, 30)
     assert gone["how"] == "new-incarnation"
     state = pair.decode.state()
     assert state["held_rooms"] == [] and state["free_pages"] == state["total_pages"]
@@ -220,7 +233,7 @@ def test_a_room_failed_by_a_lost_heartbeat_holds_its_pages_until_the_writer_drai
     state = pair.decode.state()
     assert [h["room"] for h in state["held_rooms"]] == [room], state["freed_held_rooms"]
     set_fault(pair.prefill, c.FAULT_NONE)  # the writes end: prefill drains and acks
-    gone = wait_for(lambda: freed(pair, room), 20, f"room {room}'s pages freed", 0.2)
+    gone = wait_freed(pair, room, 30)
     assert gone["how"] == "drained"
     state = pair.decode.state()
     assert state["held_rooms"] == [] and state["free_pages"] == state["total_pages"]
@@ -251,7 +264,7 @@ def test_a_writer_over_its_held_pages_bound_is_refused_new_requests_until_it_dra
         == 1
     )
     set_fault(pair.prefill, c.FAULT_NONE)  # the writer drains: under its bound again
-    gone = wait_for(lambda: freed(pair, room), 15, f"room {room}'s pages freed", 0.2)
+    gone = wait_freed(pair, room, 30)
     assert gone["how"] == "drained"
 
     async def one() -> str:

@@ -191,7 +191,7 @@ def _race(boot_port: int, settle_s: float) -> dict[str, Any]:
         "decode": PdwKVPoll(int(receiver.poll())).name,
         "refused_failed_to_transferring": refused,
         "prefill_inflight": prefill.pdwarden.tracker.count(),
-        "side_key": hardening.installed_config().side_key is not None,
+        "side_key": hardening.installed_config().side_keys.required,
         "side_channel_errors": [
             mgr.pdwarden.metrics.registry.get_sample_value(
                 "pdwarden_runtime_errors_total", {"role": role, "where": "side_channel"}

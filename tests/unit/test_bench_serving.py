@@ -1,5 +1,6 @@
 """`pdwarden bench serving`'s pure parts: the paired round order, the workload, each arm's
-percentiles and rate, the paired rate ratio; the JSON keys its docstring names."""
+percentiles and rate, the paired rate ratio; the streamed rounds' time to first token and
+inter-token gaps and their paired ratios; the JSON keys its docstring names."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import pytest
 
 import pdwarden_bench.serving as serving
+from pdwarden_bench import streams
 from pdwarden_bench.gate_cost import percentile, short_requests
 from pdwarden_bench.serving import (
     ARMS,
@@ -16,10 +18,16 @@ from pdwarden_bench.serving import (
     RATIO,
     STOCK,
     RoundFigures,
+    StreamFigures,
     arm_summary,
     schedule,
+    stream_bodies,
+    stream_figures,
+    stream_ratios,
+    stream_summary,
     summarize,
 )
+from pdwarden_bench.streams import StreamAnswer
 from pdwarden_runtime.hardening.config import (
     HARDENING_BENCH_STOCK_PROMPT_WAKE,
     HARDENING_OFF,
@@ -138,3 +146,69 @@ def test_the_docstring_names_every_json_key() -> None:
     for key in keys:
         assert key.removesuffix("_min").removesuffix("_max") in doc, key
     assert "_min and _max" in doc
+
+
+def _streams(ttft: tuple[float, ...], itl: tuple[float, ...], failed: int = 0) -> StreamFigures:
+    return StreamFigures(ttft, itl, failed, len(ttft) + failed)
+
+
+def test_a_streamed_round_times_answered_streams_only() -> None:
+    answers = [
+        StreamAnswer(streams.OK, 1.0, 5, (0.1, 0.15, 0.25)),
+        StreamAnswer(streams.OK, 1.0, 4, (0.2, 0.3)),
+        StreamAnswer(streams.FAILED, 0.5, 2, (0.05,), 200, "the stream ended without data: [DONE]"),
+        StreamAnswer(streams.OK, 1.0, 2, ()),  # its [DONE] came, no token: no time to first token
+    ]
+    figures = stream_figures(answers, requests=4)
+    assert figures.ttft == (0.1, 0.2) and figures.failed == 1 and figures.requests == 4
+    assert figures.itl == pytest.approx((0.05, 0.1, 0.1))
+
+
+def test_stream_summary_pools_each_arm_s_rounds() -> None:
+    summary = stream_summary([_streams((0.1, 0.2), (0.01,)), _streams((0.3,), (0.02, 0.04), failed=2)])
+    assert summary == {
+        "ttft_p50_ms": 200.0,
+        "ttft_p99_ms": 300.0,
+        "itl_p50_ms": 20.0,
+        "itl_p99_ms": 40.0,
+        "stream_requests": 5,
+        "stream_failed": 2,
+    }
+    empty = stream_summary([_streams((), (), failed=3)])
+    assert empty["ttft_p50_ms"] is None and empty["itl_p99_ms"] is None and empty["stream_failed"] == 3
+
+
+def test_the_streamed_ratios_are_paired_by_round() -> None:
+    # round 2 is slow for both arms: within each round hardened's first token comes 10 % later
+    hardened = [_streams((0.11,), (0.02,)), _streams((0.22,), (0.01,))]
+    stock = [_streams((0.10,), (0.01,)), _streams((0.20,), (0.01,))]
+    ratios = stream_ratios(hardened, stock)
+    assert ratios["hardened_over_stock_ttft_p50"] == 1.1 and ratios["hardened_over_stock_ttft_p99_max"] == 1.1
+    key = "hardened_over_stock_itl_p50"
+    assert (ratios[f"{key}_min"], ratios[key], ratios[f"{key}_max"]) == (1.0, 1.5, 2.0)
+
+
+def test_a_streamed_ratio_is_none_when_a_round_lacks_the_figure() -> None:
+    ratios = stream_ratios([_streams((0.1,), ())], [_streams((0.1,), (0.0,))])
+    assert ratios["hardened_over_stock_ttft_p50"] == 1.0
+    assert ratios["hardened_over_stock_itl_p50"] is None  # hardened has no gap, stock's is 0
+    assert stream_ratios([], []) == {key: None for key in ratios}
+
+
+def test_the_streamed_bodies_are_seeded_chats() -> None:
+    bodies = stream_bodies(20, seed=3, max_tokens=16)
+    assert bodies == stream_bodies(20, seed=3, max_tokens=16) != stream_bodies(20, seed=4, max_tokens=16)
+    assert all(b["stream"] and b["max_tokens"] == 16 for b in bodies)
+    assert all(8 <= len(b["messages"][0]["content"]) <= 64 for b in bodies)
+
+
+def test_the_docstring_names_every_streamed_json_key() -> None:
+    result = summarize(
+        {arm: [_round(1.0)] for arm in ARMS}, {arm: [_streams((0.1,), (0.01,))] for arm in ARMS}
+    )
+    assert set(stream_summary([])) <= set(result[HARDENED])
+    keys = {key for key in result if key not in ARMS} | set(result[HARDENED])
+    keys |= {"stream_requests_per_round", "stream_tokens", "token_interval_ms"}
+    doc = " ".join((serving.__doc__ or "").split())
+    for key in keys:
+        assert key.removesuffix("_min").removesuffix("_max") in doc, key

@@ -1,6 +1,6 @@
 """bench watchdog's verdict is the median of its steady windows, each window's CPU beside it, and
-its counts are over every window; its yardstick of the machine is the operator's parse of a
-fleet pod's body."""
+its counts are over every window; its yardsticks of the machine are prometheus_client's parse
+and the reference parse (the operator's parser before issue 58) of a fleet pod's body."""
 
 from __future__ import annotations
 
@@ -13,15 +13,17 @@ from click.testing import CliRunner
 from pdwarden_bench.watchdog import (
     Reading,
     Window,
+    cores_goal_met,
     goal_met,
     model_count,
+    prometheus_parse,
     reference_parse_cpu_us,
     scrape_cost,
     steady_figures,
     window,
 )
 from pdwarden_bench.watchdog import watchdog as bench_watchdog
-from pdwarden_operator.watchdog.parse import METRICS_READ, ParseError
+from pdwarden_operator.watchdog.parse import METRICS_READ, ParseError, parse_metrics
 from pdwarden_testkit.fleet.runtimes import FleetRuntimes
 
 pytestmark = pytest.mark.unit
@@ -100,6 +102,7 @@ def test_no_window_is_an_error_not_a_verdict() -> None:
 def _run(**overrides: Any) -> dict[str, Any]:
     figures = steady_figures([_window(14.0), _window(16.0), _window(14.5)], models=100, interval=10)
     figures |= {"operator_peak_rss_mib": 280.0, "unobserved_pods": 0, "wedge_remediated_s": 12.0}
+    figures |= {"cpu_over_prometheus_parse": 1.5}
     return figures | overrides
 
 
@@ -107,7 +110,10 @@ def _run(**overrides: Any) -> dict[str, Any]:
     ("overrides", "met"),
     [
         ({}, True),
-        ({"cores": 0.26}, False),
+        ({"cpu_over_prometheus_parse": 2.0}, True),
+        ({"cpu_over_prometheus_parse": 2.01}, False),
+        ({"cpu_over_prometheus_parse": None}, False),  # no scrape measured: no verdict of success
+        ({"cores": 0.26}, True),  # the cores move with the machine: not the goal's
         ({"operator_peak_rss_mib": 301.0}, False),
         ({"rounds_late": 1}, False),
         ({"scrape_errors": 1}, False),
@@ -119,9 +125,16 @@ def test_the_goal(overrides: dict[str, Any], met: bool) -> None:
     assert goal_met(_run(**overrides)) is met
 
 
-def test_the_reference_parse_is_the_operators_parse_of_a_fleet_body_and_refuses_garbage() -> None:
+def test_the_cores_goal_is_still_judged_beside_it() -> None:
+    assert cores_goal_met(_run())
+    assert not cores_goal_met(_run(cores=0.26))
+
+
+def test_the_reference_parse_is_the_reference_parsers_of_a_fleet_body_and_refuses_garbage() -> None:
     body, _ = FleetRuntimes().body("prefill", "serving", METRICS_READ)
     assert reference_parse_cpu_us(body, parses=50) > 0
+    assert reference_parse_cpu_us(body, parses=50, parse=parse_metrics) > 0  # the operator's, beside it
+    assert reference_parse_cpu_us(body, parses=10, parse=prometheus_parse) > 0  # the library's
     with pytest.raises(ParseError):  # a figure from a body the operator refuses would mean nothing
         reference_parse_cpu_us(b"\x00garbage", parses=50)
 
@@ -129,13 +142,18 @@ def test_the_reference_parse_is_the_operators_parse_of_a_fleet_body_and_refuses_
 def test_the_cost_of_a_scrape_is_the_windows_cpu_over_every_models_pods_per_round() -> None:
     figures = steady_figures([_window(24.0, rounds=600), _window(24.0, rounds=600)], models=100, interval=10)
     # 1,200 rounds of 100 pods each (10,000 pods as 100 models): 48 CPU-s over 120,000 scrapes
-    assert scrape_cost(figures, endpoints=10000, models=100, reference_us=100.0) == {
+    assert scrape_cost(figures, endpoints=10000, models=100, reference_us=100.0, prometheus_us=250.0) == {
         "reference_parse_cpu_us": 100.0,
+        "prometheus_parse_cpu_us": 250.0,
         "cpu_us_per_scrape": 400.0,
         "scrape_over_reference_parse": 4.0,
+        "cpu_over_reference_parse": 4.0,
+        "cpu_over_prometheus_parse": 1.6,
     }
-    idle = scrape_cost(figures | {"rounds": 0}, endpoints=10000, models=100, reference_us=100.0)
-    assert idle == {"reference_parse_cpu_us": 100.0}
+    idle = scrape_cost(
+        figures | {"rounds": 0}, endpoints=10000, models=100, reference_us=100.0, prometheus_us=1.0
+    )
+    assert idle == {"reference_parse_cpu_us": 100.0, "prometheus_parse_cpu_us": 1.0}
 
 
 def test_idle_models_leave_at_least_one_serving_and_are_refused_before_a_cluster_starts() -> None:
@@ -148,3 +166,14 @@ def test_idle_models_leave_at_least_one_serving_and_are_refused_before_a_cluster
         bench_watchdog, ["--endpoints", "200", "--idle-models", "2", "--kubeconfig", "/nonexistent"]
     )
     assert result.exit_code == 2 and "fewer than the 2 models" in result.output, result.output
+
+
+def test_the_goal_from_the_windows() -> None:
+    """The ratio comes from the windows' CPU over their scrapes and prometheus_client's parse."""
+    figures = steady_figures([_window(1.2, rounds=600), _window(1.2, rounds=600)], models=100, interval=10)
+    base = {"operator_peak_rss_mib": 200.0, "unobserved_pods": 0, "wedge_remediated_s": 9.0}
+    cost = scrape_cost(figures, endpoints=10000, models=100, reference_us=5.0, prometheus_us=10.0)
+    assert cost["cpu_over_prometheus_parse"] == 2.0  # 2.4 CPU-s over 120,000 scrapes: 20 us
+    assert goal_met(figures | cost | base)
+    slower = scrape_cost(figures, endpoints=10000, models=100, reference_us=5.0, prometheus_us=9.0)
+    assert not goal_met(figures | slower | base)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pdwarden_operator.models import DisaggregatedModelSpec, Rule, parse_spec
+from pdwarden_operator.models import ROUTER_OWNED_ARGS, DisaggregatedModelSpec, Rule, parse_spec
 from pdwarden_operator.reconcile import describe_validation_error
 
 pytestmark = pytest.mark.unit
@@ -102,6 +102,16 @@ def test_every_rule_breaks_in_the_corpus_with_its_own_message() -> None:
         "--api-key=mine",
         "--control-plane-api-keys",
         "--control",
+        "--disable-health-check",
+        "--health-check-interval-secs=5",
+        "--health-check-timeout-secs",
+        "--health-check-endpoint",
+        "--health-failure-threshold",
+        "--health-success-threshold",
+        "--remove-unhealthy-workers",
+        "--no-remove-unhealthy-workers",
+        "--worker-auto-recovery",
+        "--no-worker-auto",
     ],
 )
 def test_the_router_pods_own_smg_options_are_refused_with_the_field_named(arg: str) -> None:
@@ -113,6 +123,18 @@ def test_the_router_pods_own_smg_options_are_refused_with_the_field_named(arg: s
     assert message.startswith("spec.router.args") and "set by the router pod" in message, message
 
 
+def test_smgs_health_checks_and_worker_removal_are_the_router_pods_and_say_why() -> None:
+    """Whether a worker serves is its pod's readiness and the watchdog's to say: smg's own checks
+    and removal are off (render.ROUTER_HEALTH_ARGS), and a user may not switch them back on."""
+    from pdwarden_operator.render import ROUTER_HEALTH_ARGS
+
+    assert set(ROUTER_HEALTH_ARGS) <= set(ROUTER_OWNED_ARGS)
+    with pytest.raises(ValidationError) as info:
+        parse_spec({"model": {"path": "m"}, "router": {"args": ["--remove-unhealthy-workers"]}})
+    message = describe_validation_error(info.value)
+    assert message.startswith("spec.router.args") and "readiness" in message and "watchdog" in message
+
+
 def test_other_smg_options_pass() -> None:
-    args = ["--policy-extra", "x", "--health-check-interval-secs", "5", "--log-level", "info", "0.0.0.0"]
+    args = ["--policy-extra", "x", "--health-check-port", "5", "--log-level", "info", "0.0.0.0"]
     assert parse_spec({"model": {"path": "m"}, "router": {"args": args}}).router.args == args

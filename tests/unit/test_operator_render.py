@@ -179,7 +179,9 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 
 def _render(name: str) -> list[dict[str, Any]]:
     spec, annotations = CASES[name]
-    owner = Owner(name="m1", namespace="ns1", uid=UID, annotations=annotations, worker_key=KeyUse(KEY_SECRET))
+    owner = Owner(
+        name="m1", namespace="ns1", uid=UID, annotations=annotations, worker_key=KeyUse.final(KEY_SECRET)
+    )
     return render_children(owner, parse_spec(spec))
 
 
@@ -342,7 +344,8 @@ def test_router_discovers_this_models_pods() -> None:
 def test_router_command_is_one_smg_parses_with_explicit_retries_and_no_breaker() -> None:
     """The rendered command goes through smg's own argument parser (the pinned release), and
     sets retries and the circuit breaker explicitly: a retry is a new PD attempt (a new
-    bootstrap_room), the breaker is off."""
+    bootstrap_room), the breaker is off; so are smg's own health checks and its removal of
+    workers (the pods' readiness and the watchdog decide)."""
     from smg.launch_router import parse_router_args
 
     for case in ("sglang-gpu", "groups-2-synthetic", "synthetic-basic"):
@@ -356,6 +359,7 @@ def test_router_command_is_one_smg_parses_with_explicit_retries_and_no_breaker()
         assert args.retry_max_retries == 2
         assert args.disable_circuit_breaker
         assert args.prometheus_port == 29000
+        assert args.disable_health_check and args.remove_unhealthy_workers is False
 
 
 def test_pdb_per_role_uses_watchdog_max_unavailable() -> None:
@@ -367,7 +371,9 @@ def test_pdb_per_role_uses_watchdog_max_unavailable() -> None:
 
 
 def _owner(deployed: dict[str, int] | None = None) -> Owner:
-    return Owner(name="m1", namespace="ns1", uid=UID, worker_key=KeyUse(KEY_SECRET), deployed=deployed or {})
+    return Owner(
+        name="m1", namespace="ns1", uid=UID, worker_key=KeyUse.final(KEY_SECRET), deployed=deployed or {}
+    )
 
 
 def _budgets(spec: dict[str, Any], deployed: dict[str, int] | None = None) -> set[str]:
@@ -674,6 +680,9 @@ def test_the_worker_key_is_mounted_into_the_router_and_every_worker_and_required
         parsed = sub.make_context("router", [a.replace("$(POD_IP)", "198.18.0.9") for a in gate[3:]])
         assert parsed.params["router_port"] == 28000 and parsed.params["port"] == 8000
         assert parsed.params["router_args"][:3] == ("python", "-m", "smg.launch_router")
+        # smg routes by model under discovery: the gate names the served name where a body has none
+        served = CASES[case][0]["model"].get("servedName", "m1")
+        assert parsed.params["served_model_name"] == served
 
 
 def test_without_the_worker_key_nothing_mounts_it_and_smg_still_listens_behind_the_gate() -> None:

@@ -27,7 +27,9 @@ POD_IP = "198.18.128.7"
 def _commands(name: str) -> list[tuple[str, int | None, list[str]]]:
     spec_body, annotations = CASES[name]
     spec = parse_spec(spec_body)
-    owner = Owner(name="m1", namespace="ns1", uid=UID, annotations=annotations, worker_key=KeyUse(KEY_SECRET))
+    owner = Owner(
+        name="m1", namespace="ns1", uid=UID, annotations=annotations, worker_key=KeyUse.final(KEY_SECRET)
+    )
     out: list[tuple[str, int | None, list[str]]] = []
     for role in contract.RUNTIME_ROLES:
         nodes = spec.role(role).nodes_per_replica

@@ -108,6 +108,42 @@ def test_the_worker_key_never_opens_sglangs_admin_routes() -> None:
     assert allowed(f"Bearer {KEY}", AuthLevel.NORMAL)  # the serving routes
 
 
+def test_during_a_rotation_sglang_takes_the_accepted_key_on_serving_routes_alone() -> None:
+    """`auth_keys.accept_also` over SGLang's own decision function, in a module of its own
+    (the real one is wrapped only in SGLang's processes)."""
+    import types
+
+    from sglang.srt.utils import auth
+
+    from pdwarden_runtime.sglang_boot.auth_keys import accept_also
+
+    module = types.ModuleType("auth_copy")
+    module.decide_request_auth = auth.decide_request_auth  # type: ignore[attr-defined]
+    new, admin = "n" * 43, "a" * 43
+    accept_also(module, [new])
+    accept_also(module, [new])  # installed twice: still one wrapper over SGLang's function
+
+    def allowed(header: str | None, level: auth.AuthLevel) -> bool:
+        decision = module.decide_request_auth(
+            method="POST",
+            path="/generate",
+            authorization_header=header,
+            api_key=KEY,
+            admin_api_key=admin,
+            auth_level=level,
+        )
+        return bool(decision.allowed)
+
+    assert allowed(f"Bearer {KEY}", auth.AuthLevel.NORMAL) and allowed(f"Bearer {new}", auth.AuthLevel.NORMAL)
+    assert not allowed(f"Bearer {'x' * 43}", auth.AuthLevel.NORMAL) and not allowed(
+        None, auth.AuthLevel.NORMAL
+    )
+    assert not allowed(f"Bearer {new}", auth.AuthLevel.ADMIN_OPTIONAL)
+    assert not allowed(f"Bearer {new}", auth.AuthLevel.ADMIN_FORCE)
+    assert allowed(f"Bearer {admin}", auth.AuthLevel.ADMIN_FORCE)
+    assert auth.decide_request_auth is not module.decide_request_auth  # SGLang's own left alone
+
+
 def test_the_gate_presents_the_key_in_place_of_the_clients_and_keeps_end_to_end_headers() -> None:
     client = {
         "Authorization": "Bearer a-client-token",

@@ -1,6 +1,7 @@
-"""The watchdog's reader of kept /metrics lines groups families and reads samples exactly as
-prometheus_client's text parser does, on the bodies runtimes write and on generated ones in
-the text format; on anything else it raises only ExpositionError (hypothesis)."""
+"""The reference reader of kept /metrics lines (the watchdog's parser is held to it,
+test_watchdog_parse_equal.py) groups families and reads samples exactly as prometheus_client's
+text parser does, on the bodies runtimes write and on generated ones in the text format; on
+anything else it raises only ExpositionError (hypothesis)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdwarden_contract import KV_STATES, OUTCOMES, RUNTIME_ROLES
-from pdwarden_operator.watchdog.exposition import ExpositionError, families, parse_sample
 from pdwarden_testkit.fleet.runtimes import FleetRuntimes
+from pdwarden_testkit.reference_parse import ExpositionError, families, parse_sample
 
 pytestmark = pytest.mark.unit
 

@@ -26,7 +26,7 @@ from pdwarden_runtime.hardening.config import (
     HardeningConfig,
 )
 from pdwarden_runtime.hardening.held_pages import HeldPages
-from pdwarden_runtime.hardening.side_channel import SideKey
+from pdwarden_runtime.hardening.side_channel import SideKey, SideKeys
 from pdwarden_runtime.hardening.writer_bound import (
     WriterRefusals,
     held_pages_bound,
@@ -42,6 +42,7 @@ pytestmark = pytest.mark.unit
 
 KEY = SideKey.derive("k" * 43)
 OTHER = SideKey.derive("o" * 43)
+KEYS, OTHER_KEYS = SideKeys(KEY), SideKeys(OTHER)
 ADDR = "198.18.0.5:8998"
 RANK_URL = f"http://{ADDR}/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
 SUMMARY_URL = f"http://{ADDR}/route?prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
@@ -161,8 +162,8 @@ def _response(url: str, body: bytes, proof: str | None, status: int = 200) -> re
 
 def test_the_answer_check_refuses_a_rank_answer_without_the_keys_proof() -> None:
     session = requests.Session()
-    check = answer_check(session, KEY)
-    assert answer_check(session, KEY) is check  # installed once per session
+    check = answer_check(session, KEYS)
+    assert answer_check(session, KEYS) is check  # installed once per session
     assert session.hooks["response"].count(check) == 1
     check(_response(RANK_URL, ANSWER, route_answer_proof(KEY, ANSWER)))  # proven: passes
     assert not check.take_refusal()
@@ -173,7 +174,7 @@ def test_the_answer_check_refuses_a_rank_answer_without_the_keys_proof() -> None
 
 
 def test_the_answer_check_leaves_the_summary_and_failed_answers_to_sglang() -> None:
-    check = answer_check(requests.Session(), KEY)
+    check = answer_check(requests.Session(), KEYS)
     check(_response(SUMMARY_URL, b'{"attn_tp_size": 1}', None))  # names no address
     check(_response(RANK_URL, b"not registered", None, status=503))  # SGLang fails it itself
     assert not check.take_refusal()
@@ -181,6 +182,6 @@ def test_the_answer_check_leaves_the_summary_and_failed_answers_to_sglang() -> N
 
 def test_a_check_for_another_key_is_replaced_not_added() -> None:
     session = requests.Session()
-    first = answer_check(session, KEY)
-    second = answer_check(session, OTHER)
+    first = answer_check(session, KEYS)
+    second = answer_check(session, OTHER_KEYS)
     assert second is not first and session.hooks["response"] == [second]

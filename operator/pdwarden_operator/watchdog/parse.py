@@ -12,6 +12,7 @@ make the operator keep what it sends.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Collection
@@ -46,7 +47,6 @@ from pdwarden_contract import (
     PEER_OTHER,
     RUNTIME_THREAD_KINDS,
 )
-from pdwarden_operator.watchdog import exposition
 
 # The one room state in which only a transfer fault holds a room (prefill sending; decode
 # waiting for a prefill that stopped sending): rooms in the other states are queueing.
@@ -210,29 +210,6 @@ def _relevant_lines(text: str) -> list[str]:
     return keep
 
 
-def _check_labels(family: Any, peers: Collection[str] | None) -> None:
-    """Every label value of the parsed family, as the parser read it: bounded and from its known
-    set (`peer`: the model's pods), else the pod is unobserved. Checked here in one loop, not a
-    call per value: it runs for every label of every kept line of every scrape."""
-    for sample in family.samples:
-        for label, value in sample.labels.items():
-            if len(value) > MAX_LABEL_VALUE_CHARS:
-                raise ParseError(
-                    f"{sample.name[:60]}: label {label[:40]!r} has a value of {len(value)} characters, "
-                    f"at most {MAX_LABEL_VALUE_CHARS}"
-                )
-            known = _KNOWN_VALUES.get(label)
-            if known is not None and value not in known:
-                raise ParseError(f"{sample.name[:60]}: {label} {value[:40]!r} is not one of the contract's")
-            if (
-                label == LABEL_METRIC_PEER
-                and peers is not None
-                and value != PEER_OTHER
-                and value not in peers
-            ):
-                raise ParseError(f"{sample.name[:60]}: peer {value[:40]!r} is not a pod of this model")
-
-
 def _checked(name: str, value: float) -> float:
     if type(value) is float and 0.0 <= value <= MAX_PLAUSIBLE_VALUE:  # NaN compares False
         return value
@@ -258,8 +235,196 @@ def parse_metrics(
         return _parse(body, max_bytes, peers)
     except ParseError:
         raise
-    except Exception as exc:  # the parser raises ValueError, IndexError, ... on junk
+    except Exception as exc:  # never expected: a bug must leave the pod unobserved, not end the round
         raise ParseError(f"unparseable metrics: {type(exc).__name__}: {str(exc)[:120]}") from None
+
+
+# The kept lines are read in one pass, straight into the figures: a sample line by a few
+# compiled expressions (remembered by its text), a TYPE comment by `str.split` (as
+# prometheus_client reads comments). Samples are grouped into families exactly as
+# prometheus_client's `text_string_to_metric_families` groups them (a family declared by a
+# TYPE line holds the samples of its names that follow it; any other sample is a family of its
+# own, untyped), so a body means here what it means to Prometheus; tests/unit/
+# test_watchdog_parse_equal.py holds this parser to the one it replaced over real and fuzzed
+# bodies. It is stricter on form: a sample line is `name{labels} value [timestamp]` and
+# nothing else, so a line the library would read loosely is garbage here (the pod unobserved).
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
+_QUOTED = r'"(?:[^"\\]|\\.)*"'
+_PAIR = rf"[ \t]*{_LABEL_NAME}[ \t]*=[ \t]*{_QUOTED}[ \t]*"
+_METRIC_NAME = re.compile(_NAME)
+# name, the label block (pairs, an optional trailing comma), value, optional timestamp
+_BLOCK = rf"(?:{_PAIR}(?:,{_PAIR})*,?)?[ \t]*"
+_SAMPLE = re.compile(rf"({_NAME})[ \t]*(?:\{{({_BLOCK})\}})?[ \t]+(\S+)(?:[ \t]+(\S+))?")
+_LABEL = re.compile(rf"[ \t]*({_LABEL_NAME})[ \t]*=[ \t]*({_QUOTED})")
+_ESCAPE = re.compile(r'\\[\\n"]')
+_UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+# The sample names a declared family holds: its name plus these suffixes.
+_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "counter": ("",),
+    "gauge": ("",),
+    "summary": ("_count", "_sum", ""),
+    "histogram": ("_count", "_sum", "_bucket"),
+}
+# A TYPE line's word -> the family type prometheus_client reports (its METRIC_TYPES).
+_TYPES: dict[str, str] = {
+    typ: typ
+    for typ in ("counter", "gauge", "summary", "histogram", "gaugehistogram", "unknown", "info", "stateset")
+} | {"untyped": "unknown"}
+_GAUGE_TYPES = ("gauge", "unknown")
+
+# Sample lines remembered (about 500 bytes each): the lines that read the same in every pod
+# of a role (threads, idle states, pool size) stay; lines whose values move are replaced.
+SAMPLE_CACHE_LINES = 4096
+# Comment lines remembered: the runtime's TYPE lines, the same in every body.
+COMMENT_CACHE_LINES = 256
+
+# One sample line read: (name, labels, value, its series: the labels sorted, its `peer` label).
+_Sample = tuple[str, dict[str, str], float, tuple[tuple[str, str], ...], str | None]
+
+
+def _number(text: str, line: str) -> float:
+    if "_" in text:  # float() would take `1_000`; the text format does not
+        raise ParseError(f"value {text[:40]!r} in {line[:60]!r}")
+    try:
+        return float(text)
+    except ValueError:
+        raise ParseError(f"value {text[:40]!r} in {line[:60]!r}") from None
+
+
+@functools.lru_cache(maxsize=SAMPLE_CACHE_LINES)
+def _sample(line: str) -> _Sample:
+    """One sample line: `name{label="value",...} value [timestamp]`, its label values bounded
+    and from their known sets (`peer`'s is checked against the model's pods by the caller).
+    Remembered by its text: most lines of a pod's body (states, pool, idle peers) read the same
+    scrape after scrape and pod after pod. Its labels are never changed by a reader."""
+    match = _SAMPLE.fullmatch(line)
+    if match is None:
+        raise ParseError(f"not a sample line: {line[:60]!r}")
+    name, block, value, timestamp = match.groups()
+    labels: dict[str, str] = {}
+    if block:
+        for label, quoted in _LABEL.findall(block):
+            if label in labels or label.startswith("__"):
+                raise ParseError(f"label {label[:40]!r} repeated or reserved in {line[:60]!r}")
+            text = quoted[1:-1]
+            if "\\" in text:
+                text = _ESCAPE.sub(lambda m: _UNESCAPED[m.group(0)], text)
+            if len(text) > MAX_LABEL_VALUE_CHARS:
+                raise ParseError(
+                    f"{name[:60]}: label {label[:40]!r} has a value of {len(text)} characters, "
+                    f"at most {MAX_LABEL_VALUE_CHARS}"
+                )
+            known = _KNOWN_VALUES.get(label)
+            if known is not None and text not in known:
+                raise ParseError(f"{name[:60]}: {label} {text[:40]!r} is not one of the contract's")
+            labels[label] = text
+    if timestamp is not None:
+        _number(timestamp, line)  # a number, though nothing reads it
+    series = tuple(sorted(labels.items())) if len(labels) > 1 else tuple(labels.items())
+    return name, labels, _number(value, line), series, labels.get(LABEL_METRIC_PEER)
+
+
+@functools.lru_cache(maxsize=COMMENT_CACHE_LINES)
+def _comment(line: str) -> tuple[str, str, str, tuple[str, ...]] | None:
+    """A comment line: ("TYPE", name, type, the sample names its family holds) or ("HELP", name,
+    "untyped", (name,)); None for any other comment. Remembered by its text: every pod sends the
+    same comments every scrape."""
+    parts = line.split(None, 3)
+    if len(parts) < 3 or parts[1] not in ("TYPE", "HELP"):
+        return None
+    keyword, candidate = parts[1], parts[2]
+    if _METRIC_NAME.fullmatch(candidate) is None:
+        raise ParseError(f"metric name {candidate[:60]!r}")
+    if keyword == "HELP":
+        return keyword, candidate, "untyped", (candidate,)  # its documentation is never read
+    if len(parts) < 4:
+        raise ParseError(f"TYPE line without a type: {line[:60]!r}")
+    typ = parts[3]
+    return keyword, candidate, typ, tuple(candidate + suffix for suffix in _SUFFIXES.get(typ, ("",)))
+
+
+# (family name as prometheus_client reports it, its type, its samples)
+_Family = tuple[str, str, list[_Sample]]
+
+
+def _family(name: str, typ: str, samples: list[_Sample]) -> _Family:
+    # as prometheus_client reports a counter: the family without `_total`, its samples with it
+    if typ == "counter":
+        if name.endswith("_total"):
+            name = name[:-6]
+        else:
+            samples = [(s[0] + "_total", *s[1:]) for s in samples]
+    if not name:  # `_total` alone: names are checked by the expressions that read them
+        raise ParseError("a counter named `_total`")
+    reported = _TYPES.get(typ, "")
+    if not reported:
+        raise ParseError(f"{name[:60]}: unknown type")
+    return name, reported, samples
+
+
+def _families(lines: list[str], peers: Collection[str] | None) -> list[_Family]:
+    """The kept lines' families; every sample's labels checked (`peer`: the model's pods)."""
+    out: list[_Family] = []
+    name, typ = "", "untyped"
+    samples: list[_Sample] = []
+    allowed: tuple[str, ...] = ()
+    for raw in lines:
+        line = raw.strip()
+        if not line:
+            continue
+        if line[0] != "#":
+            sample = _sample(line)
+            peer = sample[4]
+            if peer is not None and peers is not None and peer != PEER_OTHER and peer not in peers:
+                raise ParseError(f"{sample[0][:60]}: peer {peer[:40]!r} is not a pod of this model")
+            if sample[0] in allowed:
+                samples.append(sample)
+                continue
+            if name:
+                out.append(_family(name, typ, samples))
+            name, typ, samples, allowed = "", "untyped", [], ()
+            out.append(_family(sample[0], "untyped", [sample]))  # undeclared: a family of its own
+            continue
+        comment = _comment(line)
+        if comment is None:
+            continue
+        keyword, candidate, declared, names = comment
+        if candidate != name:
+            if name:
+                out.append(_family(name, typ, samples))
+            name, samples = candidate, []
+        elif keyword == "HELP":  # never kept (`_relevant_lines`); read as the library reads one
+            continue  # the family goes on as it was declared
+        typ, allowed = declared, names
+    if name:
+        out.append(_family(name, typ, samples))
+    return out
+
+
+def _series(sample: _Sample, seen: set[tuple[str, tuple[tuple[str, str], ...]]]) -> None:
+    """A series read once per body; a second is garbage."""
+    key = (sample[0], sample[3])
+    if key in seen:
+        raise ParseError(f"{sample[0]}: duplicate series {dict(sample[3])}")
+    seen.add(key)
+
+
+def _gauge_type(name: str, typ: str) -> None:
+    if typ not in _GAUGE_TYPES:
+        raise ParseError(f"{name}: type {typ!r}, expected a gauge")
+
+
+# What each family the watchdog reads is, by its name as reported
+_GAUGE, _COUNTER, _STATES, _IN_STATE, _THREADS, _OPTIONAL, _PEER = range(7)
+_KINDS: dict[str, int] = (
+    dict.fromkeys(_GAUGES, _GAUGE)
+    | dict.fromkeys(_COUNTER_FAMILIES, _COUNTER)
+    | {METRIC_KV_ROOMS: _STATES, METRIC_KV_OLDEST_IN_STATE: _IN_STATE}
+    | dict.fromkeys(_THREAD_FAMILIES, _THREADS)
+    | dict.fromkeys(_OPTIONAL_GAUGES, _OPTIONAL)
+    | dict.fromkeys((METRIC_KV_PEER_INFLIGHT, *_PEER_TRANSFER_FAMILIES, *_HELD_FAMILIES), _PEER)
+)
 
 
 def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str] | None) -> PodSample:
@@ -281,73 +446,64 @@ def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str]
     seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     in_state: list[float] | None = None
     threads: dict[str, dict[str, float]] = {name: {} for name in _THREAD_FAMILIES}
-    peer_families: list[Any] = []
+    peer_families: list[_Family] = []
     per_state: dict[str, float] | None = None
     optional: dict[str, list[float]] = {name: [] for name in _OPTIONAL_GAUGES}
-    for family in exposition.families(_relevant_lines(text)):
-        _check_labels(family, peers)
-        if (
-            family.name == METRIC_KV_PEER_INFLIGHT
-            or family.name in _PEER_TRANSFER_FAMILIES
-            or family.name in _HELD_FAMILIES
-        ):
-            peer_families.append(family)
+    for family in _families(_relevant_lines(text), peers):
+        name, typ, samples = family
+        kind = _KINDS.get(name)
+        if kind is None:
             continue
-        if family.name in threads:
-            if family.type not in ("gauge", "unknown"):
-                raise ParseError(f"{family.name}: type {family.type!r}, expected gauge")
-            by_kind = threads[family.name]
-            for sample in family.samples:
-                if sample.name == family.name:
-                    kind = sample.labels.get(LABEL_METRIC_THREAD, "")
-                    by_kind[kind] = by_kind.get(kind, 0.0) + _checked(sample.name, sample.value)
-            continue
-        if family.name == METRIC_KV_ROOMS:
+        if kind in (_GAUGE, _COUNTER):
+            if kind == _GAUGE:
+                sample_name, types, target = name, _GAUGES[name][1], gauges[name]
+            else:
+                sample_name, types, target = METRIC_KV_TRANSFERS_TOTAL, _COUNTER_FAMILIES[name], transfers
+                transfers_declared = True
+            if typ not in types:
+                raise ParseError(f"{name}: type {typ!r}, expected one of {types}")
+            for sample in samples:
+                if sample[0] == sample_name:
+                    _series(sample, seen)
+                    target.append(_checked(sample_name, sample[2]))
+        elif kind == _STATES:
             # an untyped body's samples are families of one each: every one counts
+            _gauge_type(name, typ)
             per_state = {} if per_state is None else per_state
-            _add_per_state(family, seen, per_state)
-            continue
-        if family.name in optional:
-            if family.type not in ("gauge", "unknown"):
-                raise ParseError(f"{family.name}: type {family.type!r}, expected a gauge")
-            for sample in family.samples:
-                if sample.name == family.name:
-                    optional[family.name].append(_checked(sample.name, sample.value))
-            continue
-        if family.name == METRIC_KV_OLDEST_IN_STATE:
-            if family.type not in ("gauge", "unknown"):
-                raise ParseError(f"{family.name}: type {family.type!r}, expected a gauge")
-            in_state = in_state or []
-            for sample in family.samples:
-                key = (sample.name, tuple(sorted(sample.labels.items())))
-                if sample.name != family.name:
+            for sample in samples:
+                if sample[0] != name:
                     continue
-                if key in seen:
-                    raise ParseError(f"{sample.name}: duplicate series {dict(key[1])}")
-                seen.add(key)
-                value = _checked(sample.name, sample.value)
-                if sample.labels.get(LABEL_METRIC_STATE) == STUCK_STATE:
+                _series(sample, seen)
+                state = sample[1].get(LABEL_METRIC_STATE, "")
+                if state not in KV_STATES:
+                    raise ParseError(f"{name}: unknown state {state[:40]!r}")
+                per_state[state] = per_state.get(state, 0.0) + _checked(name, sample[2])
+        elif kind == _IN_STATE:
+            _gauge_type(name, typ)
+            in_state = in_state or []
+            for sample in samples:
+                if sample[0] != name:
+                    continue
+                _series(sample, seen)
+                value = _checked(name, sample[2])
+                if sample[1].get(LABEL_METRIC_STATE) == STUCK_STATE:
                     in_state.append(value)
-            continue
-        if family.name in _GAUGES:
-            sample_name, types = _GAUGES[family.name]
-            target = gauges[family.name]
-        elif family.name in _COUNTER_FAMILIES:
-            sample_name, types = METRIC_KV_TRANSFERS_TOTAL, _COUNTER_FAMILIES[family.name]
-            target = transfers
-            transfers_declared = True
+        elif kind == _THREADS:
+            if typ not in _GAUGE_TYPES:
+                raise ParseError(f"{name}: type {typ!r}, expected gauge")
+            by_kind = threads[name]
+            for sample in samples:
+                if sample[0] == name:
+                    thread = sample[1].get(LABEL_METRIC_THREAD, "")
+                    by_kind[thread] = by_kind.get(thread, 0.0) + _checked(name, sample[2])
+        elif kind == _OPTIONAL:
+            _gauge_type(name, typ)
+            values = optional[name]
+            for sample in samples:
+                if sample[0] == name:
+                    values.append(_checked(name, sample[2]))
         else:
-            continue
-        if family.type not in types:
-            raise ParseError(f"{family.name}: type {family.type!r}, expected one of {types}")
-        for sample in family.samples:
-            if sample.name != sample_name:
-                continue
-            key = (sample.name, tuple(sorted(sample.labels.items())))
-            if key in seen:
-                raise ParseError(f"{sample.name}: duplicate series {dict(key[1])}")
-            seen.add(key)
-            target.append(_checked(sample.name, sample.value))
+            peer_families.append(family)
 
     for name, values in gauges.items():
         if not values:
@@ -384,27 +540,7 @@ def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str]
     )
 
 
-def _add_per_state(
-    family: Any, seen: set[tuple[str, tuple[tuple[str, str], ...]]], counts: dict[str, float]
-) -> None:
-    """The family's rooms added to `counts` (rooms per state); a state label outside the
-    contract's is garbage."""
-    if family.type not in ("gauge", "unknown"):
-        raise ParseError(f"{family.name}: type {family.type!r}, expected a gauge")
-    for sample in family.samples:
-        if sample.name != family.name:
-            continue
-        key = (sample.name, tuple(sorted(sample.labels.items())))
-        if key in seen:
-            raise ParseError(f"{sample.name}: duplicate series {dict(key[1])}")
-        seen.add(key)
-        state = sample.labels.get(LABEL_METRIC_STATE, "")
-        if state not in KV_STATES:
-            raise ParseError(f"{sample.name}: unknown state {state[:40]!r}")
-        counts[state] = counts.get(state, 0.0) + _checked(sample.name, sample.value)
-
-
-def _peer_figures(families: list[Any]) -> PeerFigures | None:
+def _peer_figures(families: list[_Family]) -> PeerFigures | None:
     """The per-peer families, or None when absent or not trustworthy (never an error: a bad
     per-peer series must not make the pod unobserved, only leave blame without evidence)."""
     if not families:
@@ -413,35 +549,27 @@ def _peer_figures(families: list[Any]) -> PeerFigures | None:
     outcomes: dict[str, dict[str, float]] = {}
     held: dict[str, dict[str, float]] = {name: {} for name in _HELD_FAMILIES}
     try:
-        for family in families:
-            if family.name in held:
-                if family.type not in ("gauge", "unknown"):
+        for name, typ, samples in families:
+            if name in held or name == METRIC_KV_PEER_INFLIGHT:
+                if typ not in _GAUGE_TYPES:
                     return None
-                for sample in family.samples:
-                    peer = sample.labels.get(LABEL_METRIC_PEER)
-                    if sample.name != family.name or not peer or peer in held[family.name]:
+                by_peer = held.get(name, inflight)
+                for sample in samples:
+                    peer = sample[4]
+                    if sample[0] != name or not peer or peer in by_peer:
                         return None
-                    held[family.name][peer] = _checked(sample.name, sample.value)
+                    by_peer[peer] = _checked(name, sample[2])
                 continue
-            if family.name == METRIC_KV_PEER_INFLIGHT:
-                if family.type not in ("gauge", "unknown"):
+            if typ not in ("counter", "unknown"):
+                return None
+            for sample in samples:
+                if sample[0] != METRIC_KV_PEER_TRANSFERS_TOTAL:
+                    continue
+                peer = sample[4]
+                outcome = sample[1].get(LABEL_METRIC_OUTCOME)
+                if not peer or not outcome or outcome in outcomes.get(peer, {}):
                     return None
-                for sample in family.samples:
-                    peer = sample.labels.get(LABEL_METRIC_PEER)
-                    if sample.name != family.name or not peer or peer in inflight:
-                        return None
-                    inflight[peer] = _checked(sample.name, sample.value)
-            else:
-                if family.type not in ("counter", "unknown"):
-                    return None
-                for sample in family.samples:
-                    if sample.name != METRIC_KV_PEER_TRANSFERS_TOTAL:
-                        continue
-                    peer = sample.labels.get(LABEL_METRIC_PEER)
-                    outcome = sample.labels.get(LABEL_METRIC_OUTCOME)
-                    if not peer or not outcome or outcome in outcomes.get(peer, {}):
-                        return None
-                    outcomes.setdefault(peer, {})[outcome] = _checked(sample.name, sample.value)
+                outcomes.setdefault(peer, {})[outcome] = _checked(sample[0], sample[2])
     except ParseError:
         return None
     if max(len(inflight), len(outcomes), *(len(d) for d in held.values())) > MAX_PEERS:

@@ -363,6 +363,9 @@ _HARDENING_OPTIONS: Final = (
     "held_pages_per_writer",
     # A path: each SGLang process derives the PD side channel's key from the file itself.
     "worker_key_file",
+    # While the key rotates or is switched on or off (paths and a switch, as above).
+    "worker_key_accept_files",
+    "side_channel_lenient",
 )
 _MISSING: Final = object()
 

@@ -9,11 +9,14 @@ NixlKVSender/NixlKVReceiver exactly as SGLang's schedulers drive them:
   poll until Success/Failed (SGLang's inflight queue) -> ``clear()``.
 - decode: open a receiver, resolve the prefill at ``bootstrap_host:bootstrap_port``,
   allocate pages and an aux slot, ``send_metadata()`` -> poll until Success/Failed ->
-  verify every page and aux byte -> answer with synthetic tokens.
+  verify every page and aux byte -> produce synthetic tokens one by one
+  (``token_interval_ms`` apart), holding the request's pages until the last.
 
-A client that disconnects aborts its request (``sender.abort()`` / ``receiver.abort()``,
-as SGLang does); decode keeps an aborted request's pages until prefill acknowledges the
-drain (SGLang's deferred KV release) or the writer is proven gone
+Every serving route reaches ``generate`` as one native body (``synthetic_api``), so this PD
+path is the same whatever the route; a stream's tokens go out through a ``TokenSink``. A client
+that disconnects aborts its request (``sender.abort()`` / ``receiver.abort()``, as SGLang
+does; mid-answer, before decode's next token); decode keeps an aborted request's pages until
+prefill acknowledges the drain (SGLang's deferred KV release) or the writer is proven gone
 (``hardening.writer_watch``), never on a timer, so a late write cannot corrupt a later
 request. A decode request that ends before its metadata went out (no pages in time, an
 error, a disconnect) still sends prefill its ABORT, so the prefill room ends at once
@@ -34,7 +37,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import numpy as np
 
@@ -45,10 +48,10 @@ from pdwarden_runtime.engines.synthetic_pattern import (
     RequestSpec,
     fill,
     output_ids,
-    output_text,
     verify,
     verify_pages,
 )
+from pdwarden_runtime.engines.synthetic_shapes import native_output
 from pdwarden_runtime.hardening import HardeningConfig, install
 from pdwarden_runtime.hardening.config import FaultSwitch
 from pdwarden_runtime.hardening.mirror import StockMirror, wake_on_status_change
@@ -85,6 +88,9 @@ class SyntheticOptions:
     aux_slots: int = 512
     chunk_pages: int = 8
     compute_ms_per_chunk: float = 0.0
+    # Decode: the pace of its tokens (0: all at once), so a stream lasts long enough to be read
+    # and cancelled mid-answer.
+    token_interval_ms: float = 0.0
 
     def shape(self) -> PoolShape:
         return PoolShape(
@@ -102,6 +108,22 @@ class RequestFailed(Exception):
     def __init__(self, reason: str, status: int = 500) -> None:
         super().__init__(reason)
         self.status = status
+
+
+class ClientGone(Exception):
+    """The client of a request hung up while decode was producing its tokens."""
+
+
+class TokenSink(Protocol):
+    """Where decode's tokens go as they are produced: the HTTP answer of one request."""
+
+    streaming: bool  # emit() wants every intermediate output (a stream)
+
+    def gone(self) -> bool:
+        """The client hung up."""
+
+    async def emit(self, out: dict[str, Any]) -> None:
+        """Send one intermediate native output; ClientGone when the client is gone."""
 
 
 class _Waiters:
@@ -165,6 +187,11 @@ class SyntheticEngine:
         self.failed = 0
         self.aborted = 0
         self.verify_failures = 0
+        # decode's tokens: produced, produced after their client hung up (a cancellation that
+        # came late), and requests whose client hung up mid-answer
+        self.tokens_produced = 0
+        self.tokens_after_hangup = 0
+        self.hangups = 0
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="synthetic")
         self._waiters: _Waiters | None = None
         self._admission: KVAdmission | None = None
@@ -265,7 +292,8 @@ class SyntheticEngine:
             return False, "SGLang's decode listener thread is dead"
         return True, "ok"
 
-    async def generate(self, body: Any) -> dict[str, Any]:
+    async def generate(self, body: Any, sink: TokenSink | None = None) -> dict[str, Any]:
+        """Serve one native request body; its final native output (SGLang's shape)."""
         raise NotImplementedError
 
     @staticmethod
@@ -342,6 +370,9 @@ class SyntheticEngine:
             "failed": self.failed,
             "aborted": self.aborted,
             "verify_failures": self.verify_failures,
+            "tokens_produced": self.tokens_produced,
+            "tokens_after_hangup": self.tokens_after_hangup,
+            "hangups": self.hangups,
             "free_pages": self.pool.free_pages,
             "total_pages": self.options.pool_pages,
             "free_aux": self.pool.free_aux,
@@ -430,7 +461,8 @@ class SyntheticEngine:
 class PrefillEngine(SyntheticEngine):
     """Prefill: bootstraps the room, fills and sends the request's KV pages."""
 
-    async def generate(self, body: Any) -> dict[str, Any]:
+    async def generate(self, body: Any, sink: TokenSink | None = None) -> dict[str, Any]:
+        started = time.perf_counter()
         spec = self.spec_for(body)
         assert self.mgr is not None and self._waiters is not None
         host = body.get("bootstrap_host") or self.options.host
@@ -460,20 +492,16 @@ class PrefillEngine(SyntheticEngine):
                 metric = sender.get_transfer_metric()
                 sender.clear()
                 self.completed += 1
-                return {
-                    "text": "",
-                    "output_ids": [],
-                    "meta_info": {
-                        "id": body.get("rid") or f"room-{room}",
-                        "finish_reason": {"type": "length", "length": 0},
-                        "prompt_tokens": spec.tokens,
-                        "completion_tokens": 0,
-                        "bootstrap_room": room,
-                        "kv_pages": spec.pages,
-                        "kv_transfer_latency_s": metric.transfer_latency_s,
-                        "kv_transfer_bytes": metric.transfer_total_bytes,
-                    },
+                # SGLang's prefill ends its request with FINISH_LENGTH(0) once the KV is sent
+                extras = {
+                    "bootstrap_room": room,
+                    "kv_pages": spec.pages,
+                    "kv_transfer_latency_s": metric.transfer_latency_s,
+                    "kv_transfer_bytes": metric.transfer_total_bytes,
                 }
+                return native_output(
+                    _rid(body, room), spec.tokens, [], finished=True, started=started, extras=extras
+                )
             self.failed += 1
             raise RequestFailed(self._failure_reason(sender))
         except asyncio.CancelledError:
@@ -547,8 +575,52 @@ class DecodeEngine(SyntheticEngine):
                     raise RequestFailed(f"prefill bootstrap server at {addr} is not reachable", status=503)
                 await asyncio.sleep(0.2)
 
-    async def generate(self, body: Any) -> dict[str, Any]:
+    async def generate(self, body: Any, sink: TokenSink | None = None) -> dict[str, Any]:
+        started = time.perf_counter()
         spec = self.spec_for(body)
+        pages, aux = await self._receive(body, spec)
+        room = spec.room
+        # The request holds its pages while it decodes, as SGLang's decode holds its KV.
+        try:
+            ids = await self._decode(spec, _rid(body, room), sink, started)
+        except (asyncio.CancelledError, ClientGone):
+            self.aborted += 1
+            self.hangups += 1
+            raise
+        finally:
+            self.pending.pop(room, None)
+            self._give(pages, aux)
+        self.completed += 1
+        extras = {"bootstrap_room": room, "kv_pages": spec.pages, "kv_verified": True}
+        return native_output(
+            _rid(body, room), spec.tokens, ids, finished=True, started=started, extras=extras
+        )
+
+    async def _decode(self, spec: RequestSpec, rid: str, sink: TokenSink | None, started: float) -> list[int]:
+        """The request's tokens, one by one at the configured pace. A client that hangs up
+        cancels this (the handler's cancellation) before the next token; a token produced after
+        the hang-up is counted (tokens_after_hangup) and ends the request."""
+        ids = output_ids(spec)
+        interval = self.options.token_interval_ms / 1000
+        self.pending[spec.room] = "decoding"
+        for produced in range(1, len(ids) + 1):
+            if interval > 0:
+                await asyncio.sleep(interval)
+            self.tokens_produced += 1
+            if sink is None:
+                continue
+            if sink.gone():
+                self.tokens_after_hangup += 1
+                raise ClientGone(f"the client of request {rid} hung up")
+            if sink.streaming and produced < len(ids):  # the last goes out as the final output
+                await sink.emit(
+                    native_output(rid, spec.tokens, ids[:produced], finished=False, started=started)
+                )
+        return ids
+
+    async def _receive(self, body: Any, spec: RequestSpec) -> tuple[np.ndarray, int]:
+        """The PD path: the request's KV pages from its prefill, verified; they stay the
+        request's (its pending entry too) until the caller gives them back."""
         assert self.mgr is not None and self._waiters is not None
         host, port = body.get("bootstrap_host"), body.get("bootstrap_port")
         if not isinstance(host, str) or not host:
@@ -568,6 +640,7 @@ class DecodeEngine(SyntheticEngine):
         pages: np.ndarray | None = None
         aux: int | None = None
         handed_off = False
+        kept = False  # verified: the pages go to the caller
         init: asyncio.Future[Any] | None = None
         try:
             loop = asyncio.get_running_loop()
@@ -606,26 +679,12 @@ class DecodeEngine(SyntheticEngine):
                 self.verify_failures += 1
                 self.failed += 1
                 raise RequestFailed("KV verification failed: " + "; ".join(problems))
-            self.completed += 1
             shape = self.pool.shape
             moved = spec.pages * shape.bytes_per_page_all_layers + shape.aux_bytes
             assert self.rt is not None
             self.rt.metrics.add_bytes(moved)
-            ids = output_ids(spec)
-            return {
-                "text": output_text(ids),
-                "output_ids": ids,
-                "meta_info": {
-                    "id": body.get("rid") or f"room-{room}",
-                    "finish_reason": {"type": "length", "length": spec.max_new_tokens},
-                    "prompt_tokens": spec.tokens,
-                    "completion_tokens": len(ids),
-                    "cached_tokens": 0,
-                    "bootstrap_room": room,
-                    "kv_pages": spec.pages,
-                    "kv_verified": True,
-                },
-            }
+            kept = True
+            return pages, aux
         except asyncio.CancelledError:
             self.aborted += 1
             # Abort once the receiver knows its prefill (init may still run in a thread),
@@ -635,7 +694,8 @@ class DecodeEngine(SyntheticEngine):
             raise
         finally:
             self._waiters.drop(room)
-            self.pending.pop(room, None)
+            if not kept:
+                self.pending.pop(room, None)
             if not handed_off:
                 if receiver.init_time is None:
                     # Ended before its metadata went out (no pages in time, an error):
@@ -643,7 +703,8 @@ class DecodeEngine(SyntheticEngine):
                     self._abort_quiet(receiver)
                 if receiver.conclude_state is None or self.mgr.request_status.get(room) is not None:
                     self._failure_reason_quiet(receiver)
-                self._give(pages, aux)
+                if not kept:
+                    self._give(pages, aux)
 
     @staticmethod
     def _abort_quiet(receiver: Any) -> None:
@@ -677,6 +738,12 @@ class DecodeEngine(SyntheticEngine):
             self.mgr.clear_deferred_abort_state(room)
             self._failure_reason_quiet(receiver)
             self._give(pages, aux)
+
+
+def _rid(body: Any, room: int) -> str:
+    """The request's id (SGLang's rid; the server gives every request one)."""
+    rid = body.get("rid")
+    return rid if isinstance(rid, str) and rid else f"room-{room}"
 
 
 def build_engine(options: SyntheticOptions, hardening: HardeningConfig) -> SyntheticEngine:

@@ -19,7 +19,9 @@ hardened server asks ``RouteGate.refusal`` first:
   a pod of the model) cannot make it, so a decode a router sent there publishes nothing. A
   replayed answer names a rank a pod of the model registered, nothing else.
 
-Without a key only the ``rank_ip`` rule applies (nothing else can be checked).
+Without a key only the ``rank_ip`` rule applies (nothing else can be checked); a pod whose
+``SideKeys`` are lenient (a key being switched on or off) signs what it can and takes a
+request or answer without a proof too.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pdwarden_runtime.hardening.side_channel import SideKey
+from pdwarden_runtime.hardening.side_channel import UNKEYED, SideKey, SideKeys
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +78,8 @@ class RouteAnswerCheck:
     fetched). One per session, so per thread (SGLang's sessions are thread-local):
     ``take_refusal`` tells the caller that the last answer was refused."""
 
-    def __init__(self, key: SideKey) -> None:
-        self.key = key
+    def __init__(self, keys: SideKeys) -> None:
+        self.keys = keys
         self._refused = False
 
     def __call__(self, response: Any, *args: Any, **kwargs: Any) -> None:
@@ -89,7 +91,7 @@ class RouteAnswerCheck:
         if parts.path != ROUTE_PATH or not is_rank_query(query):
             return
         header = response.headers.get(ANSWER_PROOF_HEADER)
-        if self.key.http_verify(header, ANSWER_METHOD, ROUTE_PATH, response.content):
+        if self.keys.http_accepts(header, ANSWER_METHOD, ROUTE_PATH, response.content):
             return
         self._refused = True
         raise UnprovenRouteAnswer("the bootstrap server's answer carries no proof of the model's key")
@@ -99,15 +101,15 @@ class RouteAnswerCheck:
         return refused
 
 
-def answer_check(session: Any, key: SideKey) -> RouteAnswerCheck:
-    """The session's ``RouteAnswerCheck`` for ``key``, installed once (a check for another
-    key is replaced)."""
+def answer_check(session: Any, keys: SideKeys) -> RouteAnswerCheck:
+    """The session's ``RouteAnswerCheck`` for ``keys``, installed once (a check for other
+    keys is replaced)."""
     hooks: list[Any] = session.hooks.setdefault("response", [])
     for hook in hooks:
-        if isinstance(hook, RouteAnswerCheck) and hook.key is key:
+        if isinstance(hook, RouteAnswerCheck) and hook.keys is keys:
             return hook
     hooks[:] = [hook for hook in hooks if not isinstance(hook, RouteAnswerCheck)]
-    check = RouteAnswerCheck(key)
+    check = RouteAnswerCheck(keys)
     hooks.append(check)
     return check
 
@@ -121,26 +123,27 @@ def _normal(address: str) -> str:
 
 @dataclass(frozen=True)
 class RouteGate:
-    key: SideKey | None
+    keys: SideKeys
     # This pod's addresses; None: any (a multi-node replica, whose other pods register here).
     own_addresses: frozenset[str] | None
 
     @classmethod
-    def for_server(cls, key: SideKey | None, addresses: Iterable[str | None], any_rank_ip: bool) -> RouteGate:
+    def for_server(
+        cls, keys: SideKeys | None, addresses: Iterable[str | None], any_rank_ip: bool
+    ) -> RouteGate:
         own = frozenset(_normal(a) for a in addresses if a is not None and a not in WILDCARDS)
-        return cls(key, None if any_rank_ip else own)
+        return cls(keys or UNKEYED, None if any_rank_ip else own)
 
     def refusal(self, method: str, query: Mapping[str, str], header: str | None, body: bytes) -> str | None:
         """None when the request may reach SGLang's handler; else why it is refused (403)."""
         if method == "PUT":
-            if self.key is not None and not self.key.http_verify(header, "PUT", ROUTE_PATH, body):
+            if not self.keys.http_accepts(header, "PUT", ROUTE_PATH, body):
                 return "a rank registration needs the model's side-channel proof"
             return self._rank_ip_refusal(body)
         if (
             method == "GET"
-            and self.key is not None
             and not _is_summary(query)
-            and not self.key.http_verify(header, "GET", ROUTE_PATH)
+            and not self.keys.http_accepts(header, "GET", ROUTE_PATH)
         ):
             return "a rank's address is given only to the model's own pods"
         return None
@@ -163,12 +166,14 @@ def _is_summary(query: Mapping[str, str]) -> bool:
 
 
 def register_signed(
-    url: str, payload: Mapping[str, Any], key: SideKey, attempts: int = REGISTER_ATTEMPTS
+    url: str, payload: Mapping[str, Any], keys: SideKeys, attempts: int = REGISTER_ATTEMPTS
 ) -> bool:
-    """PUT a rank's registration with its proof, retrying with backoff as SGLang does; True
-    once the server took it."""
+    """PUT a rank's registration with its proof (when this pod signs), retrying with backoff
+    as SGLang does; True once the server took it."""
     body = json.dumps(dict(payload)).encode()
-    headers = {"Content-Type": "application/json", PROOF_HEADER: key.http_proof("PUT", ROUTE_PATH, body)}
+    headers = {"Content-Type": "application/json"}
+    if keys.signer is not None:
+        headers[PROOF_HEADER] = keys.signer.http_proof("PUT", ROUTE_PATH, body)
     for attempt in range(attempts):
         request = urllib.request.Request(url, data=body, headers=headers, method="PUT")
         try:

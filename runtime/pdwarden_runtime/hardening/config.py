@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
 
@@ -21,7 +21,7 @@ from pdwarden_contract import FAULT_EMULATED_PORT_RACE as FAULT_EMULATED_PORT_RA
 from pdwarden_contract import FAULT_NONE as FAULT_NONE
 from pdwarden_contract import FAULT_STALL as FAULT_STALL
 from pdwarden_contract import FAULT_STALL_KV_RECEIVE as FAULT_STALL_KV_RECEIVE
-from pdwarden_runtime.hardening.side_channel import SideKey
+from pdwarden_runtime.hardening.side_channel import SideKeys
 from pdwarden_runtime.worker_key import WorkerKeyError, read_key_file
 
 if TYPE_CHECKING:
@@ -136,7 +136,11 @@ class HardeningConfig:
     # environment to SGLang's processes). With one, the PD side channel carries a proof
     # derived from it (side_channel); without, it takes none, as SGLang's.
     worker_key_file: str | None = None
-    side_key: SideKey | None = dataclasses.field(default=None, repr=False, compare=False)
+    # While a key rotates: files of further worker keys whose proofs are accepted too.
+    worker_key_accept_files: tuple[str, ...] = ()
+    # While a key is switched on or off: messages and requests without a proof are taken too.
+    side_channel_lenient: bool = False
+    side_keys: SideKeys = dataclasses.field(default_factory=SideKeys, repr=False, compare=False)
     # Decode: the share of the KV pool (0 < x <= 1) that pages held for one writer may
     # exceed only by refusing that writer's new requests (held pages are never freed by it).
     held_pages_per_writer: float = DEFAULT_HELD_PAGES_PER_WRITER
@@ -158,8 +162,11 @@ class HardeningConfig:
             )
         if isinstance(self.fault, str):
             self.fault = FaultSwitch(self.fault)
-        if self.worker_key_file is not None and self.side_key is None:
-            self.side_key = _side_key(self.worker_key_file)
+        self.worker_key_accept_files = tuple(self.worker_key_accept_files)
+        if not self.side_keys.keyed and (self.worker_key_file or self.worker_key_accept_files):
+            self.side_keys = _side_keys(
+                self.worker_key_file, self.worker_key_accept_files, self.side_channel_lenient
+            )
 
     def has(self, fix: Fix) -> bool:
         return fix in self.fixes
@@ -206,6 +213,13 @@ class HardeningConfig:
         if "worker_key_file" in data:
             raw = data.pop("worker_key_file")
             kwargs["worker_key_file"] = None if raw in (None, "") else str(raw)
+        if "worker_key_accept_files" in data:
+            raw = data.pop("worker_key_accept_files")
+            if not isinstance(raw, (list, tuple)) or not all(isinstance(f, str) and f for f in raw):
+                raise ConfigError(f"worker_key_accept_files must be a list of paths, got {raw!r}")
+            kwargs["worker_key_accept_files"] = tuple(raw)
+        if "side_channel_lenient" in data:
+            kwargs["side_channel_lenient"] = bool(data.pop("side_channel_lenient"))
         if data:
             raise ConfigError(f"unknown hardening setting(s) {sorted(data)}")
         return cls(**kwargs)
@@ -295,9 +309,11 @@ def config_for_mode(mode: str, **kwargs: Any) -> HardeningConfig:
     )
 
 
-def _side_key(path: str) -> SideKey:
+def _side_keys(sign: str | None, accept: Sequence[str], lenient: bool) -> SideKeys:
     try:
-        return SideKey.derive(read_key_file(path))
+        return SideKeys.derive(
+            read_key_file(sign) if sign else None, [read_key_file(f) for f in accept], lenient
+        )
     except WorkerKeyError as err:
         raise ConfigError(str(err)) from None
 

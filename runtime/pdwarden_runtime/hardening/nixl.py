@@ -28,7 +28,7 @@ What each override adds (by ``Fix``):
   it, so a room whose decode leg is gone without a word never holds a client longer than the
   deadline.
 - the side channel (every mode of these classes; a proof only when the model has a worker
-  key, ``HardeningConfig.side_key``): ``server_socket`` is a ``CheckingSocket``, so SGLang's
+  key, ``HardeningConfig.side_keys``): ``server_socket`` is a ``CheckingSocket``, so SGLang's
   bootstrap thread (prefill) and decode listener see only messages with a valid proof, and
   the prefill's only those its parsers take (``side_frames``); the rest are dropped and
   counted (``pdwarden_runtime_errors_total{where="side_channel"}``), never fatal. What the
@@ -210,7 +210,7 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_stall_kv_receive = StallKvReceive(args)
         self._pdw_side_drops = DropLog(f"pdwarden {role} KV manager")
         self._pdw_refusals = WriterRefusals(self.pdwarden.metrics.count_writer_refused)
-        if config.side_key is not None and envs.SGLANG_DISAGG_STAGING_BUFFER.get():
+        if config.side_keys.keyed and envs.SGLANG_DISAGG_STAGING_BUFFER.get():
             # SGLang's staging requests go out on sockets of their own, unsigned: every one
             # would be dropped and its transfer would wait for its deadline.
             raise ConfigError(
@@ -281,22 +281,22 @@ class HardenedNixlKVManager(NixlKVManager):
         # CommonKVManager.__init__ binds it before SGLang's reading thread starts: that
         # thread only ever sees the checking socket.
         shape = prefill_message_problem if self.pdwarden.role == ROLE_PREFILL else None
-        self._pdw_server_socket = CheckingSocket(sock, self._pdw_config.side_key, self._pdw_side_drop, shape)
+        self._pdw_server_socket = CheckingSocket(sock, self._pdw_config.side_keys, self._pdw_side_drop, shape)
 
     def _pdw_side_drop(self, reason: str) -> None:
         self.pdwarden.count_error(WHERE_SIDE_CHANNEL)
         self._pdw_side_drops.dropped(reason)
 
     def _send_multipart_locked(self, endpoint: str, parts: list[bytes], is_ipv6: bool = False) -> None:
-        key = self._pdw_config.side_key
-        super()._send_multipart_locked(endpoint, parts if key is None else key.sign(parts), is_ipv6=is_ipv6)
+        keys = self._pdw_config.side_keys
+        super()._send_multipart_locked(endpoint, keys.sign(parts), is_ipv6=is_ipv6)
 
     def _register_topology_row(self, url: str, payload: dict[str, Any]) -> None:
-        key = self._pdw_config.side_key
-        if key is None:
+        keys = self._pdw_config.side_keys
+        if keys.signer is None:
             super()._register_topology_row(url, payload)
             return
-        register_signed(url, payload, key)
+        register_signed(url, payload, keys)
 
     def _add_remote_peer(self, decode_kv_args: Any) -> None:
         # NIXL refuses metadata that is not an agent's: SGLang's bootstrap thread would die
@@ -516,6 +516,11 @@ class HardenedNixlKVManager(NixlKVManager):
         self._pdw_tls.chunk = None
         if self.pdwarden.ledger.chunk_done(chunk.room):
             self._pdw_send_failure_notice(chunk.room)
+            if self.enable_deferred_decode_kv_release:
+                # SGLang tried the drain ACK while it skipped this chunk; had the room's
+                # quarantine settled meanwhile (it saw this chunk still on the worker), no one
+                # would try again. Once per idle room, never while a handle may write.
+                self._maybe_ack_drained_abort(chunk.room)
             self.pdwarden.ledger.settle(chunk.room)
             self._pdw_drop_leftovers(chunk.room)
 
@@ -883,8 +888,8 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
         # Every message a decode sends a prefill (registration, metadata, ABORT, staging
         # replies) goes through a socket from here: it carries the side channel's proof.
         sock, lock = super()._connect(endpoint, is_ipv6=is_ipv6)
-        key = installed_config().side_key
-        return (sock if key is None else SigningSocket(sock, key)), lock
+        keys = installed_config().side_keys
+        return (sock if keys.signer is None else SigningSocket(sock, keys)), lock
 
     def _get_bootstrap_info_from_server(
         self, prefill_dp_rank: Any, prefill_cp_rank: Any, target_tp_rank: Any, target_pp_rank: Any
@@ -892,12 +897,13 @@ class HardenedNixlKVReceiver(NixlKVReceiver):
         # The one place SGLang's decode learns a rank's address (the summary it reads first
         # names none; a cached answer was checked when fetched): checked here, before SGLang
         # registers with or publishes pages to it.
-        key = installed_config().side_key
+        keys = installed_config().side_keys
         check = None
-        if key is not None:  # SGLang asks on this session (one per thread and prefill)
+        if keys.keyed:  # SGLang asks on this session (one per thread and prefill)
             session = _get_bootstrap_session(self.bootstrap_addr)
-            session.headers[PROOF_HEADER] = route_read_proof(key)
-            check = answer_check(session, key)
+            if keys.signer is not None:
+                session.headers[PROOF_HEADER] = route_read_proof(keys.signer)
+            check = answer_check(session, keys)
             check.take_refusal()  # a refusal left by a fetch that did not reach this one
         info = super()._get_bootstrap_info_from_server(
             prefill_dp_rank, prefill_cp_rank, target_tp_rank, target_pp_rank
@@ -970,7 +976,7 @@ class HardenedNixlKVBootstrapServer(NixlKVBootstrapServer):
     def __init__(self, host: str, port: int) -> None:
         # Before SGLang's __init__: it starts serving at its end.
         self._pdw_gate = RouteGate.for_server(
-            installed_config().side_key, _own_addresses(host), _multi_node()
+            installed_config().side_keys, _own_addresses(host), _multi_node()
         )
         self._pdw_refusals = DropLog("pdwarden KV bootstrap server", events="request(s) refused (403)")
         super().__init__(host, port)
@@ -990,16 +996,16 @@ class HardenedNixlKVBootstrapServer(NixlKVBootstrapServer):
             self._pdw_refusals.dropped(f"{request.method} {request.path} from {request.remote}: {refusal}")
             return web.Response(status=403, text=refusal)
         response = await super()._handle_route(request)
-        key = self._pdw_gate.key
+        keys = self._pdw_gate.keys
         if (
-            key is not None
+            keys.signer is not None
             and request.method == "GET"
             and is_rank_query(request.query)
             and response.status == 200
             and isinstance(response.body, bytes)
         ):
             # A decode publishes its pages only to a rank named by a key holder's answer.
-            response.headers[ANSWER_PROOF_HEADER] = route_answer_proof(key, response.body)
+            response.headers[ANSWER_PROOF_HEADER] = route_answer_proof(keys.signer, response.body)
         return response
 
 

@@ -2,8 +2,8 @@
 
 SGLang's NIXL threads read their bound PULL socket (``server_socket``) and act on whatever
 arrives; the hardened manager hands them a ``CheckingSocket`` instead, whose
-``recv_multipart`` returns only messages that carry a valid proof (when the model has a key)
-and pass the role's shape check, proof removed. Anything else is dropped there and reported
+``recv_multipart`` returns only messages that carry a proof the pod accepts (when it requires
+one: ``SideKeys``) and pass the role's shape check, proof removed. Anything else is dropped there and reported
 to ``on_drop`` (counted, logged at most once per ``DropLog.interval``), so no message can make
 SGLang's reading thread raise and die. Sending sockets are wrapped in a ``SigningSocket``.
 """
@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from pdwarden_runtime.hardening.side_channel import SideKey
+from pdwarden_runtime.hardening.side_channel import UNKEYED, SideKeys
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,12 @@ ShapeCheck = Callable[[list[bytes]], str | None]
 class SigningSocket:
     """A ZMQ socket whose ``send_multipart`` appends the side channel's proof."""
 
-    def __init__(self, inner: Any, key: SideKey) -> None:
+    def __init__(self, inner: Any, keys: SideKeys) -> None:
         self._inner = inner
-        self._key = key
+        self._keys = keys
 
     def send_multipart(self, msg_parts: Sequence[bytes], *args: Any, **kwargs: Any) -> Any:
-        return self._inner.send_multipart(self._key.sign(msg_parts), *args, **kwargs)
+        return self._inner.send_multipart(self._keys.sign(msg_parts), *args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -46,12 +46,12 @@ class CheckingSocket:
     def __init__(
         self,
         inner: Any,
-        key: SideKey | None,
+        keys: SideKeys | None,
         on_drop: Callable[[str], None],
         shape: ShapeCheck | None = None,
     ) -> None:
         self._inner = inner
-        self._key = key
+        self._keys = keys or UNKEYED
         self._on_drop = on_drop
         self._shape = shape
 
@@ -61,11 +61,10 @@ class CheckingSocket:
 
     def check(self, frames: list[bytes]) -> tuple[list[bytes] | None, str | None]:
         """(the message SGLang gets, None) or (None, why it is dropped)."""
-        if self._key is not None:
-            verified = self._key.verify(frames)
-            if verified is None:
-                return None, REASON_NO_PROOF
-            frames = verified
+        opened = self._keys.open(frames)
+        if opened is None:
+            return None, REASON_NO_PROOF
+        frames = opened
         if self._shape is not None:
             try:
                 problem = self._shape(frames)

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any, Final
 
 from pdwarden_runtime.sglang_boot import ENV_HARDENING, ENV_HARDENING_CONFIG, ENV_ON_ERROR, TRIGGER_MODULE
+from pdwarden_runtime.sglang_boot.auth_keys import AUTH_MODULE
 
 SEAM: Final = "sitecustomize"
 EXIT_ACTIVATION_FAILED: Final = 78  # EX_CONFIG
@@ -51,10 +52,34 @@ def arm_from_env() -> None:
             return
         STATE["armed"] = True
         STATE["pid"] = os.getpid()
+        _arm_accepted_keys()
         if TRIGGER_MODULE in sys.modules:
             activate_from_env()
             return
         sys.meta_path.insert(0, _AfterImport(TRIGGER_MODULE, activate_from_env))
+
+
+def _arm_accepted_keys() -> None:
+    """While the model's key rotates: SGLang's HTTP auth also takes the other worker key
+    (``auth_keys``), in the process that serves HTTP, once SGLang's auth module loads."""
+    try:
+        config = json.loads(os.environ.get(ENV_HARDENING_CONFIG) or "{}")
+        files = config.get("worker_key_accept_files") if isinstance(config, dict) else None
+    except ValueError:
+        return  # activate_from_env reports a malformed config
+    if not files:
+        return
+
+    def install_keys() -> None:
+        from pdwarden_runtime.sglang_boot.auth_keys import accept_also
+        from pdwarden_runtime.worker_key import read_key_file
+
+        accept_also(sys.modules[AUTH_MODULE], [read_key_file(f) for f in files])
+
+    if AUTH_MODULE in sys.modules:
+        install_keys()
+    else:
+        sys.meta_path.insert(0, _AfterImport(AUTH_MODULE, install_keys))
 
 
 def activate_from_env() -> bool:
