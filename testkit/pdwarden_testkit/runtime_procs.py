@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -445,3 +446,11 @@ class Fleet:
 def exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit so ``finally: fleet.stop()`` runs (no orphans)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+def new_key_file(directory: Path) -> Path:
+    """A fresh worker key in `directory`, as the operator's Secret mounts it (one line, read-only)."""
+    path = directory / contract.WORKER_KEY_SECRET_KEY
+    path.write_text(secrets.token_urlsafe(32) + "\n")  # a Secret's file may end in a newline
+    path.chmod(0o400)
+    return path

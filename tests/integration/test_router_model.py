@@ -11,7 +11,6 @@ and the watchdog decide, not smg's own checks.
 from __future__ import annotations
 
 import json
-import secrets
 import signal
 import time
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from pdwarden_testkit.runtime_procs import (
     Runtime,
     http_get,
     http_post_json,
+    new_key_file,
     serve_flags,
     wait_healthy,
     wait_router,
@@ -51,10 +51,7 @@ EAGER_HEALTH = (
 
 @pytest.fixture(scope="module")
 def key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("worker-key") / c.WORKER_KEY_SECRET_KEY
-    path.write_text(secrets.token_urlsafe(32))
-    path.chmod(0o400)
-    return path
+    return new_key_file(tmp_path_factory.mktemp("worker-key"))
 
 
 @pytest.fixture(scope="module")

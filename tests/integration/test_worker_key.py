@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import secrets
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from pdwarden_testkit.runtime_procs import (
     http_get,
     http_post_json,
     http_status,
+    new_key_file,
     pdwarden_argv,
     serve_flags,
     wait_healthy,
@@ -44,10 +44,7 @@ FLAGS = serve_flags(allow_fault_injection=True, inflight_deadline=60)
 
 @pytest.fixture(scope="module")
 def key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("worker-key") / c.WORKER_KEY_SECRET_KEY
-    path.write_text(secrets.token_urlsafe(32) + "\n")  # a Secret's file may end in a newline
-    path.chmod(0o400)
-    return path
+    return new_key_file(tmp_path_factory.mktemp("worker-key"))
 
 
 @pytest.fixture(scope="module")

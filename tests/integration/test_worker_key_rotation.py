@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,14 @@ import pytest
 
 import pdwarden_contract as c
 from pdwarden_bench.pdclient import COMPLETED, Endpoint, pd_request
-from pdwarden_testkit.runtime_procs import Fleet, Runtime, http_status, serve_flags, wait_healthy
+from pdwarden_testkit.runtime_procs import (
+    Fleet,
+    Runtime,
+    http_status,
+    new_key_file,
+    serve_flags,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -51,12 +57,7 @@ ROOMS = itertools.count(8_500_001)
 
 @pytest.fixture(scope="module")
 def key_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    for name in ("a", "b"):
-        path = tmp_path_factory.mktemp(f"key-{name}") / c.WORKER_KEY_SECRET_KEY
-        path.write_text(secrets.token_urlsafe(32) + "\n")
-        out[name] = path
-    return out
+    return {name: new_key_file(tmp_path_factory.mktemp(f"key-{name}")) for name in ("a", "b")}
 
 
 def _flags(use: str, key_files: dict[str, Path]) -> list[str]:
