@@ -41,6 +41,7 @@ from pdwarden_demo.demo_scenario import (
     SCOPES,
     TRAFFIC,
     WARMUP_S,
+    WEDGED_AFTER_S,
     AlertsSeen,
     DemoResult,
     Observed,
@@ -204,6 +205,9 @@ async def run_demo(
     result.requests_ok = counts[demo_traffic.OK]
     result.requests_failed = counts[demo_traffic.FAILED]
     result.requests_cancelled = counts[demo_traffic.CANCELLED]
+    if seen.inject_time is not None:
+        wedged = log.slow(seen.inject_time, WEDGED_AFTER_S)
+        result.wedged_requests, result.wedged_requests_p99_s = len(wedged), demo_traffic.p99(wedged)
     if seen.inject_time is not None:
         report_alerts(steps, result, alerts, seen.inject_time)
     await gather_status(kube, result, seen, model)

@@ -44,6 +44,9 @@ def summary_table(result: DemoResult, seen: Observed) -> list[Table]:
     for phase, ok, failed, cancelled in seen.traffic_phases:
         t.add_row(f"traffic {phase}", f"{ok} ok, {failed} failed, {cancelled} cancelled by clients")
     t.add_row("traffic recovered", "yes" if result.recovered else "NO")
+    p99 = result.wedged_requests_p99_s
+    caught = f"{result.wedged_requests}" + (f", p99 {p99:.1f}s" if p99 is not None else "")
+    t.add_row("requests caught in the wedge (answered by another pair)", caught)
     t.add_row("alerts in Alertmanager", ", ".join(result.alerts_fired) or "none")
     before = result.alerts_before_fault
     t.add_row("alerts before the fault", "-" if before is None else ", ".join(before) or "none")

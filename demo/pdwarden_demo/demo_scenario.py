@@ -24,6 +24,12 @@ RECOVERY_SETTLE_S = 5.0
 RECOVERY_WINDOW_S = 20.0
 TRAFFIC = demo_traffic.TrafficConfig()
 PREFILL_DEMO_ARGS = ("--hardening", "emulated-port", "--race-window", "5")
+INFLIGHT_DEADLINE_S = 15  # the demo model's transfer.inflightDeadlineSeconds
+# A healthy answer takes well under a second: a request slower than this was caught in the wedge.
+WEDGED_AFTER_S = 2.0
+# The promise: a request caught in the wedge is answered, by another pair, within the runtime's
+# deadline and this much more.
+WEDGED_SLACK_S = 2.0
 # Alerts about the wedged pod's queue; either shows the wedge (a queue that still finishes
 # its short requests keeps its progress counter moving, so only the age may fire).
 INFLIGHT_ALERTS = ("PdwardenInflightStuck", "PdwardenInflightOldestAgeHigh")
@@ -101,7 +107,7 @@ def demo_manifest(example: Obj, namespace: str = NAMESPACE) -> Obj:
     # operator to find; the deadlines stay below stuckAfterSeconds, as the ladder's order requires.
     spec["transfer"] = {
         **spec.get("transfer", {}),
-        "inflightDeadlineSeconds": 15,
+        "inflightDeadlineSeconds": INFLIGHT_DEADLINE_S,
         "transferDeadlineSeconds": 10,
     }
     # The demo injects its fault into a prefill pod from the host, outside the cluster, which
@@ -130,6 +136,8 @@ class DemoResult:
     requests_failed: int = 0
     recovered: bool = False
     requests_cancelled: int = 0
+    wedged_requests: int = 0  # answered after the fault, slower than WEDGED_AFTER_S
+    wedged_requests_p99_s: float | None = None  # their p99 (None: no request was caught)
     alerts_fired: list[str] = field(default_factory=list)
     alerts_for_wedged_pod: list[str] = field(default_factory=list)
     alerts_before_fault: list[str] | None = None  # None: not evaluated
@@ -151,6 +159,14 @@ class DemoResult:
             out.append("the wedged pod was not remediated")
         if not self.recovered:
             out.append("traffic did not recover")
+        if self.requests_failed:
+            out.append(f"{self.requests_failed} request(s) failed: a client saw the wedge")
+        bound = INFLIGHT_DEADLINE_S + WEDGED_SLACK_S
+        if self.wedged_requests_p99_s is not None and self.wedged_requests_p99_s > bound:
+            out.append(
+                f"requests caught in the wedge took {self.wedged_requests_p99_s:.1f}s (p99), more than "
+                f"the inflight deadline plus {WEDGED_SLACK_S:g}s ({bound:g}s)"
+            )
         if not set(INFLIGHT_ALERTS) & set(self.alerts_for_wedged_pod):
             out.append(f"no inflight alert ({' or '.join(INFLIGHT_ALERTS)}) fired for the wedged pod")
         if "PdwardenWedgeRemediated" not in self.alerts_fired:
@@ -170,6 +186,8 @@ class DemoResult:
             "requests_failed",
             "recovered",
             "requests_cancelled",
+            "wedged_requests",
+            "wedged_requests_p99_s",
             "alerts_fired",
             "alerts_for_wedged_pod",
             "alerts_before_fault",
@@ -177,8 +195,9 @@ class DemoResult:
         )
         data = asdict(self)
         out = {k: data[k] for k in keys}
-        if out["detection_seconds"] is not None:
-            out["detection_seconds"] = round(out["detection_seconds"], 1)
+        for key in ("detection_seconds", "wedged_requests_p99_s"):
+            if out[key] is not None:
+                out[key] = round(out[key], 1)
         return json.dumps(out)
 
 

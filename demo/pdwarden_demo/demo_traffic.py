@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -25,12 +26,34 @@ OK, FAILED, CANCELLED = "ok", "failed", "cancelled"
 @dataclass
 class TrafficLog:
     events: list[tuple[float, str]] = field(default_factory=list)  # (wall time at the end, outcome)
+    # (wall time at the start, seconds it took, outcome) of every request
+    requests: list[tuple[float, float, str]] = field(default_factory=list)
 
-    def record(self, outcome: str) -> None:
-        self.events.append((time.time(), outcome))
+    def record(self, outcome: str, started: float | None = None) -> None:
+        now = time.time()
+        self.events.append((now, outcome))
+        if started is not None:
+            self.requests.append((started, now - started, outcome))
 
     def counts(self, since: float = 0.0, until: float = float("inf")) -> Counter[str]:
         return Counter(outcome for at, outcome in self.events if since <= at < until)
+
+    def slow(self, since: float, slower_than: float) -> list[float]:
+        """How long each answered request (ok or failed, not cancelled) that ended after
+        ``since`` and took longer than ``slower_than`` seconds took: the requests a wedge caught."""
+        return [
+            took
+            for started, took, outcome in self.requests
+            if outcome != CANCELLED and started + took >= since and took > slower_than
+        ]
+
+
+def p99(values: list[float]) -> float | None:
+    """The 99th percentile (nearest rank) of ``values``; None for none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.99 * len(ordered)) - 1)]
 
 
 @dataclass(frozen=True)
@@ -40,7 +63,10 @@ class TrafficConfig:
     # Long enough for the first chunk to land (and, with the race fault, park its status
     # write), short enough to give up inside the fault's 5 s race window.
     cancel_after_s: float = 2.0
-    timeout_s: float = 10.0
+    # Longer than the demo's inflight deadline and smg's retries: a request caught in the wedge
+    # is answered (by another pair) at the deadline, and a client that gave up first would count
+    # a wedge as a failure that no client would see.
+    timeout_s: float = 60.0
     max_new_tokens: int = 4
     pause_s: float = 0.05  # between a client's requests: steady, not a flood
 
@@ -70,7 +96,8 @@ async def run_traffic(
         body = request_body(model, LONG_PROMPT if impatient else SHORT_PROMPT, cfg.max_new_tokens)
         cancel_after = cfg.cancel_after_s if impatient else None
         while not stop.is_set():
-            log.record(await one_request(session, url, body, cfg.timeout_s, cancel_after))
+            started = time.time()
+            log.record(await one_request(session, url, body, cfg.timeout_s, cancel_after), started)
             await asyncio.sleep(cfg.pause_s)
 
     async with aiohttp.ClientSession() as session:

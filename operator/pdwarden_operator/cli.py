@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import uvloop
@@ -18,6 +18,10 @@ import uvloop
 import pdwarden_contract as contract
 from pdwarden_operator import podpolicy
 from pdwarden_operator.watchdog.brake import DEFAULT_FLEET, DEFAULT_NAMESPACE
+
+if TYPE_CHECKING:
+    from pdwarden_operator.watchdog.context import WatchdogContext
+    from pdwarden_operator.watchdog.role_load import RoleLoads
 
 log = logging.getLogger("pdwarden.operator")
 
@@ -203,16 +207,18 @@ def run(
     if _optional_module("pdwarden_operator.watchdog.kopf_handlers") is None:
         log.warning("watchdog not built in: pods are not scraped for wedges")
     from pdwarden_operator.watchdog import brake
+    from pdwarden_operator.watchdog.context import WatchdogContext
 
     try:
-        brake.configure(
-            brake.FleetLimits(
+        # what every model's watchdog shares, built once (kopf hands it on as its memo)
+        watchdog = WatchdogContext.build(
+            fleet=brake.FleetLimits(
                 max_remediations_per_hour=brake_max_remediations_per_hour,
                 max_wedged_models=brake_max_wedged_models,
                 max_wedged_pods=brake_max_wedged_pods,
                 min_other_troubled_namespaces=brake_min_other_troubled_namespaces,
             ),
-            brake.BrakeLimits(
+            namespace=brake.BrakeLimits(
                 max_remediations_per_hour=namespace_brake_max_remediations_per_hour,
                 max_wedged_models=namespace_brake_max_wedged_models,
                 max_wedged_pods=namespace_brake_max_wedged_pods,
@@ -246,6 +252,7 @@ def run(
         _main(
             clusterwide=not namespaces,
             namespaces=list(namespaces),
+            watchdog=watchdog,
             health=(bind_host, health_port) if health_port else None,
             lease=(lease_ns, leader_election_id) if leader_elect else None,
             external_metrics=(
@@ -309,12 +316,13 @@ async def _main(
     namespaces: list[str],
     health: tuple[str, int] | None,
     lease: tuple[str, str] | None,
+    watchdog: WatchdogContext,
     external_metrics: tuple[str, int, Path] | None = None,
 ) -> None:
     import kopf
 
     from pdwarden_operator import leader
-    from pdwarden_operator.watchdog import budget
+    from pdwarden_operator.watchdog.context import MEMO_KEY
 
     runner = await _serve_health(*health) if health else None
     elector = None
@@ -330,9 +338,16 @@ async def _main(
     # entry (a distroless or arbitrary-uid image) has no user name to give.
     os.environ.setdefault("POD_ID", leader.default_identity())
     operator_task = asyncio.create_task(
-        kopf.operator(standalone=True, clusterwide=clusterwide, namespaces=namespaces)
+        kopf.operator(
+            standalone=True,
+            clusterwide=clusterwide,
+            namespaces=namespaces,
+            memo=kopf.Memo({MEMO_KEY: watchdog}),  # every object's memo is a copy of this one
+        )
     )
-    metrics_api = await _serve_external_metrics(*external_metrics) if external_metrics else None
+    metrics_api = (
+        await _serve_external_metrics(*external_metrics, watchdog.role_loads) if external_metrics else None
+    )
     await asyncio.wait({operator_task})
     if metrics_api is not None:
         await metrics_api.cleanup()
@@ -340,18 +355,18 @@ async def _main(
         await elector.stop()  # hands the Lease back
     if runner is not None:
         await runner.cleanup()
-    budget.configure(None)  # its parse workers end
+    watchdog.close()  # the scrape budget's parse workers end
     await operator_task
 
 
-async def _serve_external_metrics(host: str, port: int, tls_dir: Path) -> Any:
+async def _serve_external_metrics(host: str, port: int, tls_dir: Path, loads: RoleLoads) -> Any:
     """The leader's external metrics API, and its pod marked as the one the API's Service
     reaches (a replica that led before keeps the label until this one takes it)."""
     from pdwarden_operator import external_metrics
     from pdwarden_operator.kube import pods
 
     try:
-        runner = await external_metrics.serve(host, port, tls_dir)
+        runner = await external_metrics.serve(host, port, tls_dir, loads)
     except Exception:  # the operator's other work goes on without it
         log.exception("external metrics API not served")
         return None

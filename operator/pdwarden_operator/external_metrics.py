@@ -29,7 +29,7 @@ import pdwarden_contract as contract
 from pdwarden_operator.kube import access
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.timestamps import to_rfc3339
-from pdwarden_operator.watchdog.role_load import ROLE_LOADS, RoleLoad, RoleLoads
+from pdwarden_operator.watchdog.role_load import RoleLoad, RoleLoads
 
 log = logging.getLogger(__name__)
 
@@ -259,9 +259,9 @@ def _peer_common_name(request: web.Request) -> str | None:
 
 
 class ExternalMetricsApi:
-    def __init__(self, front: access.FrontProxy, loads: RoleLoads = ROLE_LOADS) -> None:
+    def __init__(self, front: access.FrontProxy, loads: RoleLoads | None = None) -> None:
         self.front = front
-        self.loads = loads
+        self.loads = loads if loads is not None else RoleLoads()  # the watchdog context's, when served
         self._reviews: OrderedDict[tuple[Caller, str, str], tuple[bool, str, float]] = OrderedDict()
 
     def app(self) -> web.Application:
@@ -360,7 +360,7 @@ def tls_context(tls_dir: Path, front: access.FrontProxy) -> ssl.SSLContext:
     return ctx
 
 
-async def serve(host: str, port: int, tls_dir: Path) -> web.AppRunner | None:
+async def serve(host: str, port: int, tls_dir: Path, loads: RoleLoads) -> web.AppRunner | None:
     """Start the API; None (logged) when the cluster has no aggregation layer to reach it."""
     front = await access.read_front_proxy()
     if front is None:
@@ -371,7 +371,7 @@ async def serve(host: str, port: int, tls_dir: Path) -> web.AppRunner | None:
             *access.AUTH_CONFIGMAP,
         )
         return None
-    runner = web.AppRunner(ExternalMetricsApi(front).app(), access_log=None)
+    runner = web.AppRunner(ExternalMetricsApi(front, loads).app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port, ssl_context=tls_context(tls_dir, front)).start()
     log.info("external metrics API (%s) on https://%s:%d", GROUP_VERSION, host, port)

@@ -657,8 +657,23 @@ ROUTER_HEALTH_OWNED_ARGS: Final = (
     "--worker-auto-recovery",
     "--no-worker-auto-recovery",
 )
+# ... and its retries and circuit breaker (render.ROUTER_RESILIENCE_ARGS), every spelling smg
+# 1.13.0 takes: a request caught in a wedged room is answered by another pair only with them.
+ROUTER_RESILIENCE_OWNED_ARGS: Final = (
+    "--retry-max-retries",
+    "--retry-initial-backoff-ms",
+    "--retry-max-backoff-ms",
+    "--retry-backoff-multiplier",
+    "--retry-jitter-factor",
+    "--disable-retries",
+    "--cb-failure-threshold",
+    "--cb-success-threshold",
+    "--cb-timeout-duration-secs",
+    "--cb-window-duration-secs",
+    "--disable-circuit-breaker",
+)
 # argparse takes any unambiguous prefix of an option, so a prefix of one of these is refused too.
-ROUTER_OWNED_ARGS: Final = (*ROUTER_LISTEN_ARGS, *ROUTER_HEALTH_OWNED_ARGS)
+ROUTER_OWNED_ARGS: Final = (*ROUTER_LISTEN_ARGS, *ROUTER_HEALTH_OWNED_ARGS, *ROUTER_RESILIENCE_OWNED_ARGS)
 
 
 def _router_args_not_owned(args: list[str]) -> list[str]:
@@ -668,12 +683,15 @@ def _router_args_not_owned(args: list[str]) -> list[str]:
             continue
         owned = [flag for flag in ROUTER_OWNED_ARGS if flag.startswith(name)]
         if owned:
-            why = (
-                "smg takes no worker out of routing on its own judgement: the pods' readiness and "
-                "the watchdog decide"
-                if owned[0] in ROUTER_HEALTH_OWNED_ARGS
-                else "smg listens on loopback behind the model's gate, with keys of the gate's own"
-            )
+            if owned[0] in ROUTER_HEALTH_OWNED_ARGS:
+                why = (
+                    "smg takes no worker out of routing on its own judgement: the pods' readiness "
+                    "and the watchdog decide"
+                )
+            elif owned[0] in ROUTER_RESILIENCE_OWNED_ARGS:
+                why = "retries and the circuit breaker send a request caught in a wedge to another pair"
+            else:
+                why = "smg listens on loopback behind the model's gate, with keys of the gate's own"
             raise ValueError(f"{name} is set by the router pod ({owned[0]}: {why}); leave it out")
     return args
 

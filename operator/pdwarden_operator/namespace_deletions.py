@@ -28,6 +28,12 @@ def subscribe(forget: Callable[[str], None]) -> None:
     _subscribers.append(forget)
 
 
+def unsubscribe(forget: Callable[[str], None]) -> None:
+    """No more calls to `forget` (nothing when it was not subscribed)."""
+    if forget in _subscribers:
+        _subscribers.remove(forget)
+
+
 def deleting(event_type: str | None, namespace: Mapping[str, Any]) -> bool:
     """Whether a namespace event says its deletion has started (or is done)."""
     return event_type == "DELETED" or bool((namespace.get("metadata") or {}).get("deletionTimestamp"))

@@ -573,21 +573,38 @@ def _selector_args(model: str, role: str, grouped: bool = False) -> list[str]:
 
 # SGLang's router (the model gateway, smg) as a module of the router image's Python.
 ROUTER_MODULE: Final = "smg.launch_router"
-# Its retry and circuit-breaker behaviour, set explicitly. A retry is a new PD attempt: a new
-# pair and a new bootstrap_room, so it never writes one request's KV into another's decode
-# pages; one retry (two attempts, short backoff) covers a worker that just left without
-# holding a client much past the runtime's deadlines. The circuit breaker is off: smg feeds
-# the final PD status to both workers' breakers, so one decode's failures would open the
-# only prefill's breaker (every request 503 for a minute); the watchdog and the pods' own
-# probes take a bad pod out on its own evidence.
+# Its retry and circuit-breaker behaviour, set explicitly (models.ROUTER_RESILIENCE_OWNED_ARGS:
+# spec.router.args may not change them). A retry is a new PD attempt: a new pair and a new
+# bootstrap_room, so it never writes one request's KV into another's decode pages. smg retries
+# 408, 429, 500, 502, 503 and 504; the runtime answers 503 for a room its deadline failed and
+# while it stops. But smg picks the retry's pair by the same policy (cache_aware: the same
+# prefix, the same pair), so the breaker is what sends it elsewhere: two failed attempts within
+# ten seconds open both of their workers (smg counts a PD attempt's status against both) for a
+# second, during which retries go to another pair; then one trial request either closes the
+# breaker (a healthy partner blamed with the wedged pod) or opens it again (the wedged pod; that
+# trial is retried the same way). One failure does not open it: with every decode blamed at once
+# (a burst of failures through one wedged prefill) smg answers 503 "no available workers" at
+# once, without retrying. Five attempts with backoff (100 ms doubling, at most 1 s) give a retry
+# room to find another pair (docs/wedges.md, "What a client still sees").
 ROUTER_RESILIENCE_ARGS: Final = (
     "--retry-max-retries",
-    "2",
+    "5",
     "--retry-initial-backoff-ms",
     "100",
     "--retry-max-backoff-ms",
     "1000",
-    "--disable-circuit-breaker",
+    "--retry-backoff-multiplier",
+    "2",
+    "--retry-jitter-factor",
+    "0.2",
+    "--cb-failure-threshold",
+    "2",
+    "--cb-success-threshold",
+    "1",
+    "--cb-timeout-duration-secs",
+    "1",
+    "--cb-window-duration-secs",
+    "10",
 )
 # Whether a worker serves is the pods' readiness probes' and the watchdog's to say, never smg's:
 # smg's own health checks (every 60 s, 5 s timeout, 3 failures) would take a live worker that is

@@ -18,11 +18,12 @@ how a disconnect aborts the request in the engine, as in SGLang.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from aiohttp import web
 
@@ -48,8 +49,15 @@ log = logging.getLogger(__name__)
 # exits: well inside a pod's termination grace period (30 s), so that a request wedged on a
 # stalled peer does not hold the pod until the kubelet's SIGKILL.
 SHUTDOWN_GRACE_S: Final = 5.0
+# A request still running this long into that grace is answered 503 (the runtime is stopping;
+# smg retries it on another pair) and its room aborted, rather than cut off by aiohttp's
+# cancellation with no answer at all: a client behind smg then gets a retried answer, not a
+# connection error.
+STOPPING_ANSWER_AFTER_S: Final = SHUTDOWN_GRACE_S - 1.0
+STOPPING_REASON: Final = "runtime stopping: the request was not finished in its grace"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 
 
 def _error(status: int, message: str, route: Route = Route.GENERATE) -> web.Response:
@@ -85,6 +93,7 @@ class RuntimeServer:
         self.allow_fault_injection = allow_fault_injection
         self.group = group  # a multi-node replica's leader: ready only once every rank joined
         self._runners: list[web.AppRunner] = []
+        self._closing = asyncio.Event()  # set at the end of the stop's grace: answer 503 now
         self._sglang_version = installed_versions().get("sglang")  # package metadata: read once
 
     # --- handlers ------------------------------------------------------------------------
@@ -120,7 +129,7 @@ class RuntimeServer:
         if api.stream:
             return await self._stream(request, api)
         try:
-            out = await self.engine.generate(api.native, Watch(request))
+            out = await self._unless_closing(self.engine.generate(api.native, Watch(request)))
         except (BadRequest, PagesExhausted, RequestFailed) as err:
             return _error(*_failure(err), route)
         except ClientGone:  # nobody to answer
@@ -133,7 +142,7 @@ class RuntimeServer:
             if SseAnswer.opens_at_once(api.route):
                 await answer.open()
             try:
-                out = await self.engine.generate(api.native, answer)
+                out = await self._unless_closing(self.engine.generate(api.native, answer))
             except (BadRequest, PagesExhausted, RequestFailed) as err:
                 status, message = _failure(err)
                 if not answer.opened:
@@ -144,6 +153,27 @@ class RuntimeServer:
         except ClientGone:
             pass  # the engine ended the request; nobody is left to answer
         return answer.response
+
+    async def _unless_closing(self, work: Awaitable[T]) -> T:
+        """``work``'s result; once the stop's grace is nearly over, its room aborted and
+        RequestFailed (503, retryable) instead. A handler cancelled meanwhile (its client
+        left) cancels ``work`` and waits for its clean-up, as when it awaited ``work`` itself."""
+        task = asyncio.ensure_future(work)
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            await asyncio.wait({task})
+            raise
+        finally:
+            closing.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise RequestFailed(STOPPING_REASON, status=503)
 
     async def health(self, request: web.Request) -> web.Response:
         if self.draining:
@@ -275,8 +305,14 @@ class RuntimeServer:
             self._runners.append(runner)
 
     async def stop(self) -> None:
-        for runner in self._runners:
-            await runner.cleanup()
+        # aiohttp stops listening, waits SHUTDOWN_GRACE_S for the requests in flight, then
+        # cancels them; a second before that, they are answered 503 instead.
+        answer = asyncio.get_running_loop().call_later(STOPPING_ANSWER_AFTER_S, self._closing.set)
+        try:
+            for runner in self._runners:
+                await runner.cleanup()
+        finally:
+            answer.cancel()
 
 
 async def run_synthetic(

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from pdwarden_operator.render import ROUTER_RESILIENCE_ARGS
+
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_pd_check.sh"
@@ -32,10 +34,8 @@ def test_dry_run_prepares_everything_but_the_gpu() -> None:
         )
         assert f"runtime serve --role {role} --engine sglang" in out
     assert "--load-format dummy" in out
-    assert (
-        "-m smg.launch_router --retry-max-retries 2" in out
-        and "--disable-circuit-breaker --pd-disaggregation" in out
-    )
+    rendered = " ".join(ROUTER_RESILIENCE_ARGS)
+    assert f"-m smg.launch_router {rendered} --pd-disaggregation" in out
     # the work directory (model, tokenizer) is removed afterwards
     work = [
         line.split("work directory: ")[1].strip() for line in out.splitlines() if "work directory: " in line

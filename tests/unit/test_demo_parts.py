@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import pdwarden_contract as contract
-from pdwarden_demo import demo_scenario
+from pdwarden_demo import demo_scenario, demo_traffic
 from pdwarden_localcluster.monitoring import Alert
 from pdwarden_operator.models import parse_spec
 
@@ -43,8 +43,10 @@ def good_result() -> demo_scenario.DemoResult:
         detection_seconds=23.456,
         remediations=1,
         requests_ok=300,
-        requests_failed=12,
+        requests_failed=0,
         recovered=True,
+        wedged_requests=3,
+        wedged_requests_p99_s=16.04,
         alerts_fired=["PdwardenInflightOldestAgeHigh", "PdwardenWedgeRemediated"],
         alerts_for_wedged_pod=["PdwardenInflightOldestAgeHigh"],
         alerts_before_fault=["PdwardenStatusWritesRefused"],
@@ -63,9 +65,12 @@ def test_demo_result_json_line_has_the_promised_keys() -> None:
         "requests_ok",
         "requests_failed",
         "recovered",
+        "wedged_requests",
+        "wedged_requests_p99_s",
     ):
         assert key in data
     assert data["detection_seconds"] == 23.5 and data["recovered"] is True
+    assert data["requests_failed"] == 0 and data["wedged_requests_p99_s"] == 16.0
 
 
 @pytest.mark.parametrize(
@@ -81,6 +86,11 @@ def test_demo_result_json_line_has_the_promised_keys() -> None:
             "before the fault was injected: PdwardenInflightStuck",
         ),
         ({"wedges_injected": 0, "wedges_detected": 0}, "no wedge was injected"),
+        ({"requests_failed": 3}, "a client saw the wedge"),
+        (
+            {"wedged_requests_p99_s": demo_scenario.INFLIGHT_DEADLINE_S + 2.5},
+            "more than the inflight deadline",
+        ),
         ({"error": "helm install failed"}, "helm install failed"),
     ],
 )
@@ -92,6 +102,20 @@ def test_demo_fails_when_anything_did_not_happen(change: dict[str, object], comp
     assert any(complaint in failure for failure in result.failures())
     if result.error:  # an aborted demo names its error, not the consequences
         assert result.failures() == [result.error]
+
+
+def test_the_requests_a_wedge_caught_are_the_slow_answers_after_it() -> None:
+    log = demo_traffic.TrafficLog()
+    log.requests = [
+        (100.0, 16.0, demo_traffic.OK),  # in flight at the fault (110), answered after it: caught
+        (90.0, 0.2, demo_traffic.OK),  # ended before the fault
+        (111.0, 0.3, demo_traffic.OK),  # quick
+        (112.0, 2.5, demo_traffic.CANCELLED),  # its client gave up: not an answer
+        (113.0, 15.5, demo_traffic.FAILED),
+    ]
+    assert sorted(log.slow(110.0, 2.0)) == [15.5, 16.0]
+    assert demo_traffic.p99([15.5, 16.0]) == 16.0 and demo_traffic.p99([]) is None
+    assert demo_traffic.p99([float(i) for i in range(1, 201)]) == 198.0
 
 
 def alert(name: str, fingerprint: str, starts_at: str, **labels: str) -> Alert:

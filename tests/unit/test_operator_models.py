@@ -135,6 +135,22 @@ def test_smgs_health_checks_and_worker_removal_are_the_router_pods_and_say_why()
     assert message.startswith("spec.router.args") and "readiness" in message and "watchdog" in message
 
 
+RESILIENCE_SPELLINGS = ["--retry-max-retries", "--disable-retries", "--cb-fail", "--disable-circuit"]
+
+
+@pytest.mark.parametrize("arg", RESILIENCE_SPELLINGS)
+def test_smgs_retries_and_breaker_are_the_router_pods_and_say_why(arg: str) -> None:
+    """A request caught in a wedged room is answered by another pair only with the rendered
+    retries and breaker (render.ROUTER_RESILIENCE_ARGS): a user may not change them."""
+    from pdwarden_operator.render import ROUTER_RESILIENCE_ARGS
+
+    assert {a for a in ROUTER_RESILIENCE_ARGS if a.startswith("--")} <= set(ROUTER_OWNED_ARGS)
+    with pytest.raises(ValidationError) as info:
+        parse_spec({"model": {"path": "m"}, "router": {"args": [arg, "1"]}})
+    message = describe_validation_error(info.value)
+    assert message.startswith("spec.router.args") and "another pair" in message, message
+
+
 def test_other_smg_options_pass() -> None:
     args = ["--policy-extra", "x", "--health-check-port", "5", "--log-level", "info", "0.0.0.0"]
     assert parse_spec({"model": {"path": "m"}, "router": {"args": args}}).router.args == args

@@ -135,6 +135,11 @@ def test_a_status_update_leaves_the_settled_key_and_an_edit_moves_it() -> None:
     status[("Deployment", "m-decode")]["metadata"]["resourceVersion"] = "13"
     status[("Deployment", "m-decode")]["status"] = {"replicas": 2, "readyReplicas": 2}
     assert _settled(status) == before  # a controller's status write: nothing of ours moved
+    revision = copy.deepcopy(observed)
+    revision[("Deployment", "m-decode")]["metadata"].setdefault("annotations", {})[
+        "deployment.kubernetes.io/revision"
+    ] = "1"
+    assert _settled(revision) == before  # nor its revision, which no render sets
     spec_edit = copy.deepcopy(observed)
     spec_edit[("Deployment", "m-decode")]["metadata"]["generation"] = 2
     label_edit = copy.deepcopy(observed)

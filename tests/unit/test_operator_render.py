@@ -341,11 +341,12 @@ def test_router_discovers_this_models_pods() -> None:
     assert svc["spec"]["selector"] == {contract.LABEL_MODEL: "m1", contract.LABEL_ROLE: "router"}
 
 
-def test_router_command_is_one_smg_parses_with_explicit_retries_and_no_breaker() -> None:
+def test_router_command_is_one_smg_parses_with_explicit_retries_and_breaker() -> None:
     """The rendered command goes through smg's own argument parser (the pinned release), and
     sets retries and the circuit breaker explicitly: a retry is a new PD attempt (a new
-    bootstrap_room), the breaker is off; so are smg's own health checks and its removal of
-    workers (the pods' readiness and the watchdog decide)."""
+    bootstrap_room), two failed attempts open their workers' breakers for a second so that
+    retries go to another pair, and the retries' backoff outlasts that second; smg's own health
+    checks and its removal of workers are off (the pods' readiness and the watchdog decide)."""
     from smg.launch_router import parse_router_args
 
     for case in ("sglang-gpu", "groups-2-synthetic", "synthetic-basic"):
@@ -356,8 +357,22 @@ def test_router_command_is_one_smg_parses_with_explicit_retries_and_no_breaker()
         assert cmd[:3] == ["python", "-m", "smg.launch_router"]
         args = parse_router_args(cmd[3:])
         assert args.pd_disaggregation and args.service_discovery
-        assert args.retry_max_retries == 2
-        assert args.disable_circuit_breaker
+        assert args.retry_max_retries == 5 and not args.disable_retries
+        assert not args.disable_circuit_breaker
+        assert args.cb_failure_threshold == 2 and args.cb_success_threshold == 1
+        assert args.cb_timeout_duration_secs == 1
+        backoff_s = (
+            sum(
+                min(
+                    args.retry_initial_backoff_ms * args.retry_backoff_multiplier**k,
+                    args.retry_max_backoff_ms,
+                )
+                * (1 - args.retry_jitter_factor)
+                for k in range(args.retry_max_retries - 1)
+            )
+            / 1000
+        )
+        assert backoff_s > args.cb_timeout_duration_secs, backoff_s  # the retries outlast an open breaker
         assert args.prometheus_port == 29000
         assert args.disable_health_check and args.remove_unhealthy_workers is False
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import kopf
 import pytest
 
@@ -81,3 +83,20 @@ def test_a_namespaced_kind_is_listed_across_namespaces_only_when_asked() -> None
 )
 def test_a_namespace_pattern_is_told_from_a_name(namespace: str, glob: bool) -> None:
     assert handlers.is_glob(namespace) is glob
+
+
+def test_kopf_builds_no_diff_base_while_no_changing_handler_is_registered() -> None:
+    # kopf builds it for every watch event of every object (a deep copy): pdwarden has no
+    # create/update/resume handlers, so it is empty, until one is registered
+    body = kopf.Body(cast(Any, {"metadata": {"name": "m", "annotations": {"a": "b"}}, "spec": {"x": 1}}))
+    registry = kopf.OperatorRegistry()
+    storage = handlers.DiffBaseWhenChanging(registry=registry, prefix=handlers.KOPF_PREFIX)
+    assert storage.build(body=body) == {} and storage.fetch(body=body) is None
+
+    @kopf.on.create("example.com", "v1", "things", registry=registry)
+    def _changing(**_: object) -> None:
+        pass
+
+    assert storage.build(body=body)["spec"] == {"x": 1}
+    assert isinstance(_settings().persistence.diffbase_storage, handlers.DiffBaseWhenChanging)
+    assert not kopf.get_default_registry()._changing.get_all_handlers()  # the operator's: none

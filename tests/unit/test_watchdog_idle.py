@@ -15,7 +15,6 @@ import pytest
 import pdwarden_contract as contract
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import model_watchdog
-from pdwarden_operator.watchdog.brake import BRAKE
 from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.model_watchdog import ModelWatchdog
 
@@ -74,7 +73,6 @@ async def start(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Any]:
         running.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await running.task
-    BRAKE.forget(KEY)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from pdwarden_operator.kube import model_status
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import kopf_handlers, model_watchdog
+from pdwarden_operator.watchdog.context import WatchdogContext
 from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.model_watchdog import ModelWatchdog
 
@@ -32,8 +33,15 @@ def _body(namespace: str, name: str, uid: str) -> kopf.Body:
     return kopf.Body(cast(Any, {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}}))
 
 
+# the operator's watchdog context, as kopf's memo carries it to the handlers
+CONTEXT = WatchdogContext.build(OperatorMetrics())
+MODELS = CONTEXT.models
+
+
 # the handlers as plain coroutines (kopf types its decorated handlers with every kwarg it passes)
-_track = cast(Callable[[Any, kopf.Body], Awaitable[None]], kopf_handlers.track_model)
+async def _track(event: Any, body: kopf.Body) -> None:
+    handler = cast(Callable[..., Awaitable[None]], kopf_handlers.track_model)
+    await handler(event, body, memo=kopf.Memo({"watchdog": CONTEXT}))
 
 
 async def _namespace_event(event: dict[str, Any]) -> None:
@@ -48,7 +56,7 @@ class _Watchdogs:
         self.started: list[tuple[str, str, str]] = []
         self.end: dict[str, asyncio.Event] = {}
 
-    def __call__(self, namespace: str, name: str, uid: str) -> Any:
+    def __call__(self, namespace: str, name: str, uid: str, **_: Any) -> Any:
         self.started.append((namespace, name, uid))
         end = self.end.setdefault(uid, asyncio.Event())
 
@@ -63,9 +71,11 @@ class _Watchdogs:
 def watchdogs(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Watchdogs]:
     fake = _Watchdogs()
     monkeypatch.setattr(kopf_handlers, "ModelWatchdog", fake)
+    kopf_handlers.attach(CONTEXT)  # as the operator's start-up does
     yield fake
-    for key in list(kopf_handlers._tasks):
-        kopf_handlers._stop(key)
+    for key in list(MODELS.tasks):
+        kopf_handlers.stop(CONTEXT, key)
+    kopf_handlers.detach(CONTEXT)
     namespace_deletions._deleting.clear()
 
 
@@ -78,9 +88,9 @@ async def test_a_model_recreated_under_the_same_name_gets_a_watchdog_of_its_own(
     watchdogs: _Watchdogs,
 ) -> None:
     await _track({"type": "ADDED"}, _body("ns", "m", "uid-1"))
-    first = kopf_handlers._tasks[("ns", "m")]
+    first = MODELS.tasks[("ns", "m")]
     await _track({"type": "MODIFIED"}, _body("ns", "m", "uid-1"))
-    assert kopf_handlers._tasks[("ns", "m")] is first, "one watchdog per model"
+    assert MODELS.tasks[("ns", "m")] is first, "one watchdog per model"
     # deleted and created again while the deletion went unseen
     await _track({"type": "ADDED"}, _body("ns", "m", "uid-2"))
     await _settle()
@@ -90,27 +100,27 @@ async def test_a_model_recreated_under_the_same_name_gets_a_watchdog_of_its_own(
 
 async def test_a_watchdog_that_ends_by_itself_leaves_nothing_behind(watchdogs: _Watchdogs) -> None:
     await _track({"type": "ADDED"}, _body("ns", "m", "uid-1"))
-    assert ("ns", "m") in kopf_handlers._bodies
+    assert ("ns", "m") in MODELS.bodies
     watchdogs.end["uid-1"].set()  # its model is gone
     await _settle()
-    assert ("ns", "m") not in kopf_handlers._tasks and ("ns", "m") not in kopf_handlers._bodies
+    assert ("ns", "m") not in MODELS.tasks and ("ns", "m") not in MODELS.bodies
     # a model created later under the name is watched again
     await _track({"type": "ADDED"}, _body("ns", "m", "uid-2"))
-    assert ("ns", "m", "uid-2") in watchdogs.started and not kopf_handlers._tasks[("ns", "m")].done()
+    assert ("ns", "m", "uid-2") in watchdogs.started and not MODELS.tasks[("ns", "m")].done()
 
 
 async def test_a_namespace_being_deleted_stops_its_models_watchdogs_only(watchdogs: _Watchdogs) -> None:
     for ns, name in (("doomed", "a"), ("doomed", "b"), ("kept", "a")):
         await _track({"type": "ADDED"}, _body(ns, name, f"{ns}-{name}"))
-    tasks = dict(kopf_handlers._tasks)
+    tasks = dict(MODELS.tasks)
     terminating = {"metadata": {"name": "doomed", "deletionTimestamp": "2026-12-03T16:00:00Z"}}
     await _namespace_event({"type": "MODIFIED", "object": terminating})
     await _settle()
-    assert set(kopf_handlers._tasks) == {("kept", "a")}
+    assert set(MODELS.tasks) == {("kept", "a")}
     assert tasks[("doomed", "a")].cancelled() and tasks[("doomed", "b")].cancelled()
     # a model event kopf delivers after the namespace's does not bring a watchdog back
     await _track({"type": "MODIFIED"}, _body("doomed", "a", "doomed-a"))
-    assert ("doomed", "a") not in kopf_handlers._tasks
+    assert ("doomed", "a") not in MODELS.tasks
     # once the namespace is gone, a namespace of that name is a new one
     await _namespace_event({"type": "DELETED", "object": terminating})
     await _namespace_event({"type": "ADDED", "object": {"metadata": {"name": "doomed"}}})
@@ -118,7 +128,7 @@ async def test_a_namespace_being_deleted_stops_its_models_watchdogs_only(watchdo
     assert ("doomed", "a", "doomed-a2") in watchdogs.started
     # a namespace merely changed is not a deletion
     await _namespace_event({"type": "MODIFIED", "object": {"metadata": {"name": "kept"}}})
-    assert set(kopf_handlers._tasks) == {("kept", "a"), ("doomed", "a")}
+    assert set(MODELS.tasks) == {("kept", "a"), ("doomed", "a")}
 
 
 def test_what_counts_as_a_namespace_being_deleted() -> None:

@@ -247,10 +247,10 @@ def test_docs_and_rule_define_wedged_word_for_word_in_one_place() -> None:
     doc = words(rule.__doc__ or "")
     definition = doc[doc.index("A pod is wedged") : doc.index("judged by the progress clause alone.")]
     assert "Transferring" in definition
-    # one source for each fact: the rule's docstring and docs/architecture.md, no other page
+    # one source for each fact: the rule's docstring and docs/wedges.md, no other page
     pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
     holding = [page.relative_to(root).as_posix() for page in pages if definition in words(page.read_text())]
-    assert holding == ["docs/architecture.md"]
+    assert holding == ["docs/wedges.md"]
 
 
 def test_the_judged_state_is_the_runtimes_transferring_label() -> None:

@@ -1,4 +1,4 @@
-"""Pair-aware blame (docs: architecture.md "Pair-aware blame"), as a pure function.
+"""Pair-aware blame (docs: wedges.md "Pair-aware blame"), as a pure function.
 
 In a PD pair a stalled peer makes the pods sending to (or reading from) it look stuck:
 restarting them spends the budget and fixes nothing. This rule reads the per-peer figures

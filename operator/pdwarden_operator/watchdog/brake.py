@@ -289,13 +289,3 @@ class Brakes:
             1.0 if self.state.scope == "namespace" else 0.0
         )
         return self.state
-
-
-BRAKE = Brakes()
-
-
-def configure(fleet: FleetLimits, namespace: BrakeLimits = DEFAULT_NAMESPACE) -> None:
-    """Set the limits (from `pdwarden operator run --brake-*` and `--namespace-brake-*`)."""
-    check_limits(fleet, namespace)
-    BRAKE.limits = fleet
-    BRAKE.namespace_limits = namespace

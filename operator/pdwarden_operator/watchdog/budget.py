@@ -277,25 +277,3 @@ class ScrapeBudget:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
-
-
-_shared: ScrapeBudget | None = None
-_shared_lock = threading.Lock()
-
-
-def shared() -> ScrapeBudget:
-    """The process's budget, made on first use."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = ScrapeBudget()
-        return _shared
-
-
-def configure(budget: ScrapeBudget | None) -> None:
-    """Replace the process's budget (None: the defaults again, on next use)."""
-    global _shared
-    with _shared_lock:
-        previous, _shared = _shared, budget
-    if previous is not None and previous is not budget:
-        previous.close()

@@ -2,7 +2,8 @@
 
 Every decision becomes an Event on the DisaggregatedModel (and on the pod when there is one)
 and a count in pdwarden_operator_remediations_total; API failures become outcomes, never
-exceptions, so one bad call cannot stop the watchdog.
+exceptions, so one bad call cannot stop the watchdog. What an action acts on comes with it
+(`Action.target`: a pod, or a group's ranks): the executor keeps no per-round configuration.
 """
 
 from __future__ import annotations
@@ -20,11 +21,21 @@ from pdwarden_operator.kube.model_status import DM_API_VERSION
 from pdwarden_operator.leader import still_leading
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.timestamps import to_rfc3339
-from pdwarden_operator.watchdog.group_health import GROUP_UID_PREFIX
-from pdwarden_operator.watchdog.ladder import Action, ActionResult, Notice, Plan
+from pdwarden_operator.watchdog.ladder import Action, ActionKind, ActionResult, Notice, Plan
 from pdwarden_operator.watchdog.outcome import Outcome
 
 log = logging.getLogger("pdwarden.watchdog")
+
+# Each step's outcome once the API did it (a pod already gone: POD_GONE).
+DONE: Mapping[ActionKind, Outcome] = {
+    "alert": Outcome.ALERTED,
+    "quarantine": Outcome.QUARANTINED,
+    "restart": Outcome.DELETED,
+    "finish-drain": Outcome.DELETED,
+    "evict": Outcome.EVICTED,
+}
+# Steps that only report: they touch no pod, so they need no proof of leadership.
+REPORT_ONLY: frozenset[ActionKind] = frozenset({"alert"})
 
 
 @dataclass(frozen=True)
@@ -48,17 +59,13 @@ class Executor:
         self.model = model
         self.metrics = metrics
         self.may_act = may_act
-        # Group uid -> its ranks' (pod name, uid), leader first (group_health.members), set each round:
-        # an action on a group acts on all of them together.
-        self.groups: Mapping[str, Sequence[tuple[str, str]]] = {}
-        self.group_names: frozenset[str] = frozenset()
 
     async def perform(self, plan: Plan) -> list[ActionResult]:
         results = []
         for action in plan.actions:
             # Proven just before each pod is touched: a replica paused or cut off since the
             # round began must leave the action to the current leader (it resumes the intent).
-            if action.kind != "alert" and not await self.may_act():
+            if action.kind not in REPORT_ONLY and not await self.may_act():
                 raise NotLeading(f"not the leader any more: {action.kind} of {action.pod} left to the leader")
             results.append(await self._perform(action))
         for notice in plan.notices:
@@ -73,26 +80,24 @@ class Executor:
             "uid": self.model.uid,
         }
 
+    async def _call(self, action: Action) -> str:
+        """The API calls of one step on its unit: "done", or "gone" when the pod was gone."""
+        ns, unit = self.model.namespace, action.target
+        if action.kind in REPORT_ONLY:
+            return "done"
+        if unit.kind == "group":
+            return await self._restart_group(action, unit.ranks)
+        if action.kind == "quarantine":
+            return await pods.quarantine_pod(ns, unit.name, unit.uid, self._owner(), to_rfc3339(time.time()))
+        if action.kind == "evict":
+            return await pods.evict_pod(ns, unit.name, unit.uid)
+        return await pods.delete_pod(ns, unit.name, unit.uid)  # restart, finish-drain
+
     async def _perform(self, action: Action) -> ActionResult:
         ns = self.model.namespace
         try:
-            if action.kind == "alert":
-                result = ActionResult(action, Outcome.ALERTED)
-            elif action.uid in self.groups:
-                done = await self._restart_group(action, self.groups[action.uid])
-                ok = Outcome.DELETED if action.kind == "restart" else Outcome.EVICTED
-                result = ActionResult(action, ok if done == "done" else Outcome.POD_GONE)
-            elif action.kind == "quarantine":
-                done = await pods.quarantine_pod(
-                    ns, action.pod, action.uid, self._owner(), to_rfc3339(time.time())
-                )
-                result = ActionResult(action, Outcome.QUARANTINED if done == "done" else Outcome.POD_GONE)
-            elif action.kind in ("restart", "finish-drain"):
-                done = await pods.delete_pod(ns, action.pod, action.uid)
-                result = ActionResult(action, Outcome.DELETED if done == "done" else Outcome.POD_GONE)
-            else:
-                outcome = await pods.evict_pod(ns, action.pod, action.uid)
-                result = ActionResult(action, Outcome.EVICTED if outcome == "done" else Outcome.POD_GONE)
+            done = await self._call(action)
+            result = ActionResult(action, DONE[action.kind] if done == "done" else Outcome.POD_GONE)
         except pods.EvictionRefused as refused:
             kind = Outcome.REFUSED_BY_PDB if refused.outcome == "refused-by-pdb" else Outcome.THROTTLED
             result = ActionResult(action, kind, str(refused), retry_after=refused.retry_after)
@@ -180,16 +185,17 @@ class Executor:
                 "Warning",
             ),
         }
-        if a.uid in self.groups and result.outcome in (Outcome.DELETED, Outcome.EVICTED):
+        group = a.target.kind == "group"
+        if group and result.outcome in (Outcome.DELETED, Outcome.EVICTED):
             what[result.outcome] = (
                 "GroupRestarted",
-                f"restarted {a.role} group {a.pod} as a whole ({len(self.groups[a.uid])} pods "
+                f"restarted {a.role} group {a.pod} as a whole ({len(a.target.ranks)} pods "
                 f"{'evicted and ' if a.kind == 'evict' else ''}deleted together){resumed}: {a.reason}",
                 "Warning",
             )
         reason, message, kind = what[result.outcome]
         log.warning("%s/%s: %s: %s", self.model.namespace, self.model.name, reason, message)
-        await self._post(a.pod, a.uid, reason, message, kind)
+        await self._post(None if group else a.pod, a.uid, reason, message, kind)
 
     async def _announce_notice(self, notice: Notice) -> None:
         if notice.outcome is not None:
@@ -199,7 +205,9 @@ class Executor:
         log.warning(
             "%s/%s: %s: %s", self.model.namespace, self.model.name, notice.event_reason, notice.message
         )
-        await self._post(notice.pod, "", notice.event_reason, notice.message, "Warning")
+        # (a group is no Pod: its one Event is the model's)
+        pod = notice.pod if notice.kind == "pod" else None
+        await self._post(pod, "", notice.event_reason, notice.message, "Warning")
 
     async def post_model_event(self, reason: str, message: str, kind: Literal["Normal", "Warning"]) -> None:
         await self._post(None, "", reason, message, kind)
@@ -214,6 +222,5 @@ class Executor:
             message,
             kind,
         )
-        if pod and not pod_uid.startswith(GROUP_UID_PREFIX) and pod not in self.group_names:
-            # (a group is no Pod: its one Event is the model's)
+        if pod:
             await events.post_event(events.involved("v1", "Pod", ns, pod, pod_uid), reason, message, kind)

@@ -18,8 +18,7 @@ from typing import Any
 
 import pdwarden_contract as contract
 from pdwarden_operator.timestamps import from_rfc3339
-from pdwarden_operator.watchdog.ladder import GROUP_UID_PREFIX
-from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
+from pdwarden_operator.watchdog.verdict import PodView, Unit, Verdict, VerdictState
 
 # Ranks of one incarnation start together (podManagementPolicy Parallel); a rank created this
 # much later than the oldest one of its group replaced a lost rank alone.
@@ -47,17 +46,25 @@ class Group:
     ranks: tuple[Rank, ...]  # by rank
 
     @property
+    def unit(self) -> Unit:
+        """The ladder's unit: named by its leader's pod, its ranks acted on together."""
+        ranks = tuple((r.pod.name, r.pod.uid) for r in self.ranks)
+        return Unit("group", self.name, self.ranks[0].pod.uid, ranks)
+
+    @property
     def uid(self) -> str:
-        return GROUP_UID_PREFIX + self.ranks[0].pod.uid
+        return self.unit.key
 
     def view(self) -> PodView:
         live = [r for r in self.ranks if not r.pod.terminating]
+        unit = self.unit
         return PodView(
             name=self.name,
-            uid=self.uid,
+            uid=unit.key,
             role=self.role,
             ready=len(live) == self.nodes and all(r.pod.ready for r in live),
             terminating=len(live) < len(self.ranks),
+            group=unit,
         )
 
 
@@ -184,7 +191,7 @@ def _group_verdict(group: Group, verdicts: Mapping[str, Verdict], now: float) ->
 
 def members(groups: Mapping[str, Group]) -> dict[str, tuple[tuple[str, str], ...]]:
     """Group uid -> (pod name, pod uid) of each rank, leader first: what a group action acts on."""
-    return {g.uid: tuple((r.pod.name, r.pod.uid) for r in g.ranks) for g in groups.values()}
+    return {g.uid: g.unit.ranks for g in groups.values()}
 
 
 def unlabelled_ranks(pods: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:

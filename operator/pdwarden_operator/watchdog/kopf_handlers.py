@@ -2,13 +2,15 @@
 
 Models are tracked through a watch-event handler rather than a kopf daemon, which would put a
 finalizer on every DisaggregatedModel (the reconcile's handlers.py avoids them for the same
-reason).
+reason). What the watchdogs share (context.py) comes in kopf's memo, as the operator built it
+at start-up; the running watchdogs are kept in it (`WatchdogContext.models`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -20,91 +22,124 @@ from pdwarden_operator import namespace_deletions
 from pdwarden_operator.cache import slim
 from pdwarden_operator.kube.pods import RUNTIME_PODS_SELECTOR
 from pdwarden_operator.status_writer import WRITER
-from pdwarden_operator.watchdog.brake import BRAKE
+from pdwarden_operator.watchdog.context import MEMO_KEY, Key, WatchdogContext
 from pdwarden_operator.watchdog.latest_body import LatestBody
-from pdwarden_operator.watchdog.model_watchdog import Key, ModelWatchdog
-from pdwarden_operator.watchdog.pod_cache import POD_CACHE
-from pdwarden_operator.watchdog.role_load import ROLE_LOADS
+from pdwarden_operator.watchdog.model_watchdog import ModelWatchdog
 
 GROUP, VERSION, PLURAL = contract.API_GROUP, contract.API_VERSION, contract.PLURAL
 
 log = logging.getLogger("pdwarden.watchdog")
 
-_bodies: dict[Key, LatestBody] = {}
-_tasks: dict[Key, asyncio.Task[None]] = {}
+
+def context_of(memo: Any) -> WatchdogContext:
+    """The operator's watchdog context, from kopf's memo (cli.py puts it there)."""
+    context = memo.get(MEMO_KEY) if isinstance(memo, Mapping) else None
+    if not isinstance(context, WatchdogContext):
+        raise RuntimeError(
+            f"kopf's memo holds no watchdog context ({MEMO_KEY!r}): start the operator with one"
+        )
+    return context
 
 
-_uids: dict[Key, str] = {}  # the model each running watchdog watches
-
-
-def _forget(key: Key) -> asyncio.Task[None] | None:
+def _forget(context: WatchdogContext, key: Key) -> asyncio.Task[None] | None:
     """Everything kept for the model at `key`; returns its watchdog's task."""
-    latest = _bodies.pop(key, None)
+    models = context.models
+    latest = models.bodies.pop(key, None)
     if latest is not None:
         latest.end()
-    _uids.pop(key, None)
+    models.uids.pop(key, None)
     WRITER.forget(*key)
-    BRAKE.forget(key)
-    ROLE_LOADS.forget(*key)
-    return _tasks.pop(key, None)
+    context.brakes.forget(key)
+    context.role_loads.forget(*key)
+    return models.tasks.pop(key, None)
 
 
-def _stop(key: Key) -> None:
-    task = _forget(key)
+def stop(context: WatchdogContext, key: Key) -> None:
+    """The model's watchdog ends and nothing of it stays behind."""
+    task = _forget(context, key)
     if task is not None:
         task.cancel()
 
 
-async def _watch(key: Key, watchdog: ModelWatchdog, latest: LatestBody) -> None:
+async def _watch(context: WatchdogContext, key: Key, watchdog: ModelWatchdog, latest: LatestBody) -> None:
     await watchdog.run(latest)
     # The watchdog ended by itself: its model is gone, though no event said so (kopf stops
     # watching a deleted namespace that matched a pattern). Nothing of it may stay behind.
-    if _tasks.get(key) is asyncio.current_task():
-        _forget(key)
+    if context.models.tasks.get(key) is asyncio.current_task():
+        _forget(context, key)
 
 
-def _stop_namespace(namespace: str) -> None:
-    for key in [k for k in _tasks if k[0] == namespace]:
+def stop_namespace(context: WatchdogContext, namespace: str) -> None:
+    for key in [k for k in context.models.tasks if k[0] == namespace]:
         log.info("%s/%s: watchdog stopped: its namespace is being deleted", *key)
-        _stop(key)
+        stop(context, key)
 
 
-namespace_deletions.subscribe(_stop_namespace)
+def attach(context: WatchdogContext) -> None:
+    """The context's watchdogs stop with their namespace's deletion (namespace_deletions.py)."""
+    if context.models.on_namespace_deleted is None:
+        context.models.on_namespace_deleted = functools.partial(stop_namespace, context)
+        namespace_deletions.subscribe(context.models.on_namespace_deleted)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL, id="watchdog_track")
-async def track_model(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    key: Key = (body.metadata.namespace or "", body.metadata.name or "")
+def detach(context: WatchdogContext) -> None:
+    if context.models.on_namespace_deleted is not None:
+        namespace_deletions.unsubscribe(context.models.on_namespace_deleted)
+        context.models.on_namespace_deleted = None
+
+
+@kopf.on.startup(id="watchdog_context")
+def start(memo: kopf.Memo, **_: Any) -> None:
+    attach(context_of(memo))
+
+
+async def track(context: WatchdogContext, event: Mapping[str, Any], body: Mapping[str, Any]) -> None:
+    """A model's watch event: its watchdog started, fed its latest body, or stopped."""
+    meta = body.get("metadata") or {}
+    key: Key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+    models = context.models
     kind = namespace_deletions.model_event_type(event.get("type"), key[0])
-    if kind == "DELETED" or body.metadata.get("deletionTimestamp"):
-        _stop(key)
+    if kind == "DELETED" or meta.get("deletionTimestamp"):
+        stop(context, key)
         return
-    uid = body.metadata.uid or ""
-    if key in _uids and _uids[key] != uid:
-        _stop(key)  # deleted and created again, the deletion unseen: the old watchdog ends
+    uid = str(meta.get("uid") or "")
+    if key in models.uids and models.uids[key] != uid:
+        stop(context, key)  # deleted and created again, the deletion unseen: the old watchdog ends
     kept = slim(body)  # the watchdog reads spec, status and metadata only
-    latest = _bodies.get(key)
+    latest = models.bodies.get(key)
     if latest is None:
-        latest = _bodies[key] = LatestBody(kept)
+        latest = models.bodies[key] = LatestBody(kept)
     else:
         latest.set(kept)
-    task = _tasks.get(key)
+    task = models.tasks.get(key)
     if task is None or task.done():
-        _uids[key] = uid
-        BRAKE.expect(key)  # the brakes hold until this model has reported once
-        _tasks[key] = asyncio.create_task(
-            _watch(key, ModelWatchdog(key[0], key[1], uid), latest), name=f"watchdog-{key[0]}-{key[1]}"
+        models.uids[key] = uid
+        context.brakes.expect(key)  # the brakes hold until this model has reported once
+        watchdog = ModelWatchdog(key[0], key[1], uid, context=context)
+        models.tasks[key] = asyncio.create_task(
+            _watch(context, key, watchdog, latest), name=f"watchdog-{key[0]}-{key[1]}"
         )
 
 
-@kopf.on.cleanup(id="watchdog_stop")
-async def stop_all(**_: Any) -> None:
-    tasks = list(_tasks.values())
-    for key in list(_tasks):
-        _stop(key)
+@kopf.on.event(GROUP, VERSION, PLURAL, id="watchdog_track")
+async def track_model(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await track(context_of(memo), event, body)
+
+
+async def stop_every(context: WatchdogContext) -> None:
+    tasks = list(context.models.tasks.values())
+    for key in list(context.models.tasks):
+        stop(context, key)
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+@kopf.on.cleanup(id="watchdog_stop")
+async def stop_all(memo: kopf.Memo, **_: Any) -> None:
+    context = context_of(memo)
+    await stop_every(context)
+    detach(context)
 
 
 @kopf.on.startup(id="watchdog_pod_watch")
@@ -114,7 +149,7 @@ def watch_runtime_pods(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.event("", "v1", "pods", id="watchdog_pods")
-async def track_pod(event: kopf.RawEvent, **_: Any) -> None:
+async def track_pod(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     obj = event.get("object")
     if isinstance(obj, Mapping):
-        POD_CACHE.event(event.get("type"), obj)
+        context_of(memo).pods.event(event.get("type"), obj)

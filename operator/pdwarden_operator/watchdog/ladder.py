@@ -14,7 +14,12 @@ one remediation per pod at a time (in-flight entries); the budget (`maxRemediati
 `budgetWindowSeconds`); the cooldown after an action (model-wide: a removed pod's peers of
 the other role need time to let go of its rooms); never more than `maxUnavailable` pods of
 one role down (not Ready, terminating, missing, or under remediation). `alert` only reports:
-no budget, no cooldown, one alert per wedge episode.
+no budget, no cooldown, one alert per wedge episode, kept as an `Alert` of its own (never an
+in-flight remediation, so it takes no slot).
+
+The ladder acts on units (`verdict.Unit`): a pod, or a multi-node group restarted whole. The
+first step of a remediation comes from `FIRST_STEP`, by `spec.watchdog.action` and the unit's
+kind; an open restart or eviction is resumed by `RESUME_STEP`.
 
 `drain` takes several rounds, one phase each (outcome.py; the next step: `DRAIN_PHASES`):
 quarantine the pod (a `quarantine` action: its role label changes, so its ReplicaSet starts
@@ -32,22 +37,32 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pdwarden_contract import RUNTIME_ROLES
-from pdwarden_operator.models import MAX_REMEDIATIONS_KEPT, WatchdogSpec
+from pdwarden_operator.models import MAX_REMEDIATIONS_KEPT, WatchdogAction, WatchdogSpec
 from pdwarden_operator.watchdog.outcome import RETRYING, Outcome, advance
-from pdwarden_operator.watchdog.state import InFlight, Remediation, WatchdogState
-from pdwarden_operator.watchdog.verdict import PodView, Verdict
+from pdwarden_operator.watchdog.state import Alert, InFlight, Remediation, WatchdogState
+from pdwarden_operator.watchdog.verdict import PodView, Unit, UnitKind, Verdict
 
 # An action the API refused with an error (not a disruption budget, not throttling) is
 # retried this many times (once per round), then given up and reported.
 MAX_ATTEMPTS = 5
 
 
-# A multi-node group's uid in the ladder (group_health.py): this prefix and its leader's (lowest
-# rank's) pod uid, so a restarted group is a new entry and an open remediation of the old one settles.
-GROUP_UID_PREFIX = "group:"
-
 ActionKind = Literal["alert", "restart", "evict", "quarantine", "finish-drain"]
 DRAIN_STEPS: frozenset[str] = frozenset({"quarantine", "finish-drain"})
+
+# (spec.watchdog.action, the unit's kind) -> (the remediation recorded, its first step). A
+# multi-node group is restarted whole, never drained rank by rank: `drain` acts on it as `evict`.
+FIRST_STEP: Mapping[tuple[WatchdogAction, UnitKind], tuple[WatchdogAction, ActionKind]] = {
+    ("restart", "pod"): ("restart", "restart"),
+    ("evict", "pod"): ("evict", "evict"),
+    ("drain", "pod"): ("drain", "quarantine"),
+    ("restart", "group"): ("restart", "restart"),
+    ("evict", "group"): ("evict", "evict"),
+    ("drain", "group"): ("evict", "evict"),
+}
+# An open restart or eviction the API refused or that errored: the step tried again (a drain's
+# next step comes from DRAIN_PHASES).
+RESUME_STEP: Mapping[str, ActionKind] = {"restart": "restart", "evict": "evict"}
 
 
 @dataclass(frozen=True)
@@ -61,6 +76,12 @@ class Action:
     remediation_id: int = 0
     resumed: bool = False  # continuing an in-flight remediation (after a crash, a refusal, an error)
     previous_outcome: Outcome | None = None  # the last attempt's, so a repeated refusal is not re-announced
+    unit: Unit | None = None  # what is acted on; None: the pod `pod`/`uid`
+
+    @property
+    def target(self) -> Unit:
+        """The unit this action acts on: the pod, or every rank of a group."""
+        return self.unit if self.unit is not None else Unit("pod", self.pod, self.uid)
 
     @property
     def remediation(self) -> str:
@@ -77,6 +98,7 @@ class Notice:
     message: str
     action: str
     outcome: Outcome | None  # None for model-level notices that are not a remediation outcome
+    kind: UnitKind = "pod"  # a group's notice goes on the model only (a group is no Pod)
 
 
 @dataclass(frozen=True)
@@ -161,7 +183,8 @@ class _Draft:
         self.state = _set_outcome(self.state, flight, outcome, now)
 
     def is_open(self, uid: str) -> bool:
-        return any(f.uid == uid for f in self.state.in_flight)
+        """An open remediation or alert episode: one at a time per unit."""
+        return any(f.uid == uid for f in self.state.in_flight) or any(a.uid == uid for a in self.state.alerts)
 
 
 # --- An open drain's phases: the first row whose condition holds gives the next step -----
@@ -202,7 +225,7 @@ def _drain_step(flight: InFlight, rnd: _Round) -> tuple[ActionKind | None, Outco
     return None, None
 
 
-def _resumed(flight: InFlight, kind: ActionKind) -> Action:
+def _resumed(flight: InFlight, kind: ActionKind, unit: Unit) -> Action:
     """The next action of an open remediation (its intent is already recorded)."""
     return Action(
         kind,
@@ -214,6 +237,7 @@ def _resumed(flight: InFlight, kind: ActionKind) -> Action:
         remediation_id=flight.remediation_id,
         resumed=True,
         previous_outcome=flight.last_outcome,
+        unit=unit,
     )
 
 
@@ -303,6 +327,17 @@ GUARDS: tuple[Callable[[_Round, WatchdogState, PodView], Skip | None], ...] = (
 # --- The round's steps ----------------------------------------------------------------------
 
 
+def _settle_alerts(rnd: _Round, draft: _Draft) -> None:
+    """An alert episode ends once its pod is gone or its evidence shows health."""
+    kept = []
+    for alert in draft.state.alerts:
+        pod, verdict = rnd.by_uid.get(alert.uid), rnd.verdicts.get(alert.uid)
+        over = pod is None or pod.terminating or (verdict is not None and verdict.cleared)
+        if not over:
+            kept.append(alert)
+    draft.state = replace(draft.state, alerts=tuple(kept))
+
+
 def _settle_in_flight(rnd: _Round, draft: _Draft) -> None:
     """Settle or resume what is already in flight."""
     kept: list[InFlight] = []
@@ -317,12 +352,7 @@ def _settle(rnd: _Round, draft: _Draft, flight: InFlight) -> InFlight | None:
     """One open remediation: None once it is over, else the entry kept (and its next action
     planned, unless the brake holds it or a Retry-After has not passed)."""
     pod = rnd.by_uid.get(flight.uid)
-    gone = pod is None or pod.terminating
-    if flight.action == "alert":
-        verdict = rnd.verdicts.get(flight.uid)
-        over = gone or (verdict is not None and verdict.cleared)  # the alert episode is over
-        return None if over else flight
-    if gone:
+    if pod is None or pod.terminating:
         if flight.last_outcome in RETRYING:
             draft.set_outcome(flight, Outcome.POD_GONE)
         return None
@@ -335,6 +365,7 @@ def _settle(rnd: _Round, draft: _Draft, flight: InFlight) -> InFlight | None:
                 f"gave up {flight.action} of {flight.role} pod {flight.pod} after {flight.attempts} attempts",
                 flight.action,
                 Outcome.FAILED,
+                pod.unit.kind,
             )
         )
         return None
@@ -342,8 +373,8 @@ def _settle(rnd: _Round, draft: _Draft, flight: InFlight) -> InFlight | None:
     # a drain deleted and not yet gone, or a restart or eviction done: wait for the pod to go
     if held or flight.last_outcome not in RETRYING:
         return flight
-    if flight.action != "drain":
-        draft.actions.append(_resumed(flight, "evict" if flight.action == "evict" else "restart"))
+    if flight.action in RESUME_STEP:
+        draft.actions.append(_resumed(flight, RESUME_STEP[flight.action], pod.unit))
         return flight
     step, phase = _drain_step(flight, rnd)
     if phase is not None:
@@ -351,7 +382,7 @@ def _settle(rnd: _Round, draft: _Draft, flight: InFlight) -> InFlight | None:
         flight = replace(flight, last_outcome=phase)
         draft.notices.append(_drain_notice(flight, phase, rnd.settings, rnd.now))
     if step is not None:
-        draft.actions.append(_resumed(flight, step))
+        draft.actions.append(_resumed(flight, step, pod.unit))
     return flight
 
 
@@ -424,23 +455,16 @@ def _act_on_new_wedges(rnd: _Round, draft: _Draft) -> None:
 
 
 def _alert(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict) -> None:
-    """`alert` only reports: no budget, no cooldown, one alert per wedge episode."""
-    now = rnd.now
-    flight = InFlight(
-        pod.name,
-        pod.uid,
-        pod.role,
-        "alert",
-        now,
-        draft.state.next_id,
-        verdict.reason,
-        attempts=1,
-        last_outcome=Outcome.ALERTED,
-    )
-    draft.state = replace(draft.state, in_flight=(*draft.state.in_flight, flight)).with_remediation(
+    """`alert` only reports: no budget, no cooldown, one alert per wedge episode (an `Alert`
+    record until the episode ends); the report is an action that touches no pod."""
+    now, entry_id = rnd.now, draft.state.next_id
+    alert = Alert(pod.name, pod.uid, pod.role, now, entry_id, verdict.reason)
+    draft.state = replace(draft.state, alerts=(*draft.state.alerts, alert)).with_remediation(
         Remediation(0, pod.name, pod.role, verdict.reason, "alert", now, Outcome.ALERTED)
     )
-    draft.actions.append(Action("alert", pod.name, pod.uid, pod.role, verdict.reason, now))
+    draft.actions.append(
+        Action("alert", pod.name, pod.uid, pod.role, verdict.reason, now, entry_id, unit=pod.unit)
+    )
 
 
 def _refuse(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict, skip: Skip) -> None:
@@ -455,17 +479,21 @@ def _refuse(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict, skip: Sk
         Remediation(0, pod.name, pod.role, verdict.reason, action, rnd.now, skip.outcome)
     )
     draft.notices.append(
-        Notice(pod.name, skip.event_reason, f"{skip.message} ({verdict.reason})", action, skip.outcome)
+        Notice(
+            pod.name,
+            skip.event_reason,
+            f"{skip.message} ({verdict.reason})",
+            action,
+            skip.outcome,
+            pod.unit.kind,
+        )
     )
 
 
 def _start(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict) -> None:
     """Charge the budget, set the cooldown and record the intent, then plan the first action."""
     settings, now, state = rnd.settings, rnd.now, draft.state
-    # A multi-node group is restarted whole (group_health.py): its ranks are not drained one by one,
-    # so `drain` acts on a group as `evict` does.
-    group = pod.uid.startswith(GROUP_UID_PREFIX)
-    action = "evict" if settings.action == "drain" and group else settings.action
+    action, first = FIRST_STEP[(settings.action, pod.unit.kind)]
     used = state.used + 1
     state = replace(
         state,
@@ -490,9 +518,17 @@ def _start(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict) -> None:
         )
     )
     draft.state = state
-    first: ActionKind = "quarantine" if action == "drain" else "evict" if action == "evict" else "restart"
     draft.actions.append(
-        Action(first, pod.name, pod.uid, pod.role, verdict.reason, now, remediation_id=state.next_id - 1)
+        Action(
+            first,
+            pod.name,
+            pod.uid,
+            pod.role,
+            verdict.reason,
+            now,
+            remediation_id=state.next_id - 1,
+            unit=pod.unit,
+        )
     )
     if state.exhausted:
         draft.notices.append(
@@ -509,6 +545,7 @@ def _start(rnd: _Round, draft: _Draft, pod: PodView, verdict: Verdict) -> None:
 
 # The round's steps, in order: each reads the round and extends the draft.
 STEPS: tuple[Callable[[_Round, _Draft], None], ...] = (
+    _settle_alerts,
     _settle_in_flight,
     _roll_budget_window,
     _adopt_quarantined,
@@ -552,7 +589,7 @@ def _unavailable(
     """UIDs (or placeholders for missing replicas) of the role's pods that are down or about to be."""
     role_pods = [p for p in pods if p.role == role]
     down = {p.uid for p in role_pods if not p.ready or p.terminating}
-    down |= {f.uid for f in state.in_flight if f.role == role and f.action != "alert"}
+    down |= {f.uid for f in state.in_flight if f.role == role}
     live = sum(1 for p in role_pods if not p.terminating)
     missing = max(0, desired.get(role, live) - live)
     down |= {f"missing-{role}-{i}" for i in range(missing)}
@@ -565,8 +602,6 @@ def apply_results(
     """Fold performed actions' outcomes into the state (in-flight entries and remediation entries)."""
     for result in results:
         action = result.action
-        if action.kind == "alert":
-            continue
         flights = list(state.in_flight)
         for i, flight in enumerate(flights):
             if flight.remediation_id != action.remediation_id:

@@ -427,7 +427,8 @@ _KINDS: dict[str, int] = (
 )
 
 
-def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str] | None) -> PodSample:
+def _text(body: str | bytes | bytearray, max_bytes: int) -> str:
+    """The body as text, within the size limit, UTF-8 and without NUL bytes."""
     if len(body) > max_bytes:
         raise ParseError(f"body of {len(body)} bytes exceeds the limit of {max_bytes}")
     if isinstance(body, (bytes, bytearray)):
@@ -439,105 +440,162 @@ def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str]
         text = body
     if "\x00" in text:
         raise ParseError("body contains NUL bytes")
+    return text
 
-    gauges: dict[str, list[float]] = {name: [] for name in _GAUGES}
-    transfers: list[float] = []
-    transfers_declared = False  # a labelled counter with no child yet exposes only its TYPE line
-    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+
+@dataclass(slots=True)
+class _Read:
+    """What one body's families added up to so far (`_READERS` fill it, `sample` ends it)."""
+
+    gauges: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in _GAUGES})
+    transfers: list[float] = field(default_factory=list)
+    transfers_declared: bool = False  # a labelled counter with no child yet exposes only its TYPE line
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = field(default_factory=set)
     in_state: list[float] | None = None
-    threads: dict[str, dict[str, float]] = {name: {} for name in _THREAD_FAMILIES}
-    peer_families: list[_Family] = []
+    threads: dict[str, dict[str, float]] = field(default_factory=lambda: {n: {} for n in _THREAD_FAMILIES})
+    peer_families: list[_Family] = field(default_factory=list)
     per_state: dict[str, float] | None = None
-    optional: dict[str, list[float]] = {name: [] for name in _OPTIONAL_GAUGES}
-    for family in _families(_relevant_lines(text), peers):
-        name, typ, samples = family
-        kind = _KINDS.get(name)
-        if kind is None:
-            continue
-        if kind in (_GAUGE, _COUNTER):
-            if kind == _GAUGE:
-                sample_name, types, target = name, _GAUGES[name][1], gauges[name]
-            else:
-                sample_name, types, target = METRIC_KV_TRANSFERS_TOTAL, _COUNTER_FAMILIES[name], transfers
-                transfers_declared = True
-            if typ not in types:
-                raise ParseError(f"{name}: type {typ!r}, expected one of {types}")
-            for sample in samples:
-                if sample[0] == sample_name:
-                    _series(sample, seen)
-                    target.append(_checked(sample_name, sample[2]))
-        elif kind == _STATES:
-            # an untyped body's samples are families of one each: every one counts
-            _gauge_type(name, typ)
-            per_state = {} if per_state is None else per_state
-            for sample in samples:
-                if sample[0] != name:
-                    continue
-                _series(sample, seen)
-                state = sample[1].get(LABEL_METRIC_STATE, "")
-                if state not in KV_STATES:
-                    raise ParseError(f"{name}: unknown state {state[:40]!r}")
-                per_state[state] = per_state.get(state, 0.0) + _checked(name, sample[2])
-        elif kind == _IN_STATE:
-            _gauge_type(name, typ)
-            in_state = in_state or []
-            for sample in samples:
-                if sample[0] != name:
-                    continue
-                _series(sample, seen)
-                value = _checked(name, sample[2])
-                if sample[1].get(LABEL_METRIC_STATE) == STUCK_STATE:
-                    in_state.append(value)
-        elif kind == _THREADS:
-            if typ not in _GAUGE_TYPES:
-                raise ParseError(f"{name}: type {typ!r}, expected gauge")
-            by_kind = threads[name]
-            for sample in samples:
-                if sample[0] == name:
-                    thread = sample[1].get(LABEL_METRIC_THREAD, "")
-                    by_kind[thread] = by_kind.get(thread, 0.0) + _checked(name, sample[2])
-        elif kind == _OPTIONAL:
-            _gauge_type(name, typ)
-            values = optional[name]
-            for sample in samples:
-                if sample[0] == name:
-                    values.append(_checked(name, sample[2]))
-        else:
-            peer_families.append(family)
+    optional: dict[str, list[float]] = field(default_factory=lambda: {name: [] for name in _OPTIONAL_GAUGES})
 
-    for name, values in gauges.items():
-        if not values:
-            raise ParseError(f"metric {name} missing")
-    if not transfers_declared:
-        raise ParseError(f"metric {METRIC_KV_TRANSFERS_TOTAL} missing")
-    inflight = sum(gauges[METRIC_INFLIGHT_REQUESTS])
-    # The age only means something while a request is in flight (the two gauges are read
-    # at slightly different instants, so a just-emptied queue may still show an age).
-    oldest_age = max(gauges[METRIC_INFLIGHT_OLDEST_AGE]) if inflight > 0 else 0.0
-    transferring_age: float | None = None
-    if in_state is not None:  # exported: no Transferring series (or an idle pod) means age 0
-        transferring_age = max(in_state, default=0.0) if inflight > 0 else 0.0
-    bootstrapping: float | None = None
-    if per_state is not None:
-        # read with inflight from one scrape; never more than inflight (the gauges are read
-        # at slightly different instants)
-        bootstrapping = min(inflight, per_state.get(WAITING_ON_PEER_STATE, 0.0))
-    abandoned = optional[METRIC_KV_ROOMS_ABANDONED]
-    pool = optional[METRIC_KV_POOL_PAGES]
-    in_use = optional[METRIC_KV_PAGES_IN_USE]
-    return PodSample(
-        inflight=inflight,
-        oldest_age=oldest_age,
-        transfers=sum(transfers),
-        transferring_age=transferring_age,
-        dead_threads=_dead_threads(threads[METRIC_RUNTIME_THREADS], threads[METRIC_RUNTIME_THREADS_EXPECTED]),
-        peers=_peer_figures(peer_families),
-        bootstrapping=bootstrapping,
-        abandoned=sum(abandoned) if abandoned else None,
-        pool_pages=max(pool) if pool else None,
-        pages_in_use=sum(in_use) if in_use else None,
-        transferring=None if per_state is None else min(inflight, per_state.get(STUCK_STATE, 0.0)),
-    )
+    def sample(self) -> PodSample:
+        for name, values in self.gauges.items():
+            if not values:
+                raise ParseError(f"metric {name} missing")
+        if not self.transfers_declared:
+            raise ParseError(f"metric {METRIC_KV_TRANSFERS_TOTAL} missing")
+        inflight = sum(self.gauges[METRIC_INFLIGHT_REQUESTS])
+        # The age only means something while a request is in flight (the two gauges are read
+        # at slightly different instants, so a just-emptied queue may still show an age).
+        oldest_age = max(self.gauges[METRIC_INFLIGHT_OLDEST_AGE]) if inflight > 0 else 0.0
+        transferring_age: float | None = None
+        if self.in_state is not None:  # exported: no Transferring series (or an idle pod) means age 0
+            transferring_age = max(self.in_state, default=0.0) if inflight > 0 else 0.0
+        per_state, bootstrapping = self.per_state, None
+        if per_state is not None:
+            # read with inflight from one scrape; never more than inflight (the gauges are read
+            # at slightly different instants)
+            bootstrapping = min(inflight, per_state.get(WAITING_ON_PEER_STATE, 0.0))
+        abandoned = self.optional[METRIC_KV_ROOMS_ABANDONED]
+        pool = self.optional[METRIC_KV_POOL_PAGES]
+        in_use = self.optional[METRIC_KV_PAGES_IN_USE]
+        threads = self.threads
+        return PodSample(
+            inflight=inflight,
+            oldest_age=oldest_age,
+            transfers=sum(self.transfers),
+            transferring_age=transferring_age,
+            dead_threads=_dead_threads(
+                threads[METRIC_RUNTIME_THREADS], threads[METRIC_RUNTIME_THREADS_EXPECTED]
+            ),
+            peers=_peer_figures(self.peer_families),
+            bootstrapping=bootstrapping,
+            abandoned=sum(abandoned) if abandoned else None,
+            pool_pages=max(pool) if pool else None,
+            pages_in_use=sum(in_use) if in_use else None,
+            transferring=None if per_state is None else min(inflight, per_state.get(STUCK_STATE, 0.0)),
+        )
+
+
+def _read_gauge(read: _Read, family: _Family) -> None:
+    name, typ, samples = family
+    _read_values(read, name, typ, samples, name, _GAUGES[name][1], read.gauges[name])
+
+
+def _read_counter(read: _Read, family: _Family) -> None:
+    name, typ, samples = family
+    read.transfers_declared = True
+    types = _COUNTER_FAMILIES[name]
+    _read_values(read, name, typ, samples, METRIC_KV_TRANSFERS_TOTAL, types, read.transfers)
+
+
+def _read_values(
+    read: _Read,
+    name: str,
+    typ: str,
+    samples: list[_Sample],
+    sample_name: str,
+    types: tuple[str, ...],
+    target: list[float],
+) -> None:
+    if typ not in types:
+        raise ParseError(f"{name}: type {typ!r}, expected one of {types}")
+    for sample in samples:
+        if sample[0] == sample_name:
+            _series(sample, read.seen)
+            target.append(_checked(sample_name, sample[2]))
+
+
+def _read_states(read: _Read, family: _Family) -> None:
+    name, typ, samples = family
+    # an untyped body's samples are families of one each: every one counts
+    _gauge_type(name, typ)
+    per_state = read.per_state = {} if read.per_state is None else read.per_state
+    for sample in samples:
+        if sample[0] != name:
+            continue
+        _series(sample, read.seen)
+        state = sample[1].get(LABEL_METRIC_STATE, "")
+        if state not in KV_STATES:
+            raise ParseError(f"{name}: unknown state {state[:40]!r}")
+        per_state[state] = per_state.get(state, 0.0) + _checked(name, sample[2])
+
+
+def _read_in_state(read: _Read, family: _Family) -> None:
+    name, typ, samples = family
+    _gauge_type(name, typ)
+    in_state = read.in_state = read.in_state or []
+    for sample in samples:
+        if sample[0] != name:
+            continue
+        _series(sample, read.seen)
+        value = _checked(name, sample[2])
+        if sample[1].get(LABEL_METRIC_STATE) == STUCK_STATE:
+            in_state.append(value)
+
+
+def _read_threads(read: _Read, family: _Family) -> None:
+    name, typ, samples = family
+    if typ not in _GAUGE_TYPES:
+        raise ParseError(f"{name}: type {typ!r}, expected gauge")
+    by_kind = read.threads[name]
+    for sample in samples:
+        if sample[0] == name:
+            thread = sample[1].get(LABEL_METRIC_THREAD, "")
+            by_kind[thread] = by_kind.get(thread, 0.0) + _checked(name, sample[2])
+
+
+def _read_optional(read: _Read, family: _Family) -> None:
+    name, typ, samples = family
+    _gauge_type(name, typ)
+    values = read.optional[name]
+    for sample in samples:
+        if sample[0] == name:
+            values.append(_checked(name, sample[2]))
+
+
+def _read_peer(read: _Read, family: _Family) -> None:
+    read.peer_families.append(family)  # checked on its own (_peer_figures)
+
+
+# A family's kind (_KINDS) -> how its samples are read.
+_READERS: Final = {
+    _GAUGE: _read_gauge,
+    _COUNTER: _read_counter,
+    _STATES: _read_states,
+    _IN_STATE: _read_in_state,
+    _THREADS: _read_threads,
+    _OPTIONAL: _read_optional,
+    _PEER: _read_peer,
+}
+
+
+def _parse(body: str | bytes | bytearray, max_bytes: int, peers: Collection[str] | None) -> PodSample:
+    read = _Read()
+    for family in _families(_relevant_lines(_text(body, max_bytes)), peers):
+        kind = _KINDS.get(family[0])
+        if kind is not None:
+            _READERS[kind](read, family)
+    return read.sample()
 
 
 def _peer_figures(families: list[_Family]) -> PeerFigures | None:

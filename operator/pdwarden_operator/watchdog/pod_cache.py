@@ -237,6 +237,3 @@ class PodCache:
             raise
         finally:
             ns.during_list = None
-
-
-POD_CACHE = PodCache()

@@ -54,6 +54,3 @@ class RoleLoads:
     def in_namespace(self, namespace: str, fresh_since: float) -> dict[Key, RoleLoad]:
         """The namespace's loads observed at or after `fresh_since` (an older one is no signal)."""
         return {k: v for k, v in self._loads.items() if k[0] == namespace and v.observed_at >= fresh_since}
-
-
-ROLE_LOADS = RoleLoads()

@@ -1,4 +1,4 @@
-"""The wedge rule (docs: architecture.md "Wedge: definition and remediation"), as a pure function.
+"""The wedge rule (docs: wedges.md "Wedge: definition and remediation"), as a pure function.
 
 A pod is wedged when, for at least `stuckAfterSeconds` and two consecutive scrapes, it has
 rooms in flight that it must move itself (waiting for or moving KV: rooms still waiting for

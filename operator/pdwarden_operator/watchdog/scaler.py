@@ -1,11 +1,14 @@
-"""The autoscaler's executor: one model's scaling round after the watchdog has judged its pods.
+"""The autoscaler controller: one model's scaling round, a sibling of the watchdog controller.
 
-observe (the Deployments' counts, each pod's last sample and verdict) -> `autoscale.plan`
-(pure) -> act: a scale-up sets the Deployment's count; a scale-in first marks the least loaded
-pod as the one its ReplicaSet removes (pod deletion cost), then lowers the count by one, and
-the pod's own termination drain finishes what it holds. A scale-in waits while a pod of the
-role is starting or leaving (the ReplicaSet would remove that one, or two would leave at
-once), and never removes a pod whose rooms are moving KV. Every count is written as a
+It reads the round's observation (the Deployments' counts, each pod's last sample) and the
+watchdog's verdicts per pod -> plans, purely: `autoscale.plan`, then `aim` per role (what this
+round writes: the plan's count, or for a scale-in one pod fewer and the pod that goes first) ->
+acts on the aims as planned: a scale-up sets the Deployment's count; a scale-in first marks
+the least loaded pod as the one its ReplicaSet removes (pod deletion cost), then lowers the
+count by one, and the pod's own termination drain finishes what it holds -> settles each role
+from what was written (`RoleAim.settled`: the count and the memory of changes). A scale-in
+waits while a pod of the role is starting or leaving (the ReplicaSet would remove that one, or
+two would leave at once), and never removes a pod whose rooms are moving KV. Every count is written as a
 compare-and-swap on the Deployment's resourceVersion: a concurrent change (a spec edit, a
 person's `kubectl scale`) wins and the next round decides again.
 """
@@ -18,7 +21,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pdwarden_operator import replicas
-from pdwarden_operator.cache import CHILDREN
 from pdwarden_operator.kube import scale as kube_scale
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import OperatorMetrics
@@ -32,8 +34,9 @@ from pdwarden_operator.render import child_name
 from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog import autoscale
 from pdwarden_operator.watchdog.executor import ModelRef
+from pdwarden_operator.watchdog.observe import ModelObservation
 from pdwarden_operator.watchdog.parse import PodSample
-from pdwarden_operator.watchdog.role_load import ROLE_LOADS, summarise
+from pdwarden_operator.watchdog.role_load import RoleLoads, summarise
 from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
 log = logging.getLogger("pdwarden.autoscale")
@@ -50,17 +53,6 @@ class RolePod:
     verdict: Verdict | None
     sample: PodSample | None
     annotations: Mapping[str, str]
-
-
-@dataclass(frozen=True)
-class _Aim:
-    decision: autoscale.RoleDecision  # desired: what this round writes (the plan's, or one pod fewer)
-    victim: RolePod | None  # a scale-in's pod, marked to go first before the count drops
-    pods: Sequence[RolePod] = ()
-
-    @property
-    def writes(self) -> bool:
-        return self.decision.desired != self.decision.current
 
 
 def scaling_of(spec: AutoscalingSpec) -> autoscale.RoleScaling:
@@ -118,6 +110,106 @@ def _removal_order(pod: RolePod) -> tuple[float, float, str]:
     )
 
 
+def role_pods(obs: ModelObservation, verdicts: Mapping[str, Verdict]) -> dict[str, list[RolePod]]:
+    """The autoscaled roles' pods (quarantined ones are out of their Deployment), each with
+    its verdict and last sample."""
+    out: dict[str, list[RolePod]] = {role: [] for role in obs.spec.autoscaled_roles}
+    for view, obj in obs.paired:
+        if view.role not in out or view.quarantined:
+            continue
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        out[view.role].append(RolePod(view, verdicts.get(view.uid), obs.last_sample(view.uid), annotations))
+    return out
+
+
+@dataclass(frozen=True)
+class RoleAim:
+    """What this round does for a role pdwarden scales: the count it writes (the plan's, one pod
+    fewer for a scale-in, or none while a scale-in waits: the decision then says why), the pod a
+    scale-in removes first, and the role's memory before this round's change (the change it
+    records is the one written)."""
+
+    decision: autoscale.RoleDecision
+    victim: RolePod | None
+    pods: Sequence[RolePod]
+    memory: autoscale.RoleMemory
+
+    @property
+    def writes(self) -> bool:
+        return self.decision.desired != self.decision.current
+
+    def settled(self, written: int | None, now: float) -> tuple[autoscale.RoleDecision, autoscale.RoleMemory]:
+        """The decision and memory as the writes left them: an unwritten count (held, refused,
+        not leading) stays where it is, and the step limits count what was written."""
+        desired = self.decision.current if written is None else written
+        decision = replace(self.decision, desired=desired)
+        return decision, autoscale.remember(self.memory, now, desired - decision.current)
+
+
+def aim(
+    role: str,
+    decision: autoscale.RoleDecision,
+    memory: autoscale.RoleMemory,
+    pods: Sequence[RolePod],
+    now: float,
+) -> RoleAim:
+    """The role's aim from the plan's decision (pure): a scale-in removes one pod at a time,
+    its victim chosen (each drains before the next goes), and waits while it cannot choose."""
+    before = replace(memory, changes=tuple(c for c in memory.changes if c[0] != now))
+    if decision.desired >= decision.current:
+        return RoleAim(decision, None, (), before)
+    victim, why = scale_in_victim(pods)
+    if victim is None:
+        held = f"{role}: scale-in to {decision.desired} waits: {why}"
+        waiting = replace(decision, desired=decision.current, reason=autoscale.Reason.HELD, message=held)
+        return RoleAim(waiting, None, (), before)
+    desired = decision.current - 1
+    message = (
+        decision.message + f"; removing {victim.view.name}" + (" first" if desired > decision.desired else "")
+    )
+    return RoleAim(replace(decision, desired=desired, message=message), victim, pods, before)
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    """A round's scaling, planned: the planner's plan and each pdwarden-scaled role's aim."""
+
+    plan: autoscale.Plan
+    aims: Mapping[str, RoleAim]
+    band: autoscale.RatioBand | None
+
+
+def plan_scaling(
+    spec: DisaggregatedModelSpec,
+    pods: Mapping[str, Sequence[RolePod]],
+    loads: Mapping[str, Sequence[autoscale.PodLoad]],
+    current: Mapping[str, int],
+    memory: Mapping[str, autoscale.RoleMemory],
+    now: float,
+) -> ScalePlan:
+    """The planner's decisions for the roles pdwarden scales, and their aims (pure)."""
+    driven = {
+        role: scaling_of(a)
+        for role in spec.autoscaled_roles
+        if (a := spec.role(role).autoscaling) is not None and a.driver == "pdwarden"
+    }
+    band = spec.prefill_decode_ratio
+    ratio = autoscale.RatioBand(band.min, band.max) if band else None
+    plan = autoscale.plan(
+        roles=driven,
+        current=current,
+        loads={role: loads[role] for role in driven},
+        memory=memory,
+        ratio=ratio,
+        now=now,
+    )
+    aims = {
+        role: aim(role, decision, plan.memory[role], pods.get(role, ()), now)
+        for role, decision in plan.decisions.items()
+    }
+    return ScalePlan(plan, aims, ratio)
+
+
 class ModelScaler:
     """The autoscaler of one DisaggregatedModel; its windows live in memory (a new leader
     starts empty, and a fresh memory never scales in until a scale-down window has passed)."""
@@ -128,11 +220,13 @@ class ModelScaler:
         metrics: OperatorMetrics,
         post_event: EventPoster,
         may_act: Callable[[], Awaitable[bool]],
+        loads: RoleLoads,
     ) -> None:
         self.model = model
         self.metrics = metrics
         self.post_event = post_event
         self.may_act = may_act
+        self.loads = loads  # for the cluster's autoscalers (the external metrics API)
         self.memory: dict[str, autoscale.RoleMemory] = {}
         self.last_scale: dict[str, str] = {}  # role -> RFC 3339 time of pdwarden's last change
         self._saturated: set[str] = set()
@@ -142,11 +236,11 @@ class ModelScaler:
     def _deployment(self, role: str) -> str:
         return child_name(self.model.name, role)
 
-    async def _scale(self, role: str) -> kube_scale.Scale:
+    async def _scale(self, obs: ModelObservation, role: str) -> kube_scale.Scale:
         """The role's count: the watch's copy, else one read."""
-        cached = CHILDREN.child((self.model.namespace, self.model.name), "Deployment", self._deployment(role))
+        cached = obs.deployments.get(role)
         if cached is not None and replicas.deployed(cached) is not None:
-            return kube_scale.Scale.of(cached)
+            return kube_scale.Scale.of(dict(cached))
         return await kube_scale.read(self.model.namespace, self._deployment(role))
 
     def seed(self, status: Mapping[str, Any] | None) -> None:
@@ -157,138 +251,114 @@ class ModelScaler:
             if isinstance(stamp, str) and role not in self.last_scale:
                 self.last_scale[role] = stamp
 
-    async def round(
-        self, spec: DisaggregatedModelSpec, pods: Mapping[str, Sequence[RolePod]], now: float
-    ) -> dict[str, Any] | None:
-        """Plan and act for the autoscaled roles; returns the status's `autoscaling` (None: no
-        role autoscales)."""
-        roles = spec.autoscaled_roles
+    def _forget_dropped(self, roles: tuple[str, ...]) -> None:
         dropped = tuple(r for r in self._roles if r not in roles)
         if dropped:
             self.metrics.forget_autoscaling(self.model.namespace, self.model.name, dropped)
-            ROLE_LOADS.forget(self.model.namespace, self.model.name, dropped)
+            self.loads.forget(self.model.namespace, self.model.name, dropped)
             for role in dropped:
                 self.memory.pop(role, None)
         self._roles = roles
+
+    async def round(self, obs: ModelObservation, verdicts: Mapping[str, Verdict]) -> dict[str, Any] | None:
+        """Plan and act for the autoscaled roles; returns the status's `autoscaling` (None: no
+        role autoscales). `verdicts`: the watchdog's, per pod (a troubled pod's queue is no demand)."""
+        spec, now = obs.spec, obs.now
+        roles = spec.autoscaled_roles
+        self._forget_dropped(roles)
         if not roles:
             return None
+        pods = role_pods(obs, verdicts)
         loads = {role: [pod_load(p) for p in pods.get(role, ())] for role in roles}
-        for role in roles:  # for the cluster's autoscalers (the external metrics API)
-            ROLE_LOADS.record(self.model.namespace, self.model.name, role, summarise(loads[role], now))
-        scales = {role: await self._scale(role) for role in ("prefill", "decode")}
-        current = {role: s.replicas for role, s in scales.items()}
-        driven = {
-            role: scaling_of(a)
-            for role in roles
-            if (a := spec.role(role).autoscaling) is not None and a.driver == "pdwarden"
-        }
-        band = spec.prefill_decode_ratio
-        ratio = autoscale.RatioBand(band.min, band.max) if band else None
-        plan = autoscale.plan(
-            roles=driven,
-            current=current,
-            loads={role: loads[role] for role in driven},
-            memory=self.memory,
-            ratio=ratio,
-            now=now,
-        )
-        memory = dict(plan.memory)
-        aims = {
-            role: self._aim(role, decision, pods.get(role, ())) for role, decision in plan.decisions.items()
-        }
-        written = await self._write(aims, scales, ratio)
-        out: dict[str, Any] = {}
         for role in roles:
-            autoscaling = spec.role(role).autoscaling
-            assert autoscaling is not None
-            aim = aims.get(role)
-            if aim is None:  # driver external: the count is the other autoscaler's
-                status = RoleAutoscalingStatus(
-                    replicas=current[role],
-                    desired_replicas=current[role],
-                    recommended_replicas=None,
-                    min_replicas=autoscaling.min_replicas,
-                    max_replicas=autoscaling.max_replicas,
-                    reason=EXTERNAL_REASON,
-                    message=f"{role}: {current[role]} replicas, set by an autoscaler of the cluster",
-                    saturated=False,
-                    last_scale_time=self.last_scale.get(role),
-                )
+            self.loads.record(self.model.namespace, self.model.name, role, summarise(loads[role], now))
+        scales = {role: await self._scale(obs, role) for role in ("prefill", "decode")}
+        current = {role: s.replicas for role, s in scales.items()}
+        scaling = plan_scaling(spec, pods, loads, current, self.memory, now)
+        written = await self._write(scaling.aims, scales, scaling.band)
+        out: dict[str, Any] = {}
+        memory: dict[str, autoscale.RoleMemory] = {}
+        for role in roles:
+            role_aim = scaling.aims.get(role)
+            if role_aim is None:  # driver external: the count is the other autoscaler's
+                out[role] = self._external(spec, role, current[role])
             else:
-                decision = aim.decision
-                count = written.get(role)
-                # unwritten (held, refused, not leading): the count stays where it is
-                decision = replace(decision, desired=decision.current if count is None else count)
-                # the step limits count what was written (a held, refused or cut change differs
-                # from what the plan recorded)
-                mem = memory[role]
-                kept = replace(mem, changes=tuple(c for c in mem.changes if c[0] != now))
-                memory[role] = autoscale.remember(kept, now, decision.desired - decision.current)
-                if count is not None:
-                    self.last_scale[role] = to_rfc3339(now)
-                    await self._announce(role, decision)
-                status = RoleAutoscalingStatus(
-                    replicas=decision.current,
-                    desired_replicas=decision.desired,
-                    recommended_replicas=decision.recommended,
-                    min_replicas=autoscaling.min_replicas,
-                    max_replicas=autoscaling.max_replicas,
-                    reason=str(decision.reason),
-                    message=decision.message[:1024],
-                    saturated=decision.saturated,
-                    last_scale_time=self.last_scale.get(role),
-                )
-                await self._report(role, decision)
-            out[role] = status.model_dump(by_alias=True, exclude_none=True)
+                decision, memory[role] = role_aim.settled(written.get(role), now)
+                out[role] = await self._settle(spec, role, decision, role in written, now)
             self.metrics.autoscale_replicas.labels(self.model.namespace, self.model.name, role).set(
                 current[role]
             )
         self.memory = memory
-        if band is not None:
-            out["ratioKept"] = not plan.ratio_unkeepable
-            if plan.ratio_unkeepable:
-                out["ratioMessage"] = plan.ratio_message[:1024]
-            await self._report_band(plan)
+        if scaling.band is not None:
+            out["ratioKept"] = not scaling.plan.ratio_unkeepable
+            if scaling.plan.ratio_unkeepable:
+                out["ratioMessage"] = scaling.plan.ratio_message[:1024]
+            await self._report_band(scaling.plan)
         return out
 
-    def _aim(self, role: str, decision: autoscale.RoleDecision, pods: Sequence[RolePod]) -> _Aim:
-        """What this round writes for the role: the plan's count, or for a scale-in one pod
-        fewer, its victim chosen (each drains before the next goes), or nothing while a
-        scale-in must wait (the decision then says why)."""
-        if decision.desired >= decision.current:
-            return _Aim(decision, None)
-        victim, why = scale_in_victim(pods)
-        if victim is None:
-            held = f"{role}: scale-in to {decision.desired} waits: {why}"
-            return _Aim(
-                replace(decision, desired=decision.current, reason=autoscale.Reason.HELD, message=held),
-                None,
-            )
-        desired = decision.current - 1
-        message = (
-            decision.message
-            + f"; removing {victim.view.name}"
-            + (" first" if desired > decision.desired else "")
+    def _external(self, spec: DisaggregatedModelSpec, role: str, replicas_now: int) -> dict[str, Any]:
+        autoscaling = spec.role(role).autoscaling
+        assert autoscaling is not None
+        return RoleAutoscalingStatus(
+            replicas=replicas_now,
+            desired_replicas=replicas_now,
+            recommended_replicas=None,
+            min_replicas=autoscaling.min_replicas,
+            max_replicas=autoscaling.max_replicas,
+            reason=EXTERNAL_REASON,
+            message=f"{role}: {replicas_now} replicas, set by an autoscaler of the cluster",
+            saturated=False,
+            last_scale_time=self.last_scale.get(role),
+        ).model_dump(by_alias=True, exclude_none=True)
+
+    async def _settle(
+        self,
+        spec: DisaggregatedModelSpec,
+        role: str,
+        decision: autoscale.RoleDecision,
+        wrote: bool,
+        now: float,
+    ) -> dict[str, Any]:
+        """A scaled role's status once its writes are done (announced when its count was written)."""
+        autoscaling = spec.role(role).autoscaling
+        assert autoscaling is not None
+        if wrote:
+            self.last_scale[role] = to_rfc3339(now)
+            await self._announce(role, decision)
+        status = RoleAutoscalingStatus(
+            replicas=decision.current,
+            desired_replicas=decision.desired,
+            recommended_replicas=decision.recommended,
+            min_replicas=autoscaling.min_replicas,
+            max_replicas=autoscaling.max_replicas,
+            reason=str(decision.reason),
+            message=decision.message[:1024],
+            saturated=decision.saturated,
+            last_scale_time=self.last_scale.get(role),
         )
-        return _Aim(replace(decision, desired=desired, message=message), victim, pods)
+        await self._report(role, decision)
+        return status.model_dump(by_alias=True, exclude_none=True)
 
     async def _write(
-        self, aims: Mapping[str, _Aim], scales: dict[str, kube_scale.Scale], band: autoscale.RatioBand | None
+        self,
+        aims: Mapping[str, RoleAim],
+        scales: dict[str, kube_scale.Scale],
+        band: autoscale.RatioBand | None,
     ) -> dict[str, int]:
         """Write the aimed counts, one Deployment at a time in an order that keeps the band
         between the writes (autoscale.write_order); returns the last count written per role. A
         refused write (a 409: someone else changed the count) ends the round's writes: the next
         round decides again from what is there."""
-        targets = {role: aim.decision.desired for role, aim in aims.items() if aim.writes}
+        targets = {role: a.decision.desired for role, a in aims.items() if a.writes}
         if not targets or not await self.may_act():
             return {}
         current = {role: scale.replicas for role, scale in scales.items()}
         ns, written = self.model.namespace, {}
         for role, count in autoscale.write_order(current, targets, band):
-            aim = aims[role]
+            role_aim = aims[role]
             try:
-                if aim.victim is not None:
-                    await self._mark(aim.victim, aim.pods)
+                if role_aim.victim is not None:
+                    await self._mark(role_aim.victim, role_aim.pods)
                 scales[role] = await kube_scale.write(
                     ns, self._deployment(role), count, scales[role].resource_version
                 )

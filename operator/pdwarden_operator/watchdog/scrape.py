@@ -27,7 +27,6 @@ import aiohttp
 from yarl import URL
 
 import pdwarden_contract as contract
-from pdwarden_operator.watchdog import budget as scrape_budget
 from pdwarden_operator.watchdog.budget import BudgetBusy, Reservation, ScrapeBudget
 from pdwarden_operator.watchdog.parse import (
     DEFAULT_MAX_BYTES,
@@ -93,7 +92,10 @@ class Scraper:
         self._request_timeout = aiohttp.ClientTimeout(total=timeout_seconds, ceil_threshold=math.inf)
         self.max_bytes = max_bytes
         self.keepalive_seconds = keepalive_seconds
+        # the operator's shared budget (WatchdogContext.budget); a scraper given none bounds
+        # itself with one of its own
         self._budget = budget
+        self._own_budget: ScrapeBudget | None = None
         self._session: aiohttp.ClientSession | None = None
         # target URL -> the request's (built by targets.metrics_url from the pod's address and
         # port: already encoded)
@@ -103,7 +105,11 @@ class Scraper:
 
     @property
     def budget(self) -> ScrapeBudget:
-        return self._budget if self._budget is not None else scrape_budget.shared()
+        if self._budget is not None:
+            return self._budget
+        if self._own_budget is None:
+            self._own_budget = ScrapeBudget()
+        return self._own_budget
 
     def _ensure_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -126,6 +132,9 @@ class Scraper:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._own_budget is not None:
+            self._own_budget.close()
+            self._own_budget = None
 
     async def scrape(self, targets: Sequence[Target]) -> list[ScrapeResult]:
         """Scrape all targets; results in the targets' order."""

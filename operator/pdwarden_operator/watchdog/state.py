@@ -45,6 +45,34 @@ class InFlight:
 
 
 @dataclass(frozen=True)
+class Alert:
+    """An open alert episode (`action: alert`): reported once, kept until the pod is healthy or
+    gone. It holds no remediation slot (no budget, cooldown or unavailability); the status lists
+    it among `inFlight` as action `alert`, outcome `alerted`."""
+
+    pod: str
+    uid: str
+    role: str
+    started_at: float
+    remediation_id: int
+    reason: str = ""
+
+    def as_in_flight(self) -> InFlight:
+        """Its entry in `status.watchdog.inFlight`."""
+        return InFlight(
+            self.pod,
+            self.uid,
+            self.role,
+            "alert",
+            self.started_at,
+            self.remediation_id,
+            self.reason,
+            attempts=1,
+            last_outcome=Outcome.ALERTED,
+        )
+
+
+@dataclass(frozen=True)
 class Remediation:
     """One decision, as `status.remediations` shows it; `id` is stable for its lifetime."""
 
@@ -68,6 +96,7 @@ class WatchdogState:
     in_flight: tuple[InFlight, ...] = ()
     remediations: tuple[Remediation, ...] = ()
     next_id: int = 1
+    alerts: tuple[Alert, ...] = ()  # open alert episodes (action alert): not remediations in flight
 
     def with_remediation(self, entry: Remediation) -> WatchdogState:
         """Add an entry (its id taken from `next_id`), keeping at most MAX_REMEDIATIONS_KEPT: the
@@ -75,7 +104,7 @@ class WatchdogState:
         entry never rolls out of the history."""
         entry = replace(entry, id=self.next_id)
         entries = [*self.remediations, entry]
-        open_ids = {f.remediation_id for f in self.in_flight}
+        open_ids = {f.remediation_id for f in self.in_flight} | {a.remediation_id for a in self.alerts}
         while len(entries) > MAX_REMEDIATIONS_KEPT:
             drop = next((i for i, e in enumerate(entries) if e.id not in open_ids), 0)
             del entries[drop]
@@ -118,6 +147,10 @@ def _in_flight(item: InFlightStatus) -> InFlight | None:
     return InFlight(**{**values, **times, "last_outcome": parse(item.last_outcome)})
 
 
+def _alert(flight: InFlight) -> Alert:
+    return Alert(flight.pod, flight.uid, flight.role, flight.started_at, flight.remediation_id, flight.reason)
+
+
 def _remediation(item: RemediationStatus) -> Remediation | None:
     when = from_rfc3339(item.time)
     if when is None:
@@ -156,9 +189,10 @@ def state_from_status(status: Mapping[str, Any] | None) -> WatchdogState:
         used=budget.used,
         exhausted=budget.exhausted,
         cooldown_until=cooldowns,
-        in_flight=tuple(in_flight),
+        in_flight=tuple(f for f in in_flight if f.action != "alert"),
         remediations=tuple(remediations[-MAX_REMEDIATIONS_KEPT:]),
         next_id=max(next_id.next_id, known + 1),
+        alerts=tuple(_alert(f) for f in in_flight if f.action == "alert"),
     )
 
 
@@ -205,7 +239,9 @@ def state_to_status(
         budget_exhausted=budget_exhausted,
         cooldown_until={role: to_rfc3339(t) for role, t in sorted(state.cooldown_until.items())},
         next_id=state.next_id,
-        in_flight=[_in_flight_status(f) for f in state.in_flight],
+        in_flight=[
+            _in_flight_status(f) for f in (*state.in_flight, *(a.as_in_flight() for a in state.alerts))
+        ],
         fleet_brake=fleet_brake,
     )
     return {

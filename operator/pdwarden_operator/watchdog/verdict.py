@@ -8,12 +8,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Literal
+
+UnitKind = Literal["pod", "group"]
+# How a group's key is told from a pod's uid where both share one namespace of keys (verdicts,
+# views, `status.watchdog.inFlight[].uid`): only `Unit.key` and `Unit.of_key` write or read it.
+_GROUP_KEY_MARK = "group:"
 
 
 class VerdictState(StrEnum):
     OK = "ok"
     WEDGED = "wedged"
     UNOBSERVED = "unobserved"  # the latest scrape failed, or none yet: never acted on
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What the ladder remediates: one pod, or a multi-node group acted on whole (group_health.py)."""
+
+    kind: UnitKind
+    name: str  # the pod's name; a group's name
+    uid: str  # the pod's uid; a group's leader's (rank 0) pod uid, so a restarted group is a new unit
+    ranks: tuple[tuple[str, str], ...] = ()  # a group's pods (name, uid), leader first
+
+    @property
+    def key(self) -> str:
+        """The unit's key in verdicts, views and the status's in-flight entries."""
+        return self.uid if self.kind == "pod" else _GROUP_KEY_MARK + self.uid
+
+    @staticmethod
+    def kind_of_key(key: str) -> UnitKind:
+        """The kind of unit a stored key names (a status written by an earlier round)."""
+        return "group" if key.startswith(_GROUP_KEY_MARK) else "pod"
 
 
 @dataclass(frozen=True)
@@ -28,6 +54,12 @@ class PodView:
     ip: str = ""  # status.podIP: how the runtimes' per-peer figures name this pod
     quarantined: bool = False  # out of its Deployment's selector (action drain); `role` is the one it served
     quarantined_at: float | None = None  # from the pod's annotation
+    group: Unit | None = None  # set on a group's folded view (group_health.fold): its ranks act together
+
+    @property
+    def unit(self) -> Unit:
+        """The unit the ladder acts on for this entry."""
+        return self.group if self.group is not None else Unit("pod", self.name, self.uid)
 
 
 @dataclass(frozen=True)

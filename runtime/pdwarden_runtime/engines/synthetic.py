@@ -102,12 +102,34 @@ class SyntheticOptions:
         )
 
 
+# What a request whose room ended Failed answers: SGLang's own status for a failed KV
+# transfer (its decode and prefill abort such a request with 500), except where the runtime's
+# deadline ended it: 503, the room's pair could not serve it in time and another may (smg
+# retries both on a new pair and a new bootstrap_room; 503 also says the failure is no fault of
+# the request).
+KV_FAILED_STATUS: Final = 500
+DEADLINE_STATUS: Final = 503
+# How the hardening's deadline reasons begin (transfer deadline: a stalled handle, or a room for
+# a decode peer with one; inflight deadline: a room that waited for or moved KV too long).
+DEADLINE_REASON_PREFIXES: Final = ("transfer deadline:", "inflight deadline:")
+
+
+def failed_room_status(reason: str) -> int:
+    """The HTTP status of a request whose room ended Failed for ``reason``."""
+    return DEADLINE_STATUS if reason.startswith(DEADLINE_REASON_PREFIXES) else KV_FAILED_STATUS
+
+
 class RequestFailed(Exception):
     """The KV transfer of a request ended Failed (reason from SGLang/pdwarden)."""
 
-    def __init__(self, reason: str, status: int = 500) -> None:
+    def __init__(self, reason: str, status: int = KV_FAILED_STATUS) -> None:
         super().__init__(reason)
         self.status = status
+
+    @classmethod
+    def room(cls, reason: str) -> RequestFailed:
+        """A request whose room ended Failed: the status says whether a deadline ended it."""
+        return cls(reason, failed_room_status(reason))
 
 
 class ClientGone(Exception):
@@ -503,7 +525,7 @@ class PrefillEngine(SyntheticEngine):
                     _rid(body, room), spec.tokens, [], finished=True, started=started, extras=extras
                 )
             self.failed += 1
-            raise RequestFailed(self._failure_reason(sender))
+            raise RequestFailed.room(self._failure_reason(sender))
         except asyncio.CancelledError:
             if not concluded:
                 self.aborted += 1
@@ -650,7 +672,7 @@ class DecodeEngine(SyntheticEngine):
                 # Refused before anything was published (its prefill unproven or over its
                 # held-pages bound, no bootstrap info): it fails now, without waiting for pages.
                 self.failed += 1
-                raise RequestFailed(self._failure_reason(receiver))
+                raise RequestFailed.room(self._failure_reason(receiver))
             self.pending[room] = "admission"
             pages, aux = await self._take(spec)
             receiver.send_metadata(pages, aux_index=aux)
@@ -668,7 +690,7 @@ class DecodeEngine(SyntheticEngine):
                 if receiver.abort_notified:  # an ABORT went out: wait for the drain
                     self._spawn(self._release_after_drain(receiver, pages, aux))
                     handed_off = True
-                raise RequestFailed(reason)
+                raise RequestFailed.room(reason)
             problems, corrupted = await loop.run_in_executor(
                 self._executor, verify_pages, self.pool, spec, pages, aux
             )

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 class Fix(StrEnum):
-    """The hardening's fixes, named for what they do (each one: hardening/nixl.py)."""
+    """The hardening's fixes, named for what they do (which module owns each: hardening/nixl.py)."""
 
     STICKY_STATUS = "sticky_status"  # Failed and Success are terminal (off: the max() rule)
     NO_SILENT_SKIP = "no_silent_skip"  # a chunk a worker would skip fails its room, aloud

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Final
+from contextlib import AbstractContextManager
+from typing import Any, Final
+
+from sglang.srt.disaggregation.common.conn import AbortNotification
+
+from pdwarden_runtime.hardening.faults.hooks import AbortPaths, Fault, is_abort
+from pdwarden_runtime.kvpoll import KVPoll
 
 # How long the ABORT handler waits for a parked worker's resurrecting write.
 HANDOFF_S: Final = 2.0
@@ -47,3 +53,39 @@ class PortRace:
             wake, written = events
             wake.set()
             written.wait(HANDOFF_S)
+
+
+class PortRaceFault(Fault):
+    """The fault's hooks: the worker parks a finished non-last chunk's Transferring write,
+    the ABORT handler lets it go once the room's ABORT is handled (and drops the room's
+    transfer info, as that port did), and a status read never sees an ABORT half-handled."""
+
+    def __init__(self, race: PortRace, window: Callable[[], float]) -> None:
+        self.race = race
+        self._window = window  # read per chunk: the config's race window
+
+    def chunk_landed(self, chunk: Any, update_status: Callable[[int, Any], None]) -> None:
+        if chunk.is_last_chunk:
+            return
+        # The chunk is done, its status write comes late; an ABORT that lands in between
+        # is then overwritten by Transferring under max().
+        room = chunk.room
+        self.race.hold_status_write(room, self._window(), lambda: update_status(room, KVPoll.Transferring))
+
+    def status_read(self) -> AbstractContextManager[object]:
+        return self.race.lock  # never see an ABORT half-handled (deterministic race)
+
+    def abort_message(self, msg: list[bytes], paths: AbortPaths) -> bool:
+        paths.remember_early()
+        if not is_abort(msg):
+            return paths.handle()
+        notification = AbortNotification.from_zmq(msg)
+        if notification is None:
+            return True
+        room = notification.room
+        with self.race.lock:
+            handled = paths.handle()
+            # The emulated port's control thread also dropped the room's transfer info here.
+            paths.drop_transfer_info(room)
+            self.race.abort_handled(room)
+        return bool(handled)

@@ -19,6 +19,8 @@ import threading
 import uuid
 from typing import Any
 
+from pdwarden_runtime.hardening.faults.hooks import Fault
+
 log = logging.getLogger(__name__)
 
 
@@ -75,3 +77,22 @@ class StallKvReceive:
                 return False
             self._seen_on = on
             return True
+
+
+class StallKvReceiveFault(Fault):
+    """The fault's hooks on a decode: the registration and metadata messages of rooms opened
+    while it is on name the stalled agent."""
+
+    names_stalled_agent = True
+
+    def __init__(self, state: StallKvReceive) -> None:
+        self.state = state
+
+    def registration_message(self, message: list[bytes]) -> list[bytes]:
+        stalled = self.state.agent()
+        message[4], message[5] = stalled.name.encode("ascii"), stalled.metadata  # name, metadata
+        return message
+
+    def metadata_message(self, message: list[bytes]) -> list[bytes]:
+        message[4] = self.state.agent().name.encode("ascii")  # agent name (SGLang's layout)
+        return message

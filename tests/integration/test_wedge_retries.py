@@ -1,0 +1,123 @@
+"""A wedge no client sees: requests caught in a wedged pair are answered by another pair.
+
+Two synthetic prefill/decode pairs behind SGLang's router (smg) with the retries and circuit
+breaker the operator renders. One prefill's transfers stall (the ``stall-transfers`` fault):
+its rooms fail at the runtime's deadlines with 503, smg retries them on a new pair and a new
+bootstrap_room, and its breaker keeps the retry off the wedged pair. Every request answers 200;
+those caught in the wedge within the inflight deadline and a generous slack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+
+import pdwarden_contract as c
+from pdwarden_testkit.runtime_procs import (
+    Fleet,
+    Router,
+    Runtime,
+    http_post_json,
+    serve_flags,
+    wait_healthy,
+    wait_router,
+)
+
+pytestmark = pytest.mark.integration
+
+INFLIGHT_DEADLINE_S = 6
+TRANSFER_DEADLINE_S = 4
+FLAGS = serve_flags(
+    allow_fault_injection=True, inflight_deadline=INFLIGHT_DEADLINE_S, transfer_deadline=TRANSFER_DEADLINE_S
+)
+ENV = {"UCX_TLS": "tcp,self"}  # UCX over TCP, as between pods on different nodes
+CLIENTS = 6
+TRAFFIC_S = 20.0
+# A healthy answer takes well under a second here; slower ones were caught in the wedge.
+CAUGHT_AFTER_S = 2.0
+# The feature's bound: the deadline, the retry's backoff and an answer from another pair, with
+# room for a loaded machine (the issue's goal is the deadline plus 2 s).
+CAUGHT_BOUND_S = INFLIGHT_DEADLINE_S + 5.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    sent: float  # seconds after the fault
+    seconds: float
+    status: int | str
+    body: str
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    with Fleet() as f:
+        yield f
+
+
+@pytest.fixture(scope="module")
+def pairs(fleet: Fleet) -> tuple[list[Runtime], list[Runtime]]:
+    prefills = [fleet.runtime("prefill", extra=FLAGS, env=ENV) for _ in range(2)]
+    decodes = [fleet.runtime("decode", extra=FLAGS, env=ENV) for _ in range(2)]
+    wait_healthy([*prefills, *decodes], timeout=300)
+    return prefills, decodes
+
+
+@pytest.fixture(scope="module")
+def router(fleet: Fleet, pairs: tuple[list[Runtime], list[Runtime]]) -> Router:
+    r = fleet.router(*pairs)
+    wait_router(r, timeout=240)
+    return r
+
+
+async def _traffic(router: Router, since: float) -> list[Answer]:
+    """CLIENTS clients, each sending its own prompt (so smg's cache-aware policy pins some of
+    them to the wedged pair) one request after the other for TRAFFIC_S."""
+    answers: list[Answer] = []
+    end = time.monotonic() + TRAFFIC_S
+
+    async def client(session: aiohttp.ClientSession, k: int) -> None:
+        body = {
+            "text": f"client {k}: " + "a wedge no client sees " * 4,
+            "sampling_params": {"max_new_tokens": 4},
+        }
+        while time.monotonic() < end:
+            t = time.monotonic()
+            try:
+                async with session.post(f"{router.url}/generate", json=body) as resp:
+                    status: int | str = resp.status
+                    text = await resp.text()
+            except aiohttp.ClientError as err:
+                status, text = type(err).__name__, str(err)
+            answers.append(Answer(round(t - since, 2), time.monotonic() - t, status, text[:200]))
+            await asyncio.sleep(0.05)
+
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await asyncio.gather(*(client(session, k) for k in range(CLIENTS)))
+    return answers
+
+
+def test_requests_caught_in_a_wedged_pair_are_answered_by_another(
+    router: Router, pairs: tuple[list[Runtime], list[Runtime]]
+) -> None:
+    prefills, _ = pairs
+    wedged = prefills[0]
+    status, answer = http_post_json(f"{wedged.url}{c.FAULT_PATH}", {"fault": c.FAULT_STALL})
+    assert status == 200 and answer == {"fault": c.FAULT_STALL}, (status, answer)
+    try:
+        answers = asyncio.run(_traffic(router, time.monotonic()))
+    finally:
+        http_post_json(f"{wedged.url}{c.FAULT_PATH}", {"fault": c.FAULT_NONE})
+    failed = [a for a in answers if a.status != 200]
+    assert not failed, failed[:5]
+    caught = [a for a in answers if a.seconds > CAUGHT_AFTER_S]
+    # the wedge did catch requests: the stalled prefill failed their rooms at its deadline
+    assert caught, f"no request was caught in the wedge among {len(answers)}"
+    assert wedged.state()["failed"] >= len(caught) > 0
+    late = [a for a in caught if a.seconds > CAUGHT_BOUND_S]
+    assert not late, late
