@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -64,12 +65,77 @@ def goal_for(models: int) -> Goal:
 def goal_met(
     goal: Goal, *, p50_s: float, all_reconciled_s: float, peak_rss_mib: float, complete: bool
 ) -> bool:
+    """The earlier goal in seconds (`queue_goal_met`): in a burst, p50 measures the queue."""
     return (
         complete
         and p50_s <= goal.p50_s
         and (goal.all_reconciled_s is None or all_reconciled_s <= goal.all_reconciled_s)
         and peak_rss_mib <= goal.rss_mib
     )
+
+
+# Issue 58's goals, each a ratio or a bound measured in the same run (`goals`).
+BURST_OVER_FLOOR = 1.3  # a burst: every model reconciled within 1.3x the API server's own share
+RSS_MIB = 300.0
+RATE_P50_S, RATE_P99_S = 2.0, 10.0  # models arriving at --rate (a GitOps sync): create to status
+IDLE_CPU_S_PER_MIN = 0.05  # a settled fleet between resync passes
+FULL_PASS_OVER_MODEL_PASSES = 2.0  # a full resync pass over one model's reconcile CPU x models
+
+
+def ratio(numerator: float | None, denominator: float | None, digits: int = 3) -> float | None:
+    """`numerator / denominator`, None when either is unknown or the denominator is not positive."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return round(numerator / denominator, digits)
+
+
+def idle_cpu_s_per_min(
+    window_cpu_s: float, window_s: float, passes_cpu_s: float, passes_s: float
+) -> float | None:
+    """CPU-s a minute between resync passes: the window's CPU less its full passes' CPU, over
+    the window's time less theirs (None when nothing of the window is left)."""
+    quiet_s = window_s - passes_s
+    if quiet_s < 1.0:
+        return None
+    return round(max(0.0, window_cpu_s - passes_cpu_s) * 60.0 / quiet_s, 4)
+
+
+def _within(value: float | None, bound: float) -> bool | None:
+    return None if value is None else value <= bound
+
+
+def _all(parts: list[bool | None]) -> bool:
+    """Met when every part was measured and met (an unmeasured part is not met)."""
+    return all(p is True for p in parts)
+
+
+def goals(
+    *,
+    rate: float | None,
+    complete: bool,
+    p50_s: float,
+    p99_s: float,
+    peak_rss_mib: float,
+    all_reconciled_over_floor: float | None,
+    idle_cpu_s_per_min: float | None,
+    full_resync_over_model_passes: float | None,
+) -> dict[str, Any]:
+    """`goal_met` of the run's mode (burst without `rate`, else the paced arrivals) and of the
+    settled fleet, each part None when the run did not measure it; `goal_met` itself needs
+    the mode's part and the settled part both measured and met."""
+    if rate is None:
+        mode = _all([complete, _within(all_reconciled_over_floor, BURST_OVER_FLOOR), peak_rss_mib <= RSS_MIB])
+    else:
+        mode = _all([complete, p50_s <= RATE_P50_S, p99_s <= RATE_P99_S, peak_rss_mib <= RSS_MIB])
+    idle = _within(idle_cpu_s_per_min, IDLE_CPU_S_PER_MIN)
+    full = _within(full_resync_over_model_passes, FULL_PASS_OVER_MODEL_PASSES)
+    settled = None if idle is None or full is None else idle and full
+    return {
+        "goal_met_burst": mode if rate is None else None,
+        "goal_met_rate": mode if rate is not None else None,
+        "goal_met_settled": settled,
+        "goal_met": _all([mode, settled]),
+    }
 
 
 WARMUP = "bench-warmup"  # reconciled first, left out of the figures
@@ -148,7 +214,13 @@ class StatusWatch:
 
 
 async def _run(
-    models: int, kubeconfig: str, health_port: int, timeout: float, steady_s: float, floor: bool
+    models: int,
+    kubeconfig: str,
+    health_port: int,
+    timeout: float,
+    steady_s: float,
+    floor: bool,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     from pdwarden_operator.kube import apply as kube
     from pdwarden_operator.kube.client import connect, set_client
@@ -156,16 +228,16 @@ async def _run(
     client = connect(kubeconfig)
     set_client(client)
     try:
-        result = await _operator_arm(models, kubeconfig, health_port, timeout, steady_s)
+        result = await _operator_arm(models, kubeconfig, health_port, timeout, steady_s, rate)
         if floor:
-            result |= await _floor(kube, models)
-        return result
+            result |= await _floor(kube, models, kubeconfig)
+        return _with_goals(result, rate)
     finally:
         await client.aclose()
 
 
 async def _operator_arm(
-    models: int, kubeconfig: str, health_port: int, timeout: float, steady_s: float
+    models: int, kubeconfig: str, health_port: int, timeout: float, steady_s: float, rate: float | None
 ) -> dict[str, Any]:
     from pdwarden_operator import render
     from pdwarden_operator.crd import CRD_NAME, build_crd
@@ -202,9 +274,12 @@ async def _operator_arm(
         cpu_before = op.cpu_seconds()
         load_before = os.getloadavg()[0]
         started: dict[str, float] = {}
+        requests_before = await asyncio.to_thread(_apiserver_requests, kubeconfig)
         first_apply = time.monotonic()
         for i in range(models):
             name = f"bench-{i:04d}"
+            if rate is not None:  # paced arrivals (a GitOps sync); else back to back
+                await asyncio.sleep(max(0.0, first_apply + i / rate - time.monotonic()))
             await kube.apply(_model(name, namespace))
             started[name] = time.monotonic()
             if (i + 1) % 25 == 0:
@@ -214,6 +289,7 @@ async def _operator_arm(
             await asyncio.sleep(0.2)
         rss, peak = op.rss_mib()
         cpu = op.cpu_seconds() - cpu_before
+        requests_after = await asyncio.to_thread(_apiserver_requests, kubeconfig)
         load_after = os.getloadavg()[0]
         # The cluster's controllers then catch up with the children (on a small machine the
         # Deployment controller observes a thousand new Deployments minutes later): each status
@@ -225,9 +301,10 @@ async def _operator_arm(
         # ...steady state: every model and child unchanged, nothing but the periodic resync and
         # the watches' own traffic left to cost CPU (by default over one whole period of the full
         # resync, most of what is left: a minute's window holds it once or not at all).
-        steady_from = op.cpu_seconds()
+        steady_from, log_from = op.cpu_seconds(), log_path.stat().st_size
         await asyncio.sleep(steady_s)
         steady_cpu = op.cpu_seconds() - steady_from
+        passes = full_resyncs(log_path.read_bytes()[log_from:].decode(errors="replace"))
         # Resume: a new operator process over the same unchanged models, as after an upgrade,
         # a restart or a change of leader.
         await asyncio.to_thread(op.stop)
@@ -252,6 +329,8 @@ async def _operator_arm(
     if not latencies:
         raise click.ClickException(f"no model got a status within {timeout:.0f}s; see {log_path}")
     goal = goal_for(models)
+    full_pass = passes[-1] if passes else None
+    yardstick = await asyncio.to_thread(model_pass_cpu_s)  # asyncio.run on a thread of its own
     return {
         "bench": "reconcile",
         "models": models,
@@ -266,6 +345,9 @@ async def _operator_arm(
         "operator_rss_mib": round(rss, 1),
         "operator_peak_rss_mib": round(peak, 1),
         "operator_cpu_s": round(cpu, 2),
+        # every client's requests from the first apply to the last status, the bench's own
+        # applies of the models and the controllers' work included, per model
+        "api_requests_per_model": requests_per_model(requests_before, requests_after, models),
         **resume,
         "controllers_caught_up_s": round(settled_s, 1),
         # not 0: the steady window began with the controllers still writing statuses, each a
@@ -274,13 +356,32 @@ async def _operator_arm(
         "catching_up_cpu_s_per_min": round(settle_cpu * 60.0 / settled_s, 2) if settled_s >= 1 else None,
         "steady_seconds": steady_s,
         "steady_cpu_s_per_min": round(steady_cpu * 60.0 / steady_s, 2) if steady_s else None,
+        # the settled fleet: the full resync passes the steady window held (the operator's log),
+        # the CPU between them, and the yardstick of a pass: one model's reconcile in this process
+        "full_resyncs_in_steady": len(passes),
+        "full_resync_models": full_pass.models if full_pass else None,
+        "full_resync_s": full_pass.seconds if full_pass else None,
+        "full_resync_cpu_s": full_pass.cpu_s if full_pass else None,
+        "model_pass_cpu_ms": round(yardstick * 1000.0, 3),
+        "full_resync_over_model_passes": (
+            ratio(full_pass.cpu_s, yardstick * full_pass.models) if full_pass else None
+        ),
+        "idle_cpu_s_per_min": (
+            idle_cpu_s_per_min(
+                steady_cpu, steady_s, sum(p.cpu_s for p in passes), sum(p.seconds for p in passes)
+            )
+            if steady_s
+            else None
+        ),
         # The machine is shared: say how busy it was, since that moves every latency.
         "loadavg_1m": [round(load_before, 2), round(load_after, 2)],
         "cpus": os.cpu_count(),
+        "mode": "burst" if rate is None else "rate",
+        "rate_per_s": rate,
         "goal_p50_s": goal.p50_s,
         "goal_all_reconciled_s": goal.all_reconciled_s,
         "goal_rss_mib": goal.rss_mib,
-        "goal_met": goal_met(
+        "queue_goal_met": goal_met(
             goal,
             p50_s=statistics.median(latencies),
             all_reconciled_s=max(finished) - first_apply,
@@ -305,7 +406,7 @@ async def _delete_namespace(kube: Any, namespace: str) -> None:
         _say(f"could not delete namespace {namespace}: {exc}")
 
 
-async def _floor(kube: Any, models: int) -> dict[str, Any]:
+async def _floor(kube: Any, models: int, kubeconfig: str) -> dict[str, Any]:
     """The API server's own share of a reconcile: `models` models (no operator watches their
     namespace), then for every one at once what a first pass writes, built by the operator's own
     functions (its worker key's Secret, then its children in `plan.apply_waves` order) and sent
@@ -335,15 +436,18 @@ async def _floor(kube: Any, models: int) -> dict[str, Any]:
                 await asyncio.gather(*(kube.apply(o) for o in wave))
             return len(objs) + (secret is not None)
 
+        before = await asyncio.to_thread(_apiserver_requests, kubeconfig)
         begun = time.monotonic()
         writes = sum(await asyncio.gather(*(first_pass(b) for b in bodies)))
         seconds = time.monotonic() - begun
+        after = await asyncio.to_thread(_apiserver_requests, kubeconfig)
     finally:
         await _delete_namespace(kube, namespace)
     return {
         "floor_all_written_s": round(seconds, 3),
         "floor_writes": writes,
         "floor_writes_per_s": round(writes / seconds, 1) if seconds > 0 else None,
+        "floor_api_requests_per_model": requests_per_model(before, after, models),
     }
 
 
@@ -369,11 +473,91 @@ async def _controllers_caught_up(kube: Any, namespace: str, timeout: float) -> i
 
 
 RECONCILED = ": reconciled generation "  # handlers.reconcile_model's line, once per model handled
+# handlers._resync_loop's line after each full resync pass
+FULL_RESYNC = re.compile(r": full resync: (\d+) models in ([0-9.]+)s, ([0-9.]+) CPU-s")
 
 
-def _apiserver_applies(kubeconfig: str) -> float | None:
-    """Server-side applies the API server has answered so far, dry-runs included (nothing
-    but the operator applies in the local cluster); None if its /metrics cannot be read."""
+@dataclass(frozen=True)
+class FullResync:
+    models: int
+    seconds: float
+    cpu_s: float
+
+
+def full_resyncs(log_text: str) -> list[FullResync]:
+    """The full resync passes an operator's log reports, in order."""
+    return [FullResync(int(m[1]), float(m[2]), float(m[3])) for m in FULL_RESYNC.finditer(log_text)]
+
+
+def model_pass_cpu_s(reps: int = 300) -> float:
+    """One model's reconcile CPU, the yardstick of a full resync pass: `reconcile.reconcile` of
+    one of the bench's models over children exactly as rendered (render, compare, status; no
+    API call is made), in this process. Median of `reps` passes, seconds."""
+    from dataclasses import replace
+
+    from pdwarden_operator import plan, reconcile, render, worker_key_secret
+    from pdwarden_operator.models import parse_spec
+    from pdwarden_operator.status_writer import WRITER
+
+    body = _model("sample", "sample")
+    body["metadata"] |= {"uid": str(uuid.UUID(int=1)), "generation": 1}
+    spec = parse_spec(dict(body["spec"]))
+    owner = render.Owner.from_body(body)
+    use = worker_key_secret.plan_use([], owner.name, spec.worker_key.enabled)
+    if use is not None:  # as after the first pass: a Secret of its own
+        pending = worker_key_secret.pending(owner.name)
+        use = use.renamed(pending, f"{owner.name}-worker-key-bench0")
+    rendered = plan.stamped(render.render_children(replace(owner, worker_key=use), spec))
+    children = {render.child_key(o): o for o in rendered}
+
+    async def no_write(*_: Any) -> None:
+        return None
+
+    async def passes() -> list[float]:
+        out = []
+        for _ in range(reps):
+            begun = time.thread_time()
+            done = await reconcile.reconcile(body, children, None)
+            out.append(time.thread_time() - begun)
+            if done.applied:
+                raise RuntimeError(f"the yardstick's pass applied {done.applied_names}")
+        return out
+
+    saved = WRITER._patch
+    WRITER._patch = no_write
+    try:
+        return statistics.median(asyncio.run(passes()))
+    finally:
+        WRITER._patch = saved
+        WRITER.forget("sample", "sample")
+
+
+def _with_goals(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
+    """The run's figures with issue 58's ratios and goals (`goals`)."""
+    over_floor = ratio(result.get("all_reconciled_s"), result.get("floor_all_written_s"))
+    return result | {
+        "all_reconciled_over_floor": over_floor,
+        "goal_all_reconciled_over_floor": BURST_OVER_FLOOR,
+        "goal_rate_p50_s": RATE_P50_S,
+        "goal_rate_p99_s": RATE_P99_S,
+        "goal_idle_cpu_s_per_min": IDLE_CPU_S_PER_MIN,
+        "goal_full_resync_over_model_passes": FULL_PASS_OVER_MODEL_PASSES,
+        **goals(
+            rate=rate,
+            complete=result["children_complete"] == result["models"],
+            p50_s=result["p50_s"],
+            p99_s=result["p99_s"],
+            peak_rss_mib=result["operator_peak_rss_mib"],
+            all_reconciled_over_floor=over_floor,
+            idle_cpu_s_per_min=result.get("idle_cpu_s_per_min"),
+            full_resync_over_model_passes=result.get("full_resync_over_model_passes"),
+        ),
+    }
+
+
+def _apiserver_requests(kubeconfig: str) -> Counter[str] | None:
+    """Requests the API server has answered so far, every client's, by verb (a write of a
+    status subresource as `<verb> status`); None if its /metrics cannot be read."""
     from pdwarden_testkit import promtext
 
     try:
@@ -382,7 +566,33 @@ def _apiserver_applies(kubeconfig: str) -> float | None:
     except (ApiError, OSError, ValueError) as exc:
         _say(f"cannot read the API server's metrics: {exc}")
         return None
-    return promtext.metric_sum(found, "apiserver_request_total", verb="APPLY")
+    counts: Counter[str] = Counter()
+    for sample in found:
+        verb = sample.labels.get("verb", "?")
+        if sample.labels.get("subresource") == "status":
+            verb += " status"
+        counts[verb] += int(sample.value)
+    return counts
+
+
+def requests_per_model(
+    before: Counter[str] | None, after: Counter[str] | None, models: int
+) -> dict[str, float] | None:
+    """The requests between two `_apiserver_requests` readings, by verb, per model."""
+    if before is None or after is None or models <= 0:
+        return None
+    return {
+        verb: round((after[verb] - before[verb]) / models, 2)
+        for verb in sorted(after)
+        if after[verb] - before[verb] > 0 and verb != "WATCH"
+    }
+
+
+def _apiserver_applies(kubeconfig: str) -> float | None:
+    """Server-side applies the API server has answered so far, dry-runs included (nothing
+    but the operator applies in the local cluster); None if its /metrics cannot be read."""
+    counts = _apiserver_requests(kubeconfig)
+    return None if counts is None else counts["APPLY"]
 
 
 async def _resume(
@@ -448,6 +658,12 @@ def _kubeconfig(explicit: str | None) -> str:
     show_default=True,
     help="Then write the same models' Secrets and children with no operator (the API server's share).",
 )
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Apply the models at this many a second (a GitOps sync). Default: back to back (a burst).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON line on stdout.")
 def reconcile(
     models: int,
@@ -456,6 +672,7 @@ def reconcile(
     timeout: float,
     steady_seconds: float | None,
     floor: bool,
+    rate: float | None,
     as_json: bool,
 ) -> None:
     """Apply N zero-replica models; p50/p99 seconds to children + status, operator RSS, then
@@ -464,7 +681,9 @@ def reconcile(
         from pdwarden_operator.handlers import FULL_RESYNC_INTERVAL_S
 
         steady_seconds = FULL_RESYNC_INTERVAL_S
-    result = asyncio.run(_run(models, _kubeconfig(kubeconfig), health_port, timeout, steady_seconds, floor))
+    result = asyncio.run(
+        _run(models, _kubeconfig(kubeconfig), health_port, timeout, steady_seconds, floor, rate)
+    )
     if not as_json:
         _say(
             f"p50 {result['p50_s']}s p99 {result['p99_s']}s, RSS {result['operator_rss_mib']} MiB "

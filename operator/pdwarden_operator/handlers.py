@@ -1,8 +1,13 @@
 """kopf handlers: thin adapters from kopf's causes to reconcile.py.
 
 - login -> the credentials of the operator's own client (kube/credentials.py);
-- create / resume / update of a DisaggregatedModel -> `reconcile` (what differs is applied);
 - watch events of DisaggregatedModels and their children feed `cache.Cache`;
+- a model this process has not handled yet (created, or found at start) or whose generation,
+  labels or annotations changed -> a full `reconcile` (what differs is applied), queued in
+  arrival order, RECONCILE_CONCURRENCY at once. Not kopf's create/update/resume handlers: those
+  deep-copied every model event to diff it and patched every handled model with an annotation
+  (a write per model, and its watch event), which is what a burst of new models paid most for;
+  the generation says the same;
 - one background loop resyncs models whose children changed (a deleted or edited child is
   restored, pod readiness reaches status), every model that is not settled and Ready every
   RESYNC_INTERVAL_S, and every model every FULL_RESYNC_INTERVAL_S.
@@ -15,13 +20,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
 import kopf
 
 import pdwarden_contract as contract
 from pdwarden_operator import namespace_deletions, reconcile, render
-from pdwarden_operator.cache import CHILDREN
+from pdwarden_operator.cache import CHILDREN, ModelKey
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube import model_status as kube_model_status
 from pdwarden_operator.kube.client import get_client, group_version_plural
@@ -58,6 +65,37 @@ _prefill_scope: list[str | None] = [None]
 _failures: dict[tuple[str, str], int] = {}  # consecutive transient failures per model: backoff
 _loop_task: asyncio.Task[None] | None = None
 _reconcile_slots = asyncio.Semaphore(RECONCILE_CONCURRENCY)
+# Full reconciles: per model, what of it the last one handled (`_essence`; a refused spec counts
+# as handled until it changes), the ones queued and not started yet, and their tasks.
+_handled: dict[ModelKey, Hashable] = {}
+_queued: set[ModelKey] = set()
+_running: dict[ModelKey, Hashable] = {}
+_tasks: set[asyncio.Task[None]] = set()
+
+
+class DiffBaseWhenChanging(kopf.AnnotationsDiffBaseStorage):
+    """kopf's diff base, built only while a changing handler (on.create, on.update, ...) is
+    registered. kopf builds it for every watch event of every object it watches, children and
+    pods included (a deep copy of the body less its status), to diff it for those handlers;
+    pdwarden registers none (handlers.py queues its own full reconciles), and the copies were
+    an eighth of the operator's CPU in a burst of new models."""
+
+    def __init__(self, *, registry: kopf.OperatorRegistry | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._registry = registry
+
+    def _changing(self) -> bool:
+        registry = self._registry or kopf.get_default_registry()
+        changing = getattr(registry, "_changing", None)  # kopf's own; if it ever goes, build
+        return changing is None or bool(changing.get_all_handlers())
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        if self._changing():
+            return super().build(body=body, extra_fields=extra_fields)
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return super().fetch(body=body) if self._changing() else None
 
 
 def apply_settings(settings: kopf.OperatorSettings) -> None:
@@ -65,7 +103,7 @@ def apply_settings(settings: kopf.OperatorSettings) -> None:
     # Progress and the last-handled spec live in kopf.pdwarden.io/ annotations (kopf ignores every
     # annotation under its own prefix, so it must not be pdwarden.io/ itself); status is ours alone.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = DiffBaseWhenChanging(
         prefix=KOPF_PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{GROUP}/finalizer"
@@ -140,23 +178,85 @@ async def stop(**_: Any) -> None:
         _loop_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await _loop_task
+    for task in list(_tasks):  # queued full reconciles: the next leader resumes every model
+        task.cancel()
+    await asyncio.gather(*_tasks, return_exceptions=True)
     await get_client().aclose()
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
-async def reconcile_model(body: kopf.Body, **_: Any) -> None:
-    key = (body.metadata.namespace or "", body.metadata.name or "")
-    cache.model_event("MODIFIED", body)
+def _essence(body: Mapping[str, Any]) -> Hashable:
+    """What of a model makes a full reconcile due when it changes: the object itself (its UID),
+    its spec (the generation moves with it) and its labels and annotations (kopf's own left out).
+    A status write changes none of these."""
+    meta = body.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    return (
+        meta.get("uid"),
+        meta.get("generation"),
+        tuple(sorted((meta.get("labels") or {}).items())),
+        tuple(sorted((k, v) for k, v in annotations.items() if not k.startswith(KOPF_PREFIX))),
+    )
+
+
+def _due(key: ModelKey, body: Mapping[str, Any]) -> bool:
+    """Whether the model's latest body asks for a full reconcile not yet handled, queued or running."""
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
+        return False  # owner references delete its children
+    essence = _essence(body)
+    return key not in _queued and essence != _handled.get(key) and essence != _running.get(key)
+
+
+def _enqueue(key: ModelKey) -> None:
+    """Queue a full reconcile of the model (one at most waits per model: it reads the latest body
+    when its turn comes). asyncio's semaphore is FIFO: models are handled in arrival order."""
+    body = cache.models.get(key)
+    if body is None or not _due(key, body):
+        return
+    _queued.add(key)
+    task = asyncio.create_task(_reconcile_full(key), name=f"reconcile {key[0]}/{key[1]}")
+    _tasks.add(task)
+    task.add_done_callback(_tasks.discard)
+
+
+def _retry(key: ModelKey, delay: float) -> None:
+    asyncio.get_running_loop().call_later(delay, _enqueue, key)
+
+
+async def _reconcile_full(key: ModelKey) -> None:
     loop = asyncio.get_running_loop()
     queued = loop.time()
-    async with _reconcile_slots, cache.lock(key):
-        started = loop.time()
-        try:
-            outcome = await reconcile.reconcile(
-                body, cache.children_of(key), cache.settled.get(key), verify_secret=True
-            )
+    try:
+        async with _reconcile_slots, cache.lock(key):
+            _queued.discard(key)  # from here on a newer change queues another pass
+            body = cache.models.get(key)
+            if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+                return
+            essence = _essence(body)
+            if essence == _handled.get(key):
+                return
+            _running[key] = essence
+            started = loop.time()
+            try:
+                outcome = await reconcile.reconcile(
+                    body, cache.children_of(key), cache.settled.get(key), verify_secret=True
+                )
+            except reconcile.InvalidSpec as exc:
+                _handled[key] = essence  # status says so; the next change of the spec reconciles
+                log.warning("%s/%s: not reconciled: %s", key[0], key[1], exc)
+                return
+            except reconcile.RetryLater as exc:
+                log.warning("%s/%s: %s (retry in %.0fs)", key[0], key[1], exc, exc.delay)
+                _retry(key, exc.delay)
+                return
+            except Exception:  # never let one bad object stop the others
+                log.exception("%s/%s: reconcile failed (retry in %.0fs)", key[0], key[1], RETRY_MAX_S)
+                _retry(key, RETRY_MAX_S)
+                return
+            finally:
+                _running.pop(key, None)
+            if key not in cache.models:
+                return  # deleted meanwhile
+            _handled[key] = essence
             cache.note_applied(key, outcome.applied)
             cache.note_settled(key, outcome.settled)
             cache.note_status(key, outcome.status)
@@ -164,21 +264,23 @@ async def reconcile_model(body: kopf.Body, **_: Any) -> None:
                 "%s/%s: reconciled generation %s in %.2fs (waited %.2fs for a slot)",
                 key[0],
                 key[1],
-                body.metadata.get("generation"),
+                (body.get("metadata") or {}).get("generation"),
                 loop.time() - started,
                 started - queued,
             )
-        except reconcile.InvalidSpec as exc:
-            raise kopf.PermanentError(str(exc)) from exc
-        except reconcile.RetryLater as exc:
-            raise kopf.TemporaryError(str(exc), delay=exc.delay) from exc
+    finally:
+        _queued.discard(key)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def model_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    cache.model_event(
-        namespace_deletions.model_event_type(event.get("type"), body.metadata.namespace or ""), body
-    )
+    key = (body.metadata.namespace or "", body.metadata.name or "")
+    kind = namespace_deletions.model_event_type(event.get("type"), key[0])
+    cache.model_event(kind, body)
+    if kind == "DELETED":
+        _handled.pop(key, None)
+    else:
+        _enqueue(key)
 
 
 def _register_child_watch(group: str, version: str, plural: str, api_version: str, kind: str) -> None:
@@ -196,6 +298,7 @@ for _kind in CHILD_KINDS:
 def _forget_namespace(namespace: str) -> None:
     for key in cache.forget_namespace(namespace):
         _failures.pop(key, None)
+        _handled.pop(key, None)
         log.info("%s/%s: forgotten: its namespace is being deleted", *key)
 
 
@@ -219,6 +322,7 @@ async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
                 log.info("%s/%s: forgotten: the model is gone", *key)
                 cache.forget(key)
                 _failures.pop(key, None)
+                _handled.pop(key, None)
                 return
             failures = _failures[key] = _failures.get(key, 0) + 1
             delay = min(RETRY_MAX_S, exc.delay * 2 ** (failures - 1))
@@ -248,7 +352,8 @@ async def _resync_loop() -> None:
         with contextlib.suppress(TimeoutError):  # asyncio.timeout: it never swallows a cancel
             async with asyncio.timeout(timeout):
                 await cache.wake.wait()
-        if loop.time() >= next_full:
+        full = loop.time() >= next_full
+        if full:
             cache.mark_all()
             next_full = loop.time() + FULL_RESYNC_INTERVAL_S
             next_pass = loop.time() + RESYNC_INTERVAL_S
@@ -258,4 +363,12 @@ async def _resync_loop() -> None:
         await asyncio.sleep(DEBOUNCE_S)
         keys = cache.take_dirty()
         if keys:
+            began, cpu = loop.time(), time.process_time()
             await asyncio.gather(*(_resync_one(k, sem) for k in keys))
+            if full:  # what a settled fleet costs every FULL_RESYNC_INTERVAL_S (bench reconcile reads it)
+                log.info(
+                    "full resync: %d models in %.3fs, %.4f CPU-s",
+                    len(keys),
+                    loop.time() - began,
+                    time.process_time() - cpu,
+                )

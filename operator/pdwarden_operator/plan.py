@@ -66,20 +66,28 @@ def stamped(objs: Iterable[Obj]) -> list[Obj]:
     return out
 
 
+# Annotations the cluster's controllers keep on children and pdwarden never renders: their
+# value cannot change what `covers` finds, so they leave a child's settled key alone (the
+# Deployment controller adds its revision once it first observes a Deployment).
+CONTROLLER_ANNOTATIONS = frozenset({"deployment.kubernetes.io/revision"})
+
+
 def settled_key(inputs: Hashable, observed: Mapping[tuple[str, str], Obj]) -> Hashable:
     """What a render and compare depend on, cheaply: the model's `inputs` (its generation,
     annotations and what reconcile observed for it) and, per child, what changes when anyone
     edits it. A child's generation moves with its spec but not with its status (a controller's
     status updates, the usual child event, leave it); kinds without one use resourceVersion;
-    labels and annotations never move a generation, so they count themselves."""
+    labels and annotations never move a generation, so they count themselves (but for
+    CONTROLLER_ANNOTATIONS)."""
 
     def child(obj: Obj) -> Hashable:
         meta = obj.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
         return (
             meta.get("generation") or meta.get("resourceVersion"),
             meta.get("uid"),
             _frozen(meta.get("labels")),
-            _frozen(meta.get("annotations")),
+            _frozen({k: v for k, v in annotations.items() if k not in CONTROLLER_ANNOTATIONS}),
             _frozen({str(i): r for i, r in enumerate(meta.get("ownerReferences") or [])}),
         )
 

@@ -354,8 +354,10 @@ async def _apply(
     owner: Owner,
     objs: list[Obj],
     known: Mapping[tuple[str, str], Obj],
-) -> list[Obj]:
-    """Apply `objs` in waves; a refused child fails the pass with nothing half-applied. A model
+) -> tuple[list[Obj], Owner, list[Obj] | None]:
+    """Apply `objs` in waves; a refused child fails the pass with nothing half-applied. Returns
+    what the API server answered, the owner the children were rendered for, and, when the pass
+    created the worker key's Secret, every child as rendered over it (else None). A model
     with no child yet skips the dry-run: should a child be refused, what the pass created is
     deleted again (a dry-run of a new model's five user-shaped children was a fifth of its
     applies, for a refusal that admission of the model itself almost always catches first). The
@@ -367,6 +369,11 @@ async def _apply(
     if not fresh:
         await _dry_run(body, spec, objs)
     objs, secret = await with_worker_key(body, spec, owner, objs)
+    rerendered = None
+    if secret is not None and owner.worker_key is not None:
+        pending = worker_key_secret.pending(owner.name)
+        renamed = owner.worker_key.renamed(pending, secret["metadata"]["name"])
+        owner, rerendered = replace(owner, worker_key=renamed), objs
     objs = await _fresh_replicas(spec, objs)
     made: list[Obj] = []
     for wave in plan.apply_waves(objs):
@@ -387,7 +394,7 @@ async def _apply(
             await _undo(owner, [*made, *([secret] if secret is not None else [])])
             outcome = "; nothing was applied (what this pass had created was deleted)"
         raise await _reject(body, spec, "ApplyFailed", _refusal(obj, exc, outcome)) from exc
-    return made
+    return made, owner, rerendered
 
 
 async def _undo(owner: Owner, made: list[Obj]) -> None:
@@ -507,12 +514,15 @@ async def reconcile(
         stale = plan.to_apply(desired, children)
     observed = dict(children)
     applied: list[Obj] = []
+    rendered_for = owner
     if stale:
         if children:
             log.info("%s/%s: applying %s", owner.namespace, owner.name, ", ".join(_names(stale)))
-        applied = await _apply(body, spec, owner, stale, children)
+        applied, rendered_for, rerendered = await _apply(body, spec, owner, stale, children)
+        desired = rerendered or desired
         observed.update((child_key(o), o) for o in applied)
-    for obj in plan.to_delete(desired, children) if desired is not None else []:
+    deleted = plan.to_delete(desired, children) if desired is not None else []
+    for obj in deleted:
         log.info(
             "%s/%s: deleting %s %s (no longer in the spec)", owner.namespace, owner.name, *child_key(obj)
         )
@@ -523,8 +533,33 @@ async def reconcile(
             raise RetryLater(f"deleting {child_key(obj)} failed: {exc}") from exc
         observed.pop(child_key(obj), None)
     outcome = await _finish(body, spec, observed, applied)
-    matched = not applied and observed.keys() == children.keys()  # the cluster matched the render
+    if applied or deleted:
+        assert desired is not None
+        settled_now = await _settled_after(body, spec, rendered_for, desired, observed)
+        return replace(outcome, settled=settled_now)
+    matched = observed.keys() == children.keys()  # the cluster matched the render
     return replace(outcome, settled=settled if matched else None)
+
+
+async def _settled_after(
+    body: Mapping[str, Any],
+    spec: DisaggregatedModelSpec,
+    rendered_for: Owner,
+    desired: list[Obj],
+    observed: Mapping[tuple[str, str], Obj],
+) -> Hashable | None:
+    """The `plan.settled_key` of the children as a pass that applied or deleted left them, when
+    they cover its render and the next pass would render the same (its owner, computed from these
+    children, has the same inputs); else None. The watch then brings back what the pass wrote at
+    the same generations, and the controllers' status updates leave those alone: without this, each
+    of them rendered and compared a new model again."""
+    after = await _owner(body, spec, observed, verify=False)
+    inputs = _inputs(body, after)
+    if inputs != _inputs(body, rendered_for):
+        return None
+    if plan.to_apply(desired, observed) or plan.to_delete(desired, observed):
+        return None
+    return plan.settled_key(inputs, observed)
 
 
 def _inputs(body: Mapping[str, Any], owner: Owner) -> Hashable:
