@@ -312,10 +312,14 @@ def progress(children: Iterable[Mapping[str, Any]], model: str, enabled: bool, r
         state = KEY_SWITCHING_ON
     else:
         state = KEY_ROTATING
-    out: Obj = {"state": state}
-    presented = uses[0].router
-    if presented is not None:  # the key the model's clients' requests travel with
-        out["rotation"] = rotation_of(presented, model)
+    # Every key, None included: status is written as a JSON merge patch, where a key left out
+    # keeps its old value (a finished rotation's message) and None removes it.
+    presented = uses[0].router  # the key the model's clients' requests travel with
+    out: Obj = {
+        "state": state,
+        "rotation": None if presented is None else rotation_of(presented, model),
+        "message": None,
+    }
     if state not in (KEY_ON, KEY_OFF):
         step_now = "; ".join(sorted({_describe(u) for u in uses}))
         wait = "waiting for every pod to run it" if not seen.settled else "the next step is applied next"
