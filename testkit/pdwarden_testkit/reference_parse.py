@@ -33,20 +33,29 @@ from pdwarden_contract import (
     METRIC_KV_PAGES_HELD_SECONDS,
     METRIC_KV_PAGES_IN_USE,
     METRIC_KV_PEER_INFLIGHT,
-    METRIC_KV_PEER_TRANSFERS_BASE,
     METRIC_KV_PEER_TRANSFERS_TOTAL,
     METRIC_KV_POOL_PAGES,
     METRIC_KV_ROOMS,
     METRIC_KV_ROOMS_ABANDONED,
-    METRIC_KV_TRANSFERS_BASE,
     METRIC_KV_TRANSFERS_TOTAL,
     METRIC_RUNTIME_THREADS,
     METRIC_RUNTIME_THREADS_EXPECTED,
-    OUTCOMES,
     PEER_OTHER,
-    RUNTIME_THREAD_KINDS,
 )
 from pdwarden_operator.watchdog.parse import (
+    _COUNTER_FAMILIES,
+    _ESCAPE,
+    _GAUGES,
+    _HELD_FAMILIES,
+    _KNOWN_VALUES,
+    _LABEL,
+    _METRIC_NAME,
+    _OPTIONAL_GAUGES,
+    _PEER_TRANSFER_FAMILIES,
+    _SAMPLE,
+    _SUFFIXES,
+    _THREAD_FAMILIES,
+    _UNESCAPED,
     DEFAULT_MAX_BYTES,
     MAX_LABEL_VALUE_CHARS,
     MAX_PEERS,
@@ -60,49 +69,11 @@ from pdwarden_operator.watchdog.parse import (
     _relevant_lines,
 )
 
-# family name as the parser reports it -> (sample name, allowed family types)
-_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
-    METRIC_INFLIGHT_REQUESTS: (METRIC_INFLIGHT_REQUESTS, ("gauge", "unknown")),
-    METRIC_INFLIGHT_OLDEST_AGE: (METRIC_INFLIGHT_OLDEST_AGE, ("gauge", "unknown")),
-}
-# A counter's family is reported without `_total` when typed, with it when untyped.
-_COUNTER_FAMILIES: dict[str, tuple[str, ...]] = {
-    METRIC_KV_TRANSFERS_BASE: ("counter",),
-    METRIC_KV_TRANSFERS_TOTAL: ("unknown",),
-}
-# Optional gauges: absent (an older runtime) means unknown, never an error.
-_OPTIONAL_GAUGES = (METRIC_KV_ROOMS_ABANDONED, METRIC_KV_POOL_PAGES, METRIC_KV_PAGES_IN_USE)
-_HELD_FAMILIES = (METRIC_KV_PAGES_HELD, METRIC_KV_PAGES_HELD_SECONDS)
-_PEER_TRANSFER_FAMILIES = (METRIC_KV_PEER_TRANSFERS_BASE, METRIC_KV_PEER_TRANSFERS_TOTAL)
-_THREAD_FAMILIES = (METRIC_RUNTIME_THREADS, METRIC_RUNTIME_THREADS_EXPECTED)
-# label -> the values a runtime may write (`peer` is checked against the model's pods)
-_KNOWN_VALUES: dict[str, frozenset[str]] = {
-    LABEL_METRIC_OUTCOME: frozenset(OUTCOMES),
-    LABEL_METRIC_THREAD: frozenset(RUNTIME_THREAD_KINDS),
-    LABEL_METRIC_STATE: frozenset(KV_STATES),
-}
-
 # --- the kept lines -> metric families (was pdwarden_operator/watchdog/exposition.py) ---
 
-_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
-_LABEL_NAME = r"[a-zA-Z_][a-zA-Z0-9_]*"
-_QUOTED = r'"(?:[^"\\]|\\.)*"'
-_PAIR = rf"[ \t]*{_LABEL_NAME}[ \t]*=[ \t]*{_QUOTED}[ \t]*"
-_METRIC_NAME = re.compile(_NAME)
-# name, the label block (pairs, an optional trailing comma), value, optional timestamp
-_BLOCK = rf"(?:{_PAIR}(?:,{_PAIR})*,?)?[ \t]*"
-_SAMPLE = re.compile(rf"({_NAME})[ \t]*(?:\{{({_BLOCK})\}})?[ \t]+(\S+)(?:[ \t]+(\S+))?")
-_LABEL = re.compile(rf"[ \t]*({_LABEL_NAME})[ \t]*=[ \t]*({_QUOTED})")
-_ESCAPE = re.compile(r'\\[\\n"]')
+# The text format's grammar and the contract's tables are the watchdog parser's own (one
+# source); what this reference keeps apart is how it groups lines into families.
 _HELP_ESCAPE = re.compile(r"\\[\\n]")
-_UNESCAPED = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
-# The sample names a declared family holds: its name plus these suffixes.
-_SUFFIXES: dict[str, tuple[str, ...]] = {
-    "counter": ("",),
-    "gauge": ("",),
-    "summary": ("_count", "_sum", ""),
-    "histogram": ("_count", "_sum", "_bucket"),
-}
 
 
 # A TYPE line's word -> the family type prometheus_client reports.
