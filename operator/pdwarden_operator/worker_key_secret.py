@@ -247,8 +247,11 @@ def observed(children: Iterable[Mapping[str, Any]], model: str) -> Observed:
 
 def in_use(children: Iterable[Mapping[str, Any]], model: str) -> str | None:
     """The newest of the model's Secrets its workloads mount (by rotation), if any."""
-    names = {name for use in observed(children, model).uses for name in use.secrets}
-    return newest(names, model)
+    return _newest_in(observed(children, model), model)
+
+
+def _newest_in(seen: Observed, model: str) -> str | None:
+    return newest({name for use in seen.uses for name in use.secrets}, model)
 
 
 def newest(names: Iterable[str], model: str) -> str | None:
@@ -265,7 +268,7 @@ def plan_use(
     seen = observed(children, model)
     goal: str | None = None
     if enabled:
-        current = in_use(children, model)
+        current = _newest_in(seen, model)
         # a rotation lowered in the spec asks for nothing: the newest key stays
         done = current is not None and (rotation_of(current, model) or 0) >= rotation
         goal = current if done else pending(model)
@@ -301,7 +304,7 @@ def progress(children: Iterable[Mapping[str, Any]], model: str, enabled: bool, r
     step its pods are on while it moves)."""
     workloads = [c for c in children if c.get("kind") in WORKLOAD_KINDS]
     seen = observed(workloads, model)
-    current = in_use(workloads, model)
+    current = _newest_in(seen, model)
     uses = seen.uses or (KeyUse(),)
     done = current is not None and (rotation_of(current, model) or 0) >= rotation
     if not enabled:
