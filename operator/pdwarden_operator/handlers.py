@@ -229,11 +229,9 @@ async def _reconcile_full(key: ModelKey) -> None:
         async with _reconcile_slots, cache.lock(key):
             _queued.discard(key)  # from here on a newer change queues another pass
             body = cache.models.get(key)
-            if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
+            if body is None or not _due(key, body):  # deleted, or handled while it waited
                 return
             essence = _essence(body)
-            if essence == _handled.get(key):
-                return
             _running[key] = essence
             started = loop.time()
             try:

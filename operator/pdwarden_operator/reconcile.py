@@ -244,8 +244,8 @@ async def _owner(
     use = worker_key_secret.plan_use(workloads, owner.name, key.enabled, key.rotation)
     pending = worker_key_secret.pending(owner.name)
     newest = None if use is None else worker_key_secret.newest(use.secrets, owner.name)
-    checked = newest is not None and newest != pending and verify and key.enabled
-    if newest is not None and checked and not await _secret_exists(body, spec, owner, newest):
+    checked = verify and key.enabled and newest not in (None, pending)
+    if checked and newest is not None and not await _secret_exists(body, spec, owner, newest):
         # pods could not start on it: everyone moves to a new one at once
         log.warning("%s/%s: the worker key's Secret %s is gone", owner.namespace, owner.name, newest)
         use = worker_key_secret.KeyUse.final(pending)
@@ -344,8 +344,14 @@ async def with_worker_key(
         raise await _worker_key_failed(body, spec, exc) from exc
     name = created["metadata"]["name"]
     log.info("%s/%s: created the worker key's Secret %s", owner.namespace, owner.name, name)
-    rendered = plan.stamped(render_children(replace(owner, worker_key=use.renamed(pending, name)), spec))
-    return rendered, created
+    return plan.stamped(render_children(with_created_key(owner, name), spec)), created
+
+
+def with_created_key(owner: Owner, secret_name: str) -> Owner:
+    """`owner` with the created Secret's name wherever its key use names the stand-in."""
+    assert owner.worker_key is not None
+    renamed = owner.worker_key.renamed(worker_key_secret.pending(owner.name), secret_name)
+    return replace(owner, worker_key=renamed)
 
 
 async def _apply(
@@ -370,10 +376,8 @@ async def _apply(
         await _dry_run(body, spec, objs)
     objs, secret = await with_worker_key(body, spec, owner, objs)
     rerendered = None
-    if secret is not None and owner.worker_key is not None:
-        pending = worker_key_secret.pending(owner.name)
-        renamed = owner.worker_key.renamed(pending, secret["metadata"]["name"])
-        owner, rerendered = replace(owner, worker_key=renamed), objs
+    if secret is not None:
+        owner, rerendered = with_created_key(owner, secret["metadata"]["name"]), objs
     objs = await _fresh_replicas(spec, objs)
     made: list[Obj] = []
     for wave in plan.apply_waves(objs):

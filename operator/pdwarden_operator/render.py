@@ -194,7 +194,7 @@ def runtime_command(
     keys = workers_key_use(owner, spec)
     if keys.sign is not None:
         cmd += [flag.WORKER_KEY_FILE, worker_key_secret.KEY_FILE]
-        if keys.accept is not None and keys.accept != keys.sign:
+        if keys.other_accepted is not None:
             cmd += [flag.WORKER_KEY_ACCEPT_FILE, worker_key_secret.ACCEPT_KEY_FILE]
         if keys.lenient:
             cmd.append(flag.SIDE_CHANNEL_LENIENT)
@@ -384,8 +384,7 @@ def runtime_volumes(owner: Owner, spec: DisaggregatedModelSpec, role: str) -> tu
     ]
     keys = workers_key_use(owner, spec)
     _mount_worker_key(keys.sign, volumes, mounts)
-    if keys.sign is not None and keys.accept != keys.sign:
-        _mount_worker_key(keys.accept, volumes, mounts, accepted=True)
+    _mount_worker_key(keys.other_accepted, volumes, mounts, accepted=True)
     shm = spec.role(role).shm_size
     if shm:
         volumes.append({"name": podtemplate.SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm}})

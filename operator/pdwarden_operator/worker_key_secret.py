@@ -128,6 +128,11 @@ class KeyUse:
         return cls(router=secret, sign=secret)
 
     @property
+    def other_accepted(self) -> str | None:
+        """The second key the workers accept (a rotation's), when they use one at all."""
+        return self.accept if self.sign is not None and self.accept != self.sign else None
+
+    @property
     def secrets(self) -> frozenset[str]:
         return frozenset(n for n in (self.router, self.sign, self.accept) if n is not None)
 
@@ -250,6 +255,11 @@ def in_use(children: Iterable[Mapping[str, Any]], model: str) -> str | None:
     return _newest_in(observed(children, model), model)
 
 
+def _reached(current: str | None, model: str, rotation: int) -> bool:
+    """Whether `current` is of `rotation` or later (a rotation lowered in the spec asks for nothing)."""
+    return current is not None and (rotation_of(current, model) or 0) >= rotation
+
+
 def _newest_in(seen: Observed, model: str) -> str | None:
     return newest({name for use in seen.uses for name in use.secrets}, model)
 
@@ -269,8 +279,7 @@ def plan_use(
     goal: str | None = None
     if enabled:
         current = _newest_in(seen, model)
-        # a rotation lowered in the spec asks for nothing: the newest key stays
-        done = current is not None and (rotation_of(current, model) or 0) >= rotation
+        done = _reached(current, model, rotation)
         goal = current if done else pending(model)
     latest = seen.latest(goal)
     if latest is None:
@@ -306,7 +315,7 @@ def progress(children: Iterable[Mapping[str, Any]], model: str, enabled: bool, r
     seen = observed(workloads, model)
     current = _newest_in(seen, model)
     uses = seen.uses or (KeyUse(),)
-    done = current is not None and (rotation_of(current, model) or 0) >= rotation
+    done = _reached(current, model, rotation)
     if not enabled:
         state = KEY_SWITCHING_OFF if current is not None else KEY_OFF
     elif seen.settled and done and uses[0] == KeyUse.final(current):
