@@ -321,12 +321,12 @@ def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, 
         options.group()
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    try:
-        options.accepted_worker_keys()
-    except WorkerKeyError as err:
-        raise click.BadParameter(str(err), param_hint="--worker-key-file") from None
     if options.worker_key_accept_files and options.worker_key_file is None:
         raise click.UsageError(f"{c.ServeFlag.WORKER_KEY_ACCEPT_FILE} needs {c.ServeFlag.WORKER_KEY_FILE}")
+    try:
+        keys = options.accepted_worker_keys()
+    except WorkerKeyError as err:
+        raise click.BadParameter(str(err), param_hint="--worker-key-file") from None
     if options.engine == "sglang":
         from pdwarden_runtime.engines.sglang_engine import serve as serve_sglang
 
@@ -334,7 +334,7 @@ def serve(sglang_args: tuple[str, ...], log_level: str, inflight_deadline: str, 
     if sglang_args:
         given = " ".join(sglang_args)
         raise click.UsageError(f"the synthetic engine takes no SGLang arguments (got {given})")
-    sys.exit(_serve_synthetic(options))
+    sys.exit(_serve_synthetic(options, keys))
 
 
 @runtime.command(
@@ -395,7 +395,7 @@ def _exit_failed(err: Exception) -> None:
     os._exit(1)  # SGLang's NIXL threads are not daemons: never hang on exit
 
 
-def _serve_synthetic(options: ServeOptions) -> int:
+def _serve_synthetic(options: ServeOptions, worker_keys: tuple[str, ...]) -> int:
     import asyncio
 
     group = options.group()
@@ -451,7 +451,7 @@ def _serve_synthetic(options: ServeOptions) -> int:
                 engine,
                 allow_fault_injection=options.allow_fault_injection,
                 group=group,
-                worker_keys=options.accepted_worker_keys(),
+                worker_keys=worker_keys,
             )
         )
     except Exception as err:

@@ -64,15 +64,17 @@ def _error(status: int, message: str, route: Route = Route.GENERATE) -> web.Resp
     return web.json_response(synthetic_shapes.error_body(route, status, message), status=status)
 
 
-def _failure(err: Exception) -> tuple[int, str]:
+# What an engine raises for one request (the request's answer, never the server's failure).
+ENGINE_ERRORS: Final = (BadRequest, PagesExhausted, RequestFailed)
+
+
+def _failure(err: BadRequest | PagesExhausted | RequestFailed) -> tuple[int, str]:
     """The status and message of an engine error."""
     if isinstance(err, BadRequest):
         return 400, str(err)
     if isinstance(err, PagesExhausted):
         return 503, f"KV pool exhausted: {err}"
-    if isinstance(err, RequestFailed):
-        return err.status, str(err)
-    raise err
+    return err.status, str(err)
 
 
 class RuntimeServer:
@@ -130,7 +132,7 @@ class RuntimeServer:
             return await self._stream(request, api)
         try:
             out = await self._unless_closing(self.engine.generate(api.native, Watch(request)))
-        except (BadRequest, PagesExhausted, RequestFailed) as err:
+        except ENGINE_ERRORS as err:
             return _error(*_failure(err), route)
         except ClientGone:  # nobody to answer
             return web.Response(status=499)
@@ -139,11 +141,11 @@ class RuntimeServer:
     async def _stream(self, request: web.Request, api: ApiRequest) -> web.StreamResponse:
         answer = SseAnswer(request, synthetic_shapes.Shaper(api))
         try:
-            if SseAnswer.opens_at_once(api.route):
+            if not api.route.openai:  # SGLang's native stream opens at once; OpenAI's with its first chunk
                 await answer.open()
             try:
                 out = await self._unless_closing(self.engine.generate(api.native, answer))
-            except (BadRequest, PagesExhausted, RequestFailed) as err:
+            except ENGINE_ERRORS as err:
                 status, message = _failure(err)
                 if not answer.opened:
                     return _error(status, message, api.route)

@@ -14,7 +14,6 @@ from typing import Any
 from aiohttp import web
 
 from pdwarden_runtime.engines.synthetic import ClientGone
-from pdwarden_runtime.engines.synthetic_api import Route
 from pdwarden_runtime.engines.synthetic_shapes import SSE_DONE, Shaper, sse, stream_error
 
 
@@ -81,7 +80,3 @@ class SseAnswer:
                 await self.response.write_eof()
         except ConnectionError as err:  # aiohttp's ClientConnectionResetError: a closing transport
             raise ClientGone(str(err)) from err
-
-    @staticmethod
-    def opens_at_once(route: Route) -> bool:
-        return route is Route.GENERATE

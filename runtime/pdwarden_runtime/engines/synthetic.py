@@ -54,9 +54,12 @@ from pdwarden_runtime.engines.synthetic_pattern import (
 from pdwarden_runtime.engines.synthetic_shapes import native_output
 from pdwarden_runtime.hardening import HardeningConfig, install
 from pdwarden_runtime.hardening.config import FaultSwitch
+from pdwarden_runtime.hardening.deadline_guard import REASON_INFLIGHT_DEADLINE
+from pdwarden_runtime.hardening.handle_wait import REASON_HANDLE_DEADLINE
 from pdwarden_runtime.hardening.mirror import StockMirror, wake_on_status_change
 from pdwarden_runtime.hardening.nixl import HardenedNixlKVManager
 from pdwarden_runtime.hardening.runtime import RoomRuntime
+from pdwarden_runtime.hardening.transfer_guard import REASON_PEER_STALLED
 from pdwarden_runtime.kvpoll import KVPoll
 from pdwarden_runtime.transfer.context import publish_sglang_context
 from pdwarden_runtime.transfer.kvpool import KVPool, PoolShape
@@ -110,8 +113,14 @@ class SyntheticOptions:
 KV_FAILED_STATUS: Final = 500
 DEADLINE_STATUS: Final = 503
 # How the hardening's deadline reasons begin (transfer deadline: a stalled handle, or a room for
-# a decode peer with one; inflight deadline: a room that waited for or moved KV too long).
-DEADLINE_REASON_PREFIXES: Final = ("transfer deadline:", "inflight deadline:")
+# a decode peer with one; inflight deadline: a room that waited for or moved KV too long), read
+# from the reasons themselves.
+DEADLINE_REASON_PREFIXES: Final = tuple(
+    {
+        r.partition(":")[0] + ":"
+        for r in (REASON_HANDLE_DEADLINE, REASON_PEER_STALLED, REASON_INFLIGHT_DEADLINE)
+    }
+)
 
 
 def failed_room_status(reason: str) -> int:
@@ -601,10 +610,10 @@ class DecodeEngine(SyntheticEngine):
         started = time.perf_counter()
         spec = self.spec_for(body)
         pages, aux = await self._receive(body, spec)
-        room = spec.room
+        room, rid = spec.room, _rid(body, spec.room)
         # The request holds its pages while it decodes, as SGLang's decode holds its KV.
         try:
-            ids = await self._decode(spec, _rid(body, room), sink, started)
+            ids = await self._decode(spec, rid, sink, started)
         except (asyncio.CancelledError, ClientGone):
             self.aborted += 1
             self.hangups += 1
@@ -614,9 +623,7 @@ class DecodeEngine(SyntheticEngine):
             self._give(pages, aux)
         self.completed += 1
         extras = {"bootstrap_room": room, "kv_pages": spec.pages, "kv_verified": True}
-        return native_output(
-            _rid(body, room), spec.tokens, ids, finished=True, started=started, extras=extras
-        )
+        return native_output(rid, spec.tokens, ids, finished=True, started=started, extras=extras)
 
     async def _decode(self, spec: RequestSpec, rid: str, sink: TokenSink | None, started: float) -> list[int]:
         """The request's tokens, one by one at the configured pace. A client that hangs up

@@ -130,7 +130,7 @@ class SideKeys:
         """From worker keys: the one the pod signs with (None: none) and others it accepts."""
         signer = SideKey.derive(sign) if sign is not None else None
         others = [SideKey.derive(k) for k in dict.fromkeys(accept) if k != sign]
-        return cls(signer, [*([signer] if signer else []), *others], lenient)
+        return cls(signer, others, lenient)  # __init__ puts the signer first
 
     def __repr__(self) -> str:
         return (
