@@ -32,8 +32,11 @@ streamed rounds, also per arm: ttft_p50_ms, ttft_p99_ms, itl_p50_ms, itl_p99_ms 
 streams and gaps), stream_requests, stream_failed; hardened_over_stock_ttft_p50,
 hardened_over_stock_ttft_p99, hardened_over_stock_itl_p50, hardened_over_stock_itl_p99 (the
 medians of the per-round ratios of that percentile, hardened over stock), each with _min and
-_max; and stream_requests_per_round, stream_tokens, token_interval_ms. Exit 1 when a request or
-a stream failed (the line still printed).
+_max; and stream_requests_per_round, stream_tokens, token_interval_ms. The goals, from the
+ratios: hardened_over_stock_p99 (the median of per-round p99 ratios, with its spread);
+goal_met_rps (hardened_over_stock_rps >= 0.97 and its lowest round >= 0.93), goal_met_p99 (<= 1.1),
+with streamed rounds goal_met_ttft_p99 (hardened_over_stock_ttft_p99 <= 1.1), and goal_met (all
+of them). Exit 1 when a request or a stream failed (the line still printed).
 """
 
 from __future__ import annotations
@@ -98,6 +101,15 @@ STREAM_FIGURES: Final = {
     "itl_p99": ("itl", 0.99),
 }
 STREAM_RATIO_PREFIX: Final = "hardened_over_stock_"
+# What the hardening may cost a request (issue goals, each a ratio of one run's paired rounds):
+# the median rate ratio, its lowest round, the p99 latency ratio and, streamed, the p99 time to
+# first token. Inter-token gaps are left out: with tokens produced at once they are microseconds
+# of scheduling noise, not a cost of the path.
+P99_RATIO: Final = "hardened_over_stock_p99"
+GOAL_RPS: Final = 0.97
+GOAL_RPS_MIN: Final = 0.93
+GOAL_P99: Final = 1.1
+GOAL_TTFT_P99: Final = 1.1
 START_TIMEOUT_S: Final = 300.0
 ROUTER_TIMEOUT_S: Final = 240.0
 REQUEST_TIMEOUT_S: Final = 60.0
@@ -237,7 +249,39 @@ def summarize(
             result |= ratio_summary(key, paired_ratios(numerator, denominator))
         else:
             result |= {key: None, f"{key}_min": None, f"{key}_max": None}
-    return result
+    result |= p99_ratio(figures[HARDENED], figures[STOCK])
+    return result | goals(result)
+
+
+def p99_ratio(hardened: Sequence[RoundFigures], stock: Sequence[RoundFigures]) -> dict[str, Any]:
+    """Hardened's p99 latency over stock's: the median of the per-round ratios and its spread
+    (None where a round of either arm answered nothing)."""
+    tops = [percentile(list(r.latencies), 0.99) for r in hardened if r.latencies]
+    bottoms = [percentile(list(r.latencies), 0.99) for r in stock if r.latencies]
+    if hardened and len(tops) == len(hardened) == len(bottoms) == len(stock) and all(bottoms):
+        return ratio_summary(P99_RATIO, paired_ratios(tops, bottoms))
+    return {P99_RATIO: None, f"{P99_RATIO}_min": None, f"{P99_RATIO}_max": None}
+
+
+def goals(result: dict[str, Any]) -> dict[str, Any]:
+    """goal_met from the ratios: hardened's rate >= GOAL_RPS of stock's (the lowest round >=
+    GOAL_RPS_MIN), its p99 <= GOAL_P99 of stock's and, with streamed rounds, its p99 time to
+    first token <= GOAL_TTFT_P99 of stock's; a missing ratio is a goal not met."""
+
+    def at_least(key: str, goal: float) -> bool:
+        return result.get(key) is not None and result[key] >= goal
+
+    def at_most(key: str, goal: float) -> bool:
+        return result.get(key) is not None and result[key] <= goal
+
+    met = {
+        "goal_met_rps": at_least(RATIO, GOAL_RPS) and at_least(f"{RATIO}_min", GOAL_RPS_MIN),
+        "goal_met_p99": at_most(P99_RATIO, GOAL_P99),
+    }
+    ttft = f"{STREAM_RATIO_PREFIX}ttft_p99"
+    if ttft in result:
+        met["goal_met_ttft_p99"] = at_most(ttft, GOAL_TTFT_P99)
+    return met | {"goal_met": all(met.values())}
 
 
 def _progress(msg: str) -> None:

@@ -14,6 +14,7 @@ from pdwarden_bench.gate_cost import percentile, short_requests
 from pdwarden_bench.serving import (
     ARMS,
     HARDENED,
+    P99_RATIO,
     PROMPT_WAKE,
     RATIO,
     STOCK,
@@ -138,6 +139,46 @@ def test_summarize_has_no_ratio_when_a_stock_round_answered_nothing() -> None:
     assert result[PROMPT_WAKE_RATIO] == 2.0  # the other ratio stands
 
 
+def _rounds_at(rps: list[float], p99: float = 0.01) -> list[RoundFigures]:
+    # 100 answers per round: the p99 (nearest rank) is the slowest of them.
+    return [_round(rate, (0.005,) * 99 + (p99,)) for rate in rps]
+
+
+@pytest.mark.parametrize(
+    ("hardened_rps", "hardened_p99", "met", "failed_goal"),
+    [
+        ([98.0, 97.0, 99.0], 0.011, True, None),
+        ([96.0, 96.0, 99.0], 0.010, False, "goal_met_rps"),  # the median under 0.97
+        ([99.0, 92.0, 99.0], 0.010, False, "goal_met_rps"),  # one round under 0.93
+        ([100.0, 100.0, 100.0], 0.0111, False, "goal_met_p99"),  # p99 over 1.1x stock's
+    ],
+)
+def test_goal_met_reads_the_rate_and_p99_ratios(
+    hardened_rps: list[float], hardened_p99: float, met: bool, failed_goal: str | None
+) -> None:
+    figures = {
+        HARDENED: _rounds_at(hardened_rps, hardened_p99),
+        STOCK: _rounds_at([100.0] * 3),
+        PROMPT_WAKE: _rounds_at([100.0] * 3),
+    }
+    result = summarize(figures)
+    assert result[P99_RATIO] == round(hardened_p99 / 0.01, 3)
+    assert result["goal_met"] is met
+    assert "goal_met_ttft_p99" not in result  # no streamed rounds, no streamed goal
+    if failed_goal is not None:
+        assert result[failed_goal] is False
+        assert all(
+            value for key, value in result.items() if key.startswith("goal_met_") and key != failed_goal
+        )
+
+
+def test_a_ratio_that_could_not_be_read_is_a_goal_not_met() -> None:
+    figures = {HARDENED: [_round(100.0)], STOCK: [RoundFigures((), 5, 1.0)], PROMPT_WAKE: [_round(50.0)]}
+    result = summarize(figures)
+    assert result[P99_RATIO] is None
+    assert result["goal_met_rps"] is False and result["goal_met_p99"] is False and result["goal_met"] is False
+
+
 def test_the_docstring_names_every_json_key() -> None:
     result = summarize({arm: [_round(1.0)] for arm in ARMS})
     keys = {key for key in result if key not in ARMS} | set(ARMS) | set(result[HARDENED])
@@ -212,3 +253,13 @@ def test_the_docstring_names_every_streamed_json_key() -> None:
     doc = " ".join((serving.__doc__ or "").split())
     for key in keys:
         assert key.removesuffix("_min").removesuffix("_max") in doc, key
+
+
+@pytest.mark.parametrize(("hardened_ttft", "met"), [(0.109, True), (0.12, False)])
+def test_streamed_rounds_add_the_time_to_first_token_goal(hardened_ttft: float, met: bool) -> None:
+    rounds = {arm: _rounds_at([100.0]) for arm in ARMS}
+    streamed = {arm: [_streams((0.1,), (0.01,))] for arm in ARMS}
+    streamed[HARDENED] = [_streams((hardened_ttft,), (0.01,))]
+    result = summarize(rounds, streamed)
+    assert result["goal_met_ttft_p99"] is met and result["goal_met"] is met
+    assert result["goal_met_rps"] and result["goal_met_p99"]
