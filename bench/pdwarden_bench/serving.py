@@ -33,7 +33,10 @@ streams and gaps), stream_requests, stream_failed; hardened_over_stock_ttft_p50,
 hardened_over_stock_ttft_p99, hardened_over_stock_itl_p50, hardened_over_stock_itl_p99 (the
 medians of the per-round ratios of that percentile, hardened over stock), each with _min and
 _max; and stream_requests_per_round, stream_tokens, token_interval_ms. The goals, from the
-ratios: hardened_over_stock_p99 (the median of per-round p99 ratios, with its spread);
+ratios: cpu_ms_per_request per arm (its prefill's and decode's CPU over its short requests'
+rounds, per answered request: where an arm spends what it costs) and
+hardened_over_stock_cpu_per_request; hardened_over_stock_p99 (the median of per-round p99
+ratios, with its spread);
 goal_met_rps (hardened_over_stock_rps >= 0.97 and its lowest round >= 0.93), goal_met_p99 (<= 1.1),
 with streamed rounds goal_met_ttft_p99 (hardened_over_stock_ttft_p99 <= 1.1), and goal_met (all
 of them). Exit 1 when a request or a stream failed (the line still printed).
@@ -56,6 +59,7 @@ from typing import Any, Final
 
 import aiohttp
 import click
+import psutil
 
 import pdwarden_contract as c
 from pdwarden_bench import streams
@@ -106,6 +110,7 @@ STREAM_RATIO_PREFIX: Final = "hardened_over_stock_"
 # first token. Inter-token gaps are left out: with tokens produced at once they are microseconds
 # of scheduling noise, not a cost of the path.
 P99_RATIO: Final = "hardened_over_stock_p99"
+CPU_RATIO: Final = "hardened_over_stock_cpu_per_request"
 GOAL_RPS: Final = 0.97
 GOAL_RPS_MIN: Final = 0.93
 GOAL_P99: Final = 1.1
@@ -126,6 +131,7 @@ class RoundFigures:
     latencies: tuple[float, ...]
     failed: int
     seconds: float
+    cpu_s: float | None = None  # the arm's prefill and decode processes' CPU during the round
 
     @property
     def requests_per_second(self) -> float:
@@ -191,6 +197,14 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(1000 * seconds, 2)
 
 
+def cpu_ms_per_request(rounds: Sequence[RoundFigures]) -> float | None:
+    """The arm's runtime CPU per answered request over its rounds (ms; None unmeasured)."""
+    answered = sum(len(r.latencies) for r in rounds)
+    if not answered or any(r.cpu_s is None for r in rounds):
+        return None
+    return round(sum(r.cpu_s or 0.0 for r in rounds) / answered * 1000, 3)
+
+
 def arm_summary(rounds: Sequence[RoundFigures]) -> dict[str, Any]:
     """One arm's figures over its rounds (latency percentiles None when nothing answered)."""
     latencies = [lat for r in rounds for lat in r.latencies]
@@ -200,6 +214,7 @@ def arm_summary(rounds: Sequence[RoundFigures]) -> dict[str, Any]:
         "requests_per_second": round(statistics.median(r.requests_per_second for r in rounds), 1),
         "requests_failed": sum(r.failed for r in rounds),
         "requests": sum(len(r.latencies) + r.failed for r in rounds),
+        "cpu_ms_per_request": cpu_ms_per_request(rounds),
     }
 
 
@@ -250,6 +265,8 @@ def summarize(
         else:
             result |= {key: None, f"{key}_min": None, f"{key}_max": None}
     result |= p99_ratio(figures[HARDENED], figures[STOCK])
+    hardened_cpu, stock_cpu = (result[arm]["cpu_ms_per_request"] for arm in (HARDENED, STOCK))
+    result[CPU_RATIO] = round(hardened_cpu / stock_cpu, 3) if hardened_cpu and stock_cpu else None
     return result | goals(result)
 
 
@@ -296,7 +313,9 @@ def _key_file(fleet: Fleet) -> Path:
     return path
 
 
-def _start(fleet: Fleet, front_door: bool, token_interval_ms: float = 0.0) -> dict[str, Router]:
+def _start(
+    fleet: Fleet, front_door: bool, token_interval_ms: float = 0.0
+) -> tuple[dict[str, Router], dict[str, tuple[int, ...]]]:
     """Every arm's pair and router, all up and routing before any is measured; with
     `front_door`, as the operator deploys a model by default: workers that require the model's
     worker key (and sign their side channel with it, where hardened), smg behind the gate;
@@ -328,7 +347,15 @@ def _start(fleet: Fleet, front_door: bool, token_interval_ms: float = 0.0) -> di
             wait_router(router, timeout=ROUTER_TIMEOUT_S)
         except (WaitTimeout, RuntimeError) as err:
             raise BenchError(f"{arm} router: {err}") from None
-    return routers
+    return routers, {arm: tuple(rt.proc.pid for rt in pair) for arm, pair in pairs.items()}
+
+
+def cpu_seconds(pids: Sequence[int]) -> float | None:
+    """The processes' CPU so far (user and system; None when one has ended)."""
+    try:
+        return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+    except psutil.Error:
+        return None
 
 
 def schedule(pairs: int) -> list[tuple[int, str]]:
@@ -339,6 +366,7 @@ def schedule(pairs: int) -> list[tuple[int, str]]:
 
 async def _rounds(
     routers: dict[str, Router],
+    pids: dict[str, tuple[int, ...]],
     bodies: list[dict[str, Any]],
     pairs: int,
     concurrency: int,
@@ -349,8 +377,11 @@ async def _rounds(
     streamed: dict[str, list[StreamFigures]] = {arm: [] for arm in ARMS}
     for i, arm in schedule(pairs):
         url = f"{routers[arm].url}{c.GENERATE_PATH}"
+        cpu_before = cpu_seconds(pids[arm])
         lat, failed, seconds = await send_round(url, bodies, concurrency, timeout=REQUEST_TIMEOUT_S)
-        figure = RoundFigures(tuple(lat), failed, seconds)
+        cpu_after = cpu_seconds(pids[arm])
+        cpu = cpu_after - cpu_before if cpu_before is not None and cpu_after is not None else None
+        figure = RoundFigures(tuple(lat), failed, seconds, cpu)
         message = f"{figure.requests_per_second:.1f} req/s, {failed} failed"
         if streamed_bodies:
             chat_url = f"{routers[arm].url}{streams.CHAT_PATH}"
@@ -380,10 +411,10 @@ def run(
     with Fleet() as fleet:
         t0 = time.perf_counter()
         try:
-            routers = _start(fleet, front_door, token_interval_ms)
+            routers, pids = _start(fleet, front_door, token_interval_ms)
             _progress(f"{len(fleet.procs)} processes up in {time.perf_counter() - t0:.1f}s")
             figures, streamed = asyncio.run(
-                _rounds(routers, short_requests(requests, seed), pairs, concurrency, streamed_bodies)
+                _rounds(routers, pids, short_requests(requests, seed), pairs, concurrency, streamed_bodies)
             )
         finally:
             # A runtime serves on for a drain period after SIGTERM: signal all at once, so the

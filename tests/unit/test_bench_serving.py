@@ -5,6 +5,7 @@ inter-token gaps and their paired ratios; the JSON keys its docstring names."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 
@@ -96,7 +97,25 @@ def test_arm_summary_pools_latencies_and_takes_the_median_round_rate() -> None:
         "requests_per_second": 4.0,
         "requests_failed": 1,
         "requests": 7,
+        "cpu_ms_per_request": None,  # the processes' CPU was not read
     }
+
+
+def test_cpu_per_request_is_the_rounds_cpu_over_their_answered_requests() -> None:
+    rounds = [RoundFigures((0.01,) * 100, 2, 1.0, cpu_s=0.3), RoundFigures((0.01,) * 50, 0, 1.0, cpu_s=0.15)]
+    assert arm_summary(rounds)["cpu_ms_per_request"] == 3.0
+    figures = {
+        HARDENED: [RoundFigures((0.01,) * 100, 0, 1.0, cpu_s=0.33)],
+        STOCK: [RoundFigures((0.01,) * 100, 0, 1.0, cpu_s=0.3)],
+        PROMPT_WAKE: [RoundFigures((0.01,) * 100, 0, 1.0, cpu_s=0.3)],
+    }
+    assert summarize(figures)["hardened_over_stock_cpu_per_request"] == 1.1
+
+
+def test_cpu_seconds_reads_live_processes_and_none_for_an_ended_one() -> None:
+    own = serving.cpu_seconds([os.getpid()])
+    assert own is not None and own > 0
+    assert serving.cpu_seconds([os.getpid(), 2**22 + 12345]) is None  # no such pid
 
 
 def test_arm_summary_of_rounds_that_answered_nothing_has_no_percentiles() -> None:
