@@ -98,7 +98,7 @@ say "python: $PY; work directory: $WORK"
 "${HELPER[@]}" check-model "$MODEL"
 
 # SGLang's router (smg) as the operator renders it: its module and retry/breaker settings.
-read -r -a ROUTER_CMD <<<"$("$PY" -c 'from pdwarden_operator.render import ROUTER_MODULE as m, ROUTER_RESILIENCE_ARGS as a; print("-m", m, *a)')"
+read -r -a ROUTER_CMD <<<"$("$PY" -c 'from pdwarden_operator.render.router import ROUTER_MODULE as m, ROUTER_RESILIENCE_ARGS as a; print("-m", m, *a)')"
 
 if (( DRY_RUN )); then
   "${HELPER[@]}" plan --host "$HOST" --port "$P_HTTP" --bootstrap-port "$P_BOOT" prefill -- "${SGLANG_ARGS[@]}"

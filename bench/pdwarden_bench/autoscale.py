@@ -37,7 +37,7 @@ import click
 import pdwarden_contract as contract
 from pdwarden_bench.polling import Poller
 from pdwarden_localcluster.waits import WaitTimeout, serving, wait_for
-from pdwarden_operator.render import child_name
+from pdwarden_operator.render.meta import child_name
 from pdwarden_testkit.cluster_env import API_TRANSIENT, Env, http_json, open_env, synthetic_body
 
 TARGET_INFLIGHT: Final = 3

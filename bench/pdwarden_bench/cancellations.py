@@ -59,7 +59,7 @@ import click
 from pdwarden_bench import streams
 from pdwarden_bench.arms import round_order
 from pdwarden_localcluster.waits import wait_for
-from pdwarden_operator.render import ROUTER_MODULE
+from pdwarden_operator.render.router import ROUTER_MODULE
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
 from pdwarden_operator.watchdog.rule import judge

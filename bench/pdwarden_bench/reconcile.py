@@ -74,7 +74,7 @@ def goal_met(
     )
 
 
-# Issue 58's goals, each a ratio or a bound measured in the same run (`goals`).
+# The goals, each a ratio or a bound measured in the same run (`goals`).
 BURST_OVER_FLOOR = 1.3  # a burst: every model reconciled within 1.3x the API server's own share
 RSS_MIB = 300.0
 RATE_P50_S, RATE_P99_S = 2.0, 10.0  # models arriving at --rate (a GitOps sync): create to status
@@ -163,12 +163,13 @@ def _model(name: str, namespace: str) -> dict[str, Any]:
 def children_per_model() -> int:
     """The children the operator's builders render for one of the bench's models (its worker
     key's Secret is written beside them, not counted)."""
-    from pdwarden_operator import render
     from pdwarden_operator.models import parse_spec
+    from pdwarden_operator.render.children import render_children
+    from pdwarden_operator.render.meta import Owner
 
     body = _model("sample", "sample")
-    owner = render.Owner(name="sample", namespace="sample", uid=str(uuid.UUID(int=0)))
-    return len(render.render_children(owner, parse_spec(body["spec"])))
+    owner = Owner(name="sample", namespace="sample", uid=str(uuid.UUID(int=0)))
+    return len(render_children(owner, parse_spec(body["spec"])))
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -239,9 +240,9 @@ async def _run(
 async def _operator_arm(
     models: int, kubeconfig: str, health_port: int, timeout: float, steady_s: float, rate: float | None
 ) -> dict[str, Any]:
-    from pdwarden_operator import render
     from pdwarden_operator.crd import CRD_NAME, build_crd
     from pdwarden_operator.kube import apply as kube
+    from pdwarden_operator.render.kinds import CHILD_KINDS
     from pdwarden_testkit.operator_process import OperatorProcess
 
     await kube.apply(build_crd())
@@ -314,7 +315,7 @@ async def _operator_arm(
         )
         resume = await _resume(op, kubeconfig, resume_log, models + 1, timeout)
         counts: Counter[str] = Counter()
-        for api_version, kind in render.CHILD_KINDS:
+        for api_version, kind in CHILD_KINDS:
             selector = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
             for obj in await kube.list_objects(api_version, kind, namespace, selector):
                 counts[obj["metadata"]["labels"].get(contract.LABEL_MODEL, "?")] += 1
@@ -414,9 +415,11 @@ async def _floor(kube: Any, models: int, kubeconfig: str) -> dict[str, Any]:
     the first write to the last answer."""
     from dataclasses import replace
 
-    from pdwarden_operator import plan, render, worker_key_secret
+    from pdwarden_operator import plan, worker_key_secret
     from pdwarden_operator.models import parse_spec
     from pdwarden_operator.reconcile import with_worker_key
+    from pdwarden_operator.render.children import render_children
+    from pdwarden_operator.render.meta import Owner
 
     namespace = f"pdw-bench-floor-{uuid.uuid4().hex[:6]}"
     await kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -426,12 +429,12 @@ async def _floor(kube: Any, models: int, kubeconfig: str) -> dict[str, Any]:
 
         async def first_pass(body: dict[str, Any]) -> int:
             spec = parse_spec(dict(body["spec"]))
-            owner = render.Owner.from_body(body)
+            owner = Owner.from_body(body)
             # a new model: no workload uses a key yet (the Secret's name is still the stand-in)
             use = worker_key_secret.plan_use([], owner.name, spec.worker_key.enabled)
             owner = replace(owner, worker_key=use)
-            rendered = plan.stamped(render.render_children(owner, spec))
-            objs, secret = await with_worker_key(body, spec, owner, rendered)
+            rendered = plan.stamped(render_children(owner, spec))
+            objs, secret = await with_worker_key(spec, owner, rendered)
             for wave in plan.apply_waves(objs):
                 await asyncio.gather(*(kube.apply(o) for o in wave))
             return len(objs) + (secret is not None)
@@ -472,7 +475,7 @@ async def _controllers_caught_up(kube: Any, namespace: str, timeout: float) -> i
         await asyncio.sleep(2.0)
 
 
-RECONCILED = ": reconciled generation "  # handlers.reconcile_model's line, once per model handled
+RECONCILED = ": reconciled generation "  # handlers._reconcile_full's line, once per model handled
 # handlers._resync_loop's line after each full resync pass
 FULL_RESYNC = re.compile(r": full resync: (\d+) models in ([0-9.]+)s, ([0-9.]+) CPU-s")
 
@@ -495,45 +498,46 @@ def model_pass_cpu_s(reps: int = 300) -> float:
     API call is made), in this process. Median of `reps` passes, seconds."""
     from dataclasses import replace
 
-    from pdwarden_operator import plan, reconcile, render, worker_key_secret
+    from pdwarden_operator import plan, reconcile, worker_key_secret
     from pdwarden_operator.models import parse_spec
-    from pdwarden_operator.status_writer import WRITER
+    from pdwarden_operator.podpolicy import PodPolicy
+    from pdwarden_operator.render.children import child_key, render_children
+    from pdwarden_operator.render.meta import Owner
+    from pdwarden_operator.status_writer import StatusWriter
 
     body = _model("sample", "sample")
     body["metadata"] |= {"uid": str(uuid.UUID(int=1)), "generation": 1}
     spec = parse_spec(dict(body["spec"]))
-    owner = render.Owner.from_body(body)
+    owner = Owner.from_body(body)
     use = worker_key_secret.plan_use([], owner.name, spec.worker_key.enabled)
     if use is not None:  # as after the first pass: a Secret of its own
         pending = worker_key_secret.pending(owner.name)
         use = use.renamed(pending, f"{owner.name}-worker-key-bench0")
-    rendered = plan.stamped(render.render_children(replace(owner, worker_key=use), spec))
-    children = {render.child_key(o): o for o in rendered}
+    rendered = plan.stamped(render_children(replace(owner, worker_key=use), spec))
+    children = {child_key(o): o for o in rendered}
 
     async def no_write(*_: Any) -> None:
         return None
+
+    parts = reconcile.ReconcileParts(
+        StatusWriter(no_write), reconcile.Baseline(), PodPolicy(allow=frozenset())
+    )
 
     async def passes() -> list[float]:
         out = []
         for _ in range(reps):
             begun = time.thread_time()
-            done = await reconcile.reconcile(body, children, None)
+            done = await reconcile.reconcile(parts, body, children, None)
             out.append(time.thread_time() - begun)
             if done.applied:
                 raise RuntimeError(f"the yardstick's pass applied {done.applied_names}")
         return out
 
-    saved = WRITER._patch
-    WRITER._patch = no_write
-    try:
-        return statistics.median(asyncio.run(passes()))
-    finally:
-        WRITER._patch = saved
-        WRITER.forget("sample", "sample")
+    return statistics.median(asyncio.run(passes()))
 
 
 def _with_goals(result: dict[str, Any], rate: float | None) -> dict[str, Any]:
-    """The run's figures with issue 58's ratios and goals (`goals`)."""
+    """The run's figures with the ratios and goals (`goals`)."""
     over_floor = ratio(result.get("all_reconciled_s"), result.get("floor_all_written_s"))
     return result | {
         "all_reconciled_over_floor": over_floor,

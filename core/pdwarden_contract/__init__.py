@@ -18,10 +18,29 @@ PLURAL: Final = "disaggregatedmodels"
 SHORT_NAME: Final = "dm"
 
 # --- Roles --------------------------------------------------------------------------
-ROLE_PREFILL: Final = "prefill"
-ROLE_DECODE: Final = "decode"
-ROLE_ROUTER: Final = "router"
-RUNTIME_ROLES: Final = (ROLE_PREFILL, ROLE_DECODE)
+
+
+class Role(StrEnum):
+    """A DisaggregatedModel's roles, the one list of them. The tuples and names below carry
+    the values, plain strings: they go into labels, flags, status keys and metric labels, and
+    into rendered objects that YAML and marshal (the child store) take only as plain strings;
+    a role read back (a label, a flag) is `Role(value)`."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    ROUTER = "router"  # the front door (SGLang's router): no pdwarden runtime in its pods
+
+    @property
+    def runtime(self) -> bool:
+        """Whether the role's pods run the pdwarden runtime (the watchdog scrapes them)."""
+        return self is not Role.ROUTER
+
+
+ROLES: Final = tuple(role.value for role in Role)
+RUNTIME_ROLES: Final = tuple(role.value for role in Role if role.runtime)
+ROLE_PREFILL: Final = Role.PREFILL.value
+ROLE_DECODE: Final = Role.DECODE.value
+ROLE_ROUTER: Final = Role.ROUTER.value
 # The role label of a runtime pod the watchdog drains: no Deployment selector and no router
 # discovery matches it any more; LABEL_QUARANTINED_ROLE keeps the role it served.
 ROLE_QUARANTINED: Final = "quarantined"

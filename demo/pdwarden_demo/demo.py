@@ -57,7 +57,7 @@ from pdwarden_localcluster import monitoring, waits
 from pdwarden_localcluster.errors import ClusterError
 from pdwarden_localcluster.kubeapi import ApiError
 from pdwarden_localcluster.waits import serving
-from pdwarden_operator.render import child_name
+from pdwarden_operator.render.meta import child_name
 from pdwarden_runtime.worker_key import auth_headers
 
 T = TypeVar("T")

@@ -1,7 +1,9 @@
 """In-memory view of DisaggregatedModels and their children, fed by watch events.
 
-The operator's watches (kopf on.event) keep this current, so the periodic resync compares
-rendered children with what the cluster holds without asking the API server. No I/O here.
+The operator's watches (kopf on.event) keep the `ChildStore` current, so the periodic resync
+compares rendered children with what the cluster holds without asking the API server; the
+`ResyncQueue` holds which models a resync pass is due for. One of each per process, in the
+operator's context (context.py). No I/O here.
 """
 
 from __future__ import annotations
@@ -68,43 +70,45 @@ def owner_model(body: Mapping[str, Any]) -> ModelKey | None:
 
 
 @dataclass
-class Cache:
+class ChildStore:
+    """The models and their children as the watches deliver them (the informer store)."""
+
     models: dict[ModelKey, Obj] = field(default_factory=dict)
     children: dict[ModelKey, dict[ChildKey, bytes]] = field(default_factory=dict)  # `_packed`
-    dirty: set[ModelKey] = field(default_factory=set)
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
     locks: dict[ModelKey, asyncio.Lock] = field(default_factory=dict)
     # per model, the last reconcile's `PassResult.settled` (most resyncs follow a controller's
     # status update of a child and change nothing of ours: those skip render and compare)
     settled: dict[ModelKey, Hashable] = field(default_factory=dict)
 
-    def model_event(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+    def record(self, body: Mapping[str, Any]) -> ModelKey:
+        """A model's body as its latest watch event brought it (not a deletion: the
+        registry forgets a model that is gone)."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
-        if event_type == "DELETED":
-            self.forget(key)
-        else:
-            self.models[key] = slim(body)
+        self.models[key] = slim(body)
+        return key
 
-    def forget(self, key: ModelKey) -> None:
+    def uid(self, key: ModelKey) -> str | None:
+        """The UID of the model this store holds under `key` (None: none held)."""
+        body = self.models.get(key)
+        return None if body is None else str((body.get("metadata") or {}).get("uid") or "")
+
+    def forget(self, namespace: str, name: str) -> None:
         """A model that is gone: nothing of it stays."""
+        key = (namespace, name)
         self.models.pop(key, None)
         self.children.pop(key, None)
         self.locks.pop(key, None)
         self.settled.pop(key, None)
-        self.dirty.discard(key)
 
-    def forget_namespace(self, namespace: str) -> list[ModelKey]:
-        """Every model of a namespace being deleted; returns the ones it knew."""
-        gone = [key for key in {*self.models, *self.children} if key[0] == namespace]
-        for key in gone:
-            self.forget(key)
-        return gone
+    def in_namespace(self, namespace: str) -> list[ModelKey]:
+        """The models of a namespace this store knows (by their bodies or their children)."""
+        return sorted(key for key in {*self.models, *self.children} if key[0] == namespace)
 
     def child_event(
         self, api_version: str, kind: str, event_type: str | None, body: Mapping[str, Any]
     ) -> ModelKey | None:
-        """Record a child's event; returns its model (marked dirty) or None if not ours."""
+        """Record a child's event; returns its model, or None if not ours."""
         key = owner_model(body)
         if key is None:
             return None
@@ -115,7 +119,6 @@ class Cache:
             kids.pop(ckey, None)
         else:
             kids[ckey] = _packed({**slim(body), "apiVersion": api_version, "kind": kind})
-        self.mark(key)
         return key
 
     def note_applied(self, key: ModelKey, objs: list[Obj]) -> None:
@@ -145,30 +148,6 @@ class Cache:
         if body is not None:
             self.models[key] = {**body, "status": {**(body.get("status") or {}), **status}}
 
-    def mark(self, key: ModelKey) -> None:
-        if key in self.models:
-            self.dirty.add(key)
-            self.wake.set()
-
-    def mark_all(self) -> None:
-        self.dirty.update(self.models)
-        self.wake.set()
-
-    def mark_unsettled(self) -> None:
-        """The models a periodic pass may still change: not settled (the last pass applied,
-        or found something to apply), or not Ready (a rollout or a wait that time moves on).
-        A settled Ready model changes only by an event, which marks it anyway."""
-        for key, body in self.models.items():
-            if key not in self.settled or (body.get("status") or {}).get("phase") != "Ready":
-                self.dirty.add(key)
-        self.wake.set()
-
-    def take_dirty(self) -> list[ModelKey]:
-        keys = [k for k in self.dirty if k in self.models]
-        self.dirty.clear()
-        self.wake.clear()
-        return keys
-
     def lock(self, key: ModelKey) -> asyncio.Lock:
         return self.locks.setdefault(key, asyncio.Lock())
 
@@ -182,6 +161,37 @@ class Cache:
         return None if data is None else _unpacked(data)
 
 
-# The one cache of the process: the reconciler keeps it, the watchdog's autoscaler reads the
-# Deployments' counts from it.
-CHILDREN = Cache()
+@dataclass
+class ResyncQueue:
+    """The models a resync pass is due for (the work queue), over the store's models."""
+
+    store: ChildStore
+    dirty: set[ModelKey] = field(default_factory=set)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.dirty.discard((namespace, name))
+
+    def mark(self, key: ModelKey) -> None:
+        if key in self.store.models:
+            self.dirty.add(key)
+            self.wake.set()
+
+    def mark_all(self) -> None:
+        self.dirty.update(self.store.models)
+        self.wake.set()
+
+    def mark_unsettled(self) -> None:
+        """The models a periodic pass may still change: not settled (the last pass applied,
+        or found something to apply), or not Ready (a rollout or a wait that time moves on).
+        A settled Ready model changes only by an event, which marks it anyway."""
+        for key, body in self.store.models.items():
+            if key not in self.store.settled or (body.get("status") or {}).get("phase") != "Ready":
+                self.dirty.add(key)
+        self.wake.set()
+
+    def take_dirty(self) -> list[ModelKey]:
+        keys = [k for k in self.dirty if k in self.store.models]
+        self.dirty.clear()
+        self.wake.clear()
+        return keys

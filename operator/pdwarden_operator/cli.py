@@ -20,7 +20,7 @@ from pdwarden_operator import podpolicy
 from pdwarden_operator.watchdog.brake import DEFAULT_FLEET, DEFAULT_NAMESPACE
 
 if TYPE_CHECKING:
-    from pdwarden_operator.watchdog.context import WatchdogContext
+    from pdwarden_operator.context import OperatorContext
     from pdwarden_operator.watchdog.role_load import RoleLoads
 
 log = logging.getLogger("pdwarden.operator")
@@ -191,7 +191,7 @@ def run(
                 f"{external_metrics_tls_dir} has no {' or '.join(missing)}",
                 param_hint="--external-metrics-tls-dir",
             )
-    podpolicy.configure(_pod_policy(allowances))
+    pod_policy = _pod_policy(allowances)
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -202,16 +202,14 @@ def run(
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     import kopf
 
-    handlers = importlib.import_module("pdwarden_operator.handlers")  # registers the reconcile handlers
-    handlers.watch_scope(list(namespaces))
-    if _optional_module("pdwarden_operator.watchdog.kopf_handlers") is None:
-        log.warning("watchdog not built in: pods are not scraped for wedges")
+    from pdwarden_operator.context import OperatorContext
+    from pdwarden_operator.metrics import serve as serve_metrics
     from pdwarden_operator.watchdog import brake
-    from pdwarden_operator.watchdog.context import WatchdogContext
 
     try:
-        # what every model's watchdog shares, built once (kopf hands it on as its memo)
-        watchdog = WatchdogContext.build(
+        # everything the operator keeps, built once (kopf hands it on as its memo)
+        context = OperatorContext.build(
+            pod_policy=pod_policy,
             fleet=brake.FleetLimits(
                 max_remediations_per_hour=brake_max_remediations_per_hour,
                 max_wedged_models=brake_max_wedged_models,
@@ -226,11 +224,12 @@ def run(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
-    metrics = _optional_module("pdwarden_operator.metrics")
-    if metrics is not None and metrics_port:
-        metrics.serve(metrics_port, bind_host)
-    elif metrics_port:
-        log.warning("operator metrics not built in: --metrics-port %d ignored", metrics_port)
+    handlers = importlib.import_module("pdwarden_operator.handlers")  # registers the reconcile handlers
+    handlers.watch_scope(context, list(namespaces))
+    if _optional_module("pdwarden_operator.watchdog.kopf_handlers") is None:
+        log.warning("watchdog not built in: pods are not scraped for wedges")
+    if metrics_port:
+        serve_metrics(context.metrics, metrics_port, bind_host)
     if namespaces and not any(handlers.is_glob(ns) for ns in namespaces):
         # Namespace mode runs on namespaced RBAC (the chart's operator.scope=namespace): tell
         # kopf not to list namespaces and CRDs cluster-wide (it retries those 403s for about
@@ -252,7 +251,7 @@ def run(
         _main(
             clusterwide=not namespaces,
             namespaces=list(namespaces),
-            watchdog=watchdog,
+            context=context,
             health=(bind_host, health_port) if health_port else None,
             lease=(lease_ns, leader_election_id) if leader_elect else None,
             external_metrics=(
@@ -316,13 +315,13 @@ async def _main(
     namespaces: list[str],
     health: tuple[str, int] | None,
     lease: tuple[str, str] | None,
-    watchdog: WatchdogContext,
+    context: OperatorContext,
     external_metrics: tuple[str, int, Path] | None = None,
 ) -> None:
     import kopf
 
     from pdwarden_operator import leader
-    from pdwarden_operator.watchdog.context import MEMO_KEY
+    from pdwarden_operator.context import MEMO_KEY
 
     runner = await _serve_health(*health) if health else None
     elector = None
@@ -331,7 +330,7 @@ async def _main(
         # handlers do on this loop (or with the main client's connections) can delay a renewal.
         timing = leader.Timing()
         elector = leader.Elector(*lease, timing=timing, client=leader.lease_client(timing))
-        leader.set_elector(elector)
+        context.watchdog.leadership.elector = elector
         elector.start(on_lost=_step_down)
         await elector.wait_leading()  # a standby does nothing until it holds the Lease
     # kopf names itself after the user unless POD_ID is set; a non-root uid with no passwd
@@ -342,26 +341,34 @@ async def _main(
             standalone=True,
             clusterwide=clusterwide,
             namespaces=namespaces,
-            memo=kopf.Memo({MEMO_KEY: watchdog}),  # every object's memo is a copy of this one
+            memo=kopf.Memo({MEMO_KEY: context}),  # every object's memo is a copy of this one
         )
     )
+    background: set[asyncio.Task[None]] = set()  # held here: the loop keeps only weak references
     metrics_api = (
-        await _serve_external_metrics(*external_metrics, watchdog.role_loads) if external_metrics else None
+        await _serve_external_metrics(*external_metrics, context.watchdog.role_loads, background)
+        if external_metrics
+        else None
     )
     await asyncio.wait({operator_task})
+    for task in background:
+        task.cancel()
     if metrics_api is not None:
         await metrics_api.cleanup()
     if elector is not None:
         await elector.stop()  # hands the Lease back
     if runner is not None:
         await runner.cleanup()
-    watchdog.close()  # the scrape budget's parse workers end
+    context.close()  # the scrape budget's parse workers end
     await operator_task
 
 
-async def _serve_external_metrics(host: str, port: int, tls_dir: Path, loads: RoleLoads) -> Any:
+async def _serve_external_metrics(
+    host: str, port: int, tls_dir: Path, loads: RoleLoads, background: set[asyncio.Task[None]]
+) -> Any:
     """The leader's external metrics API, and its pod marked as the one the API's Service
-    reaches (a replica that led before keeps the label until this one takes it)."""
+    reaches (a replica that led before keeps the label until this one takes it; the marking
+    task is put in `background` while it runs)."""
     from pdwarden_operator import external_metrics
     from pdwarden_operator.kube import pods
 
@@ -384,12 +391,9 @@ async def _serve_external_metrics(host: str, port: int, tls_dir: Path, loads: Ro
         log.error("pod %s/%s never got its label: the external metrics API is unreachable", namespace, pod)
 
     if runner is not None and pod and namespace:
-        _background.add(task := asyncio.create_task(mark(), name="external-metrics-label"))
-        task.add_done_callback(_background.discard)
+        background.add(task := asyncio.create_task(mark(), name="external-metrics-label"))
+        task.add_done_callback(background.discard)
     return runner
-
-
-_background: set[asyncio.Task[None]] = set()
 
 
 def _step_down() -> None:

@@ -5,7 +5,8 @@ A role with `nodesPerReplica` N > 1 runs each replica as a group of N pods: the 
 ordinal = rank, rank 0 is the leader) and, for the whole role, the headless Service
 `<model>-<role>-ranks`, which gives every leader a stable DNS name before it is ready
 (`publishNotReadyAddresses`: the leader is ready only once all its ranks joined, and they
-need its name to join). Pure functions over plain dicts, like render.py, which calls them.
+need its name to join). Pure functions over plain dicts, like the render package, whose
+render/runtime.py calls them.
 """
 
 from __future__ import annotations

@@ -1,18 +1,20 @@
 """kopf handlers: thin adapters from kopf's causes to reconcile.py.
 
 - login -> the credentials of the operator's own client (kube/credentials.py);
-- watch events of DisaggregatedModels and their children feed `cache.Cache`;
+- watch events of DisaggregatedModels and their children feed `cache.ChildStore`;
 - a model this process has not handled yet (created, or found at start) or whose generation,
   labels or annotations changed -> a full `reconcile` (what differs is applied), queued in
-  arrival order, RECONCILE_CONCURRENCY at once. Not kopf's create/update/resume handlers: those
-  deep-copied every model event to diff it and patched every handled model with an annotation
-  (a write per model, and its watch event), which is what a burst of new models paid most for;
-  the generation says the same;
+  arrival order, context.RECONCILE_CONCURRENCY at once. Not kopf's create/update/resume
+  handlers: those deep-copied every model event to diff it and patched every handled model
+  with an annotation (a write per model, and its watch event), which is what a burst of new
+  models paid most for; the generation says the same;
 - one background loop resyncs models whose children changed (a deleted or edited child is
   restored, pod readiness reaches status), every model that is not settled and Ready every
   RESYNC_INTERVAL_S, and every model every FULL_RESYNC_INTERVAL_S.
 No timers or daemons per object: those would make kopf put a finalizer on every resource,
-and deletion needs nothing but owner-reference garbage collection.
+and deletion needs nothing but owner-reference garbage collection. What the handlers keep
+(the child store, the resync queue, the reconciles' bookkeeping) is the operator's context's
+(context.py), handed over in kopf's memo; a model that is gone is forgotten by its registry.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ from typing import Any
 import kopf
 
 import pdwarden_contract as contract
-from pdwarden_operator import namespace_deletions, reconcile, render
-from pdwarden_operator.cache import CHILDREN, ModelKey
+from pdwarden_operator import namespace_deletions, reconcile
+from pdwarden_operator.cache import ModelKey
+from pdwarden_operator.context import OperatorContext, context_of
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube import model_status as kube_model_status
 from pdwarden_operator.kube.client import get_client, group_version_plural
+from pdwarden_operator.render import kinds
 
 log = logging.getLogger("pdwarden.handlers")
 
@@ -45,32 +49,14 @@ FULL_RESYNC_INTERVAL_S = 300.0
 # about a second; one status write for all of them instead of one each.
 DEBOUNCE_S = 1.0
 RESYNC_CONCURRENCY = 8
-# Full reconciles (create, resume, spec change) running at once. kopf starts one per object; a
-# burst of 100 new models would otherwise share the API server evenly and all finish at the end.
-# Bounded, they finish in arrival order; 8 x 10 applies still keep the client pool busy.
-RECONCILE_CONCURRENCY = 8
 RETRY_MAX_S = 60.0
 MANAGED = {contract.LABEL_MANAGED_BY: contract.MANAGED_BY}
 KOPF_PREFIX = f"kopf.{GROUP}"
 
-# (group, version, plural, apiVersion, kind) of each kind of child (render.CHILD_KINDS)
+# (group, version, plural, apiVersion, kind) of each kind of child (kinds.CHILD_KINDS)
 CHILD_KINDS = tuple(
-    (*group_version_plural(api_version, kind), api_version, kind) for api_version, kind in render.CHILD_KINDS
+    (*group_version_plural(api_version, kind), api_version, kind) for api_version, kind in kinds.CHILD_KINDS
 )
-
-cache = CHILDREN
-# Where `configure` lists the children before kopf's handlers start (None: every namespace);
-# the CLI narrows it to its --namespace list, or to nothing for globs (kopf resolves those).
-_prefill_scope: list[str | None] = [None]
-_failures: dict[tuple[str, str], int] = {}  # consecutive transient failures per model: backoff
-_loop_task: asyncio.Task[None] | None = None
-_reconcile_slots = asyncio.Semaphore(RECONCILE_CONCURRENCY)
-# Full reconciles: per model, what of it the last one handled (`_essence`; a refused spec counts
-# as handled until it changes), the ones queued and not started yet, and their tasks.
-_handled: dict[ModelKey, Hashable] = {}
-_queued: set[ModelKey] = set()
-_running: dict[ModelKey, Hashable] = {}
-_tasks: set[asyncio.Task[None]] = set()
 
 
 class DiffBaseWhenChanging(kopf.AnnotationsDiffBaseStorage):
@@ -120,22 +106,24 @@ def is_glob(namespace: str) -> bool:
     return bool(set(namespace) & set("*?[!"))
 
 
-def watch_scope(namespaces: list[str]) -> None:
-    """The namespaces the operator watches (none: all of them), before kopf runs."""
+def watch_scope(context: OperatorContext, namespaces: list[str]) -> None:
+    """The namespaces the operator watches (none: all of them), before kopf runs: where
+    `prefill` lists the children (None: every namespace; nothing for globs, which kopf
+    resolves), and the namespace watch when there are globs."""
     namespace_deletions.watch(namespaces, is_glob)
     globbed = any(is_glob(ns) for ns in namespaces)
     scope: list[str | None] = [*namespaces] if namespaces else [None]
-    _prefill_scope[:] = [] if globbed else scope
+    context.prefill_scope = [] if globbed else scope
 
 
-async def prefill() -> int:
-    """Fill the cache with every child before the first handler runs: kopf resumes models as
+async def prefill(context: OperatorContext) -> int:
+    """Fill the child store with every child before the first handler runs: kopf resumes models as
     soon as their own watch lists them, and a model whose children the watches have not
     brought yet would be applied again in full (a restarted operator over a thousand models
     sent thousands of needless applies). One LIST per kind and namespace; a failed one leaves
     that kind to its watch. Returns the children recorded."""
     found = 0
-    for namespace in _prefill_scope:
+    for namespace in context.prefill_scope:
         for *_resource, api_version, kind in CHILD_KINDS:
             try:
                 selector = reconcile.MANAGED_SELECTOR
@@ -144,7 +132,7 @@ async def prefill() -> int:
                 log.warning("listing %ss before start failed (the watch brings them): %s", kind, exc)
                 continue
             for item in items:
-                found += cache.child_event(api_version, kind, "ADDED", item) is not None
+                found += context.children.child_event(api_version, kind, "ADDED", item) is not None
     return found
 
 
@@ -164,23 +152,24 @@ async def login(**_: Any) -> kopf.ConnectionInfo:
 
 
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    context = context_of(memo)
     apply_settings(settings)
     get_client()  # fail at start, not at the first resource, when there is no cluster access
-    log.info("%d children known before the first handler", await prefill())
-    global _loop_task
-    _loop_task = asyncio.create_task(_resync_loop(), name="pdwarden-resync")
+    log.info("%d children known before the first handler", await prefill(context))
+    context.reconciles.resync_loop = asyncio.create_task(_resync_loop(context), name="pdwarden-resync")
 
 
 @kopf.on.cleanup()
-async def stop(**_: Any) -> None:
-    if _loop_task is not None:
-        _loop_task.cancel()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    reconciles = context_of(memo).reconciles
+    if reconciles.resync_loop is not None:
+        reconciles.resync_loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await _loop_task
-    for task in list(_tasks):  # queued full reconciles: the next leader resumes every model
+            await reconciles.resync_loop
+    for task in list(reconciles.tasks):  # queued full reconciles: the next leader resumes every model
         task.cancel()
-    await asyncio.gather(*_tasks, return_exceptions=True)
+    await asyncio.gather(*reconciles.tasks, return_exceptions=True)
     await get_client().aclose()
 
 
@@ -198,66 +187,75 @@ def _essence(body: Mapping[str, Any]) -> Hashable:
     )
 
 
-def _due(key: ModelKey, body: Mapping[str, Any]) -> bool:
+def _due(context: OperatorContext, key: ModelKey, body: Mapping[str, Any]) -> bool:
     """Whether the model's latest body asks for a full reconcile not yet handled, queued or running."""
     if (body.get("metadata") or {}).get("deletionTimestamp"):
         return False  # owner references delete its children
     essence = _essence(body)
-    return key not in _queued and essence != _handled.get(key) and essence != _running.get(key)
+    reconciles = context.reconciles
+    return (
+        key not in reconciles.queued
+        and essence != reconciles.handled.get(key)
+        and essence != reconciles.running.get(key)
+    )
 
 
-def _enqueue(key: ModelKey) -> None:
+def _enqueue(context: OperatorContext, key: ModelKey) -> None:
     """Queue a full reconcile of the model (one at most waits per model: it reads the latest body
     when its turn comes). asyncio's semaphore is FIFO: models are handled in arrival order."""
-    body = cache.models.get(key)
-    if body is None or not _due(key, body):
+    body = context.children.models.get(key)
+    if body is None or not _due(context, key, body):
         return
-    _queued.add(key)
-    task = asyncio.create_task(_reconcile_full(key), name=f"reconcile {key[0]}/{key[1]}")
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
+    reconciles = context.reconciles
+    reconciles.queued.add(key)
+    task = asyncio.create_task(_reconcile_full(context, key), name=f"reconcile {key[0]}/{key[1]}")
+    reconciles.tasks.add(task)
+    task.add_done_callback(reconciles.tasks.discard)
 
 
-def _retry(key: ModelKey, delay: float) -> None:
-    asyncio.get_running_loop().call_later(delay, _enqueue, key)
+def _retry(context: OperatorContext, key: ModelKey, delay: float) -> None:
+    asyncio.get_running_loop().call_later(delay, _enqueue, context, key)
 
 
-async def _reconcile_full(key: ModelKey) -> None:
+async def _reconcile_full(context: OperatorContext, key: ModelKey) -> None:
     loop = asyncio.get_running_loop()
     queued = loop.time()
+    store, reconciles = context.children, context.reconciles
     try:
-        async with _reconcile_slots, cache.lock(key):
-            _queued.discard(key)  # from here on a newer change queues another pass
-            body = cache.models.get(key)
-            if body is None or not _due(key, body):  # deleted, or handled while it waited
+        async with reconciles.slots, store.lock(key):
+            reconciles.queued.discard(key)  # from here on a newer change queues another pass
+            body = store.models.get(key)
+            if body is None or not _due(context, key, body):  # deleted, or handled while it waited
                 return
             essence = _essence(body)
-            _running[key] = essence
+            reconciles.running[key] = essence
             started = loop.time()
             try:
                 outcome = await reconcile.reconcile(
-                    body, cache.children_of(key), cache.settled.get(key), verify_secret=True
+                    context.reconcile_parts,
+                    body,
+                    store.children_of(key),
+                    store.settled.get(key),
+                    verify_secret=True,
                 )
             except reconcile.InvalidSpec as exc:
-                _handled[key] = essence  # status says so; the next change of the spec reconciles
+                reconciles.handled[key] = essence  # status says so; the next change of the spec reconciles
                 log.warning("%s/%s: not reconciled: %s", key[0], key[1], exc)
                 return
             except reconcile.RetryLater as exc:
                 log.warning("%s/%s: %s (retry in %.0fs)", key[0], key[1], exc, exc.delay)
-                _retry(key, exc.delay)
+                _retry(context, key, exc.delay)
                 return
             except Exception:  # never let one bad object stop the others
                 log.exception("%s/%s: reconcile failed (retry in %.0fs)", key[0], key[1], RETRY_MAX_S)
-                _retry(key, RETRY_MAX_S)
+                _retry(context, key, RETRY_MAX_S)
                 return
             finally:
-                _running.pop(key, None)
-            if key not in cache.models:
+                reconciles.running.pop(key, None)
+            if key not in store.models:
                 return  # deleted meanwhile
-            _handled[key] = essence
-            cache.note_applied(key, outcome.applied)
-            cache.note_settled(key, outcome.settled)
-            cache.note_status(key, outcome.status)
+            reconciles.handled[key] = essence
+            _note(context, key, outcome)
             log.info(
                 "%s/%s: reconciled generation %s in %.2fs (waited %.2fs for a slot)",
                 key[0],
@@ -267,50 +265,59 @@ async def _reconcile_full(key: ModelKey) -> None:
                 started - queued,
             )
     finally:
-        _queued.discard(key)
+        reconciles.queued.discard(key)
+
+
+def _note(context: OperatorContext, key: ModelKey, outcome: reconcile.PassResult) -> None:
+    """What a pass applied, whether it settled, and the status it wrote: known to the store now."""
+    context.children.note_applied(key, outcome.applied)
+    context.children.note_settled(key, outcome.settled)
+    context.children.note_status(key, outcome.status)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def model_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    key = (body.metadata.namespace or "", body.metadata.name or "")
-    kind = namespace_deletions.model_event_type(event.get("type"), key[0])
-    cache.model_event(kind, body)
-    if kind == "DELETED":
-        _handled.pop(key, None)
-    else:
-        _enqueue(key)
+async def model_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    context = context_of(memo)
+    key = context.model_event(event.get("type"), body)
+    if key is not None:
+        context.children.record(body)
+        _enqueue(context, key)
+
+
+def child_event(
+    context: OperatorContext, api_version: str, kind: str, event_type: str | None, body: Mapping[str, Any]
+) -> ModelKey | None:
+    """A child's watch event: into the store, and its model's resync due; returns its model
+    (None: not ours)."""
+    key = context.children.child_event(api_version, kind, event_type, body)
+    if key is not None:
+        context.resync.mark(key)
+    return key
 
 
 def _register_child_watch(group: str, version: str, plural: str, api_version: str, kind: str) -> None:
-    async def child_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        cache.child_event(api_version, kind, event.get("type"), body)
+    async def on_child(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        child_event(context_of(memo), api_version, kind, event.get("type"), body)
 
-    child_event.__name__ = child_event.__qualname__ = f"watch_{plural}"
-    kopf.on.event(group, version, plural, labels=MANAGED, id=f"watch_{plural}")(child_event)
+    on_child.__name__ = on_child.__qualname__ = f"watch_{plural}"
+    kopf.on.event(group, version, plural, labels=MANAGED, id=f"watch_{plural}")(on_child)
 
 
 for _kind in CHILD_KINDS:
     _register_child_watch(*_kind)
 
 
-def _forget_namespace(namespace: str) -> None:
-    for key in cache.forget_namespace(namespace):
-        _failures.pop(key, None)
-        _handled.pop(key, None)
-        log.info("%s/%s: forgotten: its namespace is being deleted", *key)
-
-
-namespace_deletions.subscribe(_forget_namespace)
-
-
-async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
-    async with sem, cache.lock(key):
-        body = cache.models.get(key)
+async def _resync_one(context: OperatorContext, key: tuple[str, str], sem: asyncio.Semaphore) -> None:
+    store, failures = context.children, context.reconciles.failures
+    async with sem, store.lock(key):
+        body = store.models.get(key)
         if body is None:
             return
-        children = cache.children_of(key)
+        children = store.children_of(key)
         try:
-            outcome = await reconcile.reconcile(body, children, cache.settled.get(key))
+            outcome = await reconcile.reconcile(
+                context.reconcile_parts, body, children, store.settled.get(key)
+            )
         except reconcile.InvalidSpec:
             return  # status already says so; the next spec change reconciles
         except reconcile.RetryLater as exc:
@@ -318,29 +325,26 @@ async def _resync_one(key: tuple[str, str], sem: asyncio.Semaphore) -> None:
             if not await kube_model_status.still_exists(*key, uid):
                 # its deletion never came as an event (a deleted namespace kopf stopped watching)
                 log.info("%s/%s: forgotten: the model is gone", *key)
-                cache.forget(key)
-                _failures.pop(key, None)
-                _handled.pop(key, None)
+                context.registry.forget(*key)
                 return
-            failures = _failures[key] = _failures.get(key, 0) + 1
-            delay = min(RETRY_MAX_S, exc.delay * 2 ** (failures - 1))
-            log.warning("%s/%s: %s (retry %d in %.0fs)", key[0], key[1], exc, failures, delay)
-            asyncio.get_running_loop().call_later(delay, cache.mark, key)
+            failed = failures[key] = failures.get(key, 0) + 1
+            delay = min(RETRY_MAX_S, exc.delay * 2 ** (failed - 1))
+            log.warning("%s/%s: %s (retry %d in %.0fs)", key[0], key[1], exc, failed, delay)
+            asyncio.get_running_loop().call_later(delay, context.resync.mark, key)
             return
         except Exception:  # never let one bad object stop the loop
             log.exception("%s/%s: resync failed", *key)
             return
-        _failures.pop(key, None)
-        cache.note_applied(key, outcome.applied)
-        cache.note_settled(key, outcome.settled)
-        cache.note_status(key, outcome.status)
+        failures.pop(key, None)
+        _note(context, key, outcome)
         if outcome.applied:
             # a new model can reach this pass before its create handler: nothing to restore yet
             verb = "restored" if children else "created"
             log.info("%s/%s: %s %s", key[0], key[1], verb, ", ".join(outcome.applied_names))
 
 
-async def _resync_loop() -> None:
+async def _resync_loop(context: OperatorContext) -> None:
+    queue = context.resync
     sem = asyncio.Semaphore(RESYNC_CONCURRENCY)
     loop = asyncio.get_running_loop()
     next_pass = loop.time() + RESYNC_INTERVAL_S
@@ -349,20 +353,20 @@ async def _resync_loop() -> None:
         timeout = max(0.0, next_pass - loop.time())
         with contextlib.suppress(TimeoutError):  # asyncio.timeout: it never swallows a cancel
             async with asyncio.timeout(timeout):
-                await cache.wake.wait()
+                await queue.wake.wait()
         full = loop.time() >= next_full
         if full:
-            cache.mark_all()
+            queue.mark_all()
             next_full = loop.time() + FULL_RESYNC_INTERVAL_S
             next_pass = loop.time() + RESYNC_INTERVAL_S
         elif loop.time() >= next_pass:
-            cache.mark_unsettled()
+            queue.mark_unsettled()
             next_pass = loop.time() + RESYNC_INTERVAL_S
         await asyncio.sleep(DEBOUNCE_S)
-        keys = cache.take_dirty()
+        keys = queue.take_dirty()
         if keys:
             began, cpu = loop.time(), time.process_time()
-            await asyncio.gather(*(_resync_one(k, sem) for k in keys))
+            await asyncio.gather(*(_resync_one(context, k, sem) for k in keys))
             if full:  # what a settled fleet costs every FULL_RESYNC_INTERVAL_S (bench reconcile reads it)
                 log.info(
                     "full resync: %d models in %.3fs, %.4f CPU-s",

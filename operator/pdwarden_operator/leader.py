@@ -34,14 +34,14 @@ from typing import Any, TypeVar
 import pdwarden_contract as contract
 from pdwarden_operator.kube import lease as kube_lease
 from pdwarden_operator.kube.client import KubeApiError, KubeClient, connect
-from pdwarden_operator.metrics import METRICS, OperatorMetrics
+from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.timestamps import format_micro_time
 
 log = logging.getLogger("pdwarden.leader")
 
 T = TypeVar("T")
 DEFAULT_LEASE_NAME = "pdwarden-operator"
-# The elector's own connection: a renewal is two requests, and one stuck on a dead socket
+# The elector's own connection: a renewal is one or two requests, and one stuck on a dead socket
 # must free its worker before the next try (every retry period), not after the default 30 s.
 LEASE_CLIENT_CONNECTIONS = 4
 # How often a caller waiting for leadership looks (standing by costs nothing else).
@@ -85,9 +85,11 @@ class Elector:
         identity: str | None = None,
         timing: Timing = Timing(),
         clock: Callable[[], float] = time.monotonic,
-        metrics: OperatorMetrics = METRICS,
+        metrics: OperatorMetrics | None = None,
         client: KubeClient | None = None,
     ) -> None:
+        """`metrics`: the operator's (an elector built alone, as in a test, gets its own)."""
+        metrics = metrics if metrics is not None else OperatorMetrics()
         self.namespace, self.name = namespace, name
         self.identity = identity or default_identity()
         self.timing = timing
@@ -99,6 +101,7 @@ class Elector:
         self._lock = threading.Lock()  # guards _renewed_at: renewed on the elector's thread, read anywhere
         self._renewed_at: float | None = None
         self.renewals = 0  # successful writes of the Lease
+        self._written: dict[str, Any] | None = None  # the Lease as this replica last wrote it
         # the elector's own thread and loop (start)
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -116,19 +119,16 @@ class Elector:
     async def try_acquire_or_renew(self) -> bool:
         started = self._clock()  # a renewal counts from when it was sent, never later
         try:
-            current = await kube_lease.get_lease(self.namespace, self.name, client=self._client)
-            spec = self._spec(current)
-            if spec is None:
+            written = await self._renew_written() if self.is_leader() else None
+            if written is None:
+                written = await self._read_and_write()
+            if written is None:
                 return False
-            if current is None:
-                await kube_lease.create_lease(self.namespace, self.name, spec, client=self._client)
-            else:
-                rv = str((current.get("metadata") or {}).get("resourceVersion") or "")
-                await kube_lease.replace_lease(self.namespace, self.name, rv, spec, client=self._client)
         except KubeApiError as exc:
             if exc.status != 409:
                 log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
             return False
+        self._written = written
         if not self.is_leader():
             log.warning("lease %s/%s acquired by %s: leading", self.namespace, self.name, self.identity)
         with self._lock:
@@ -136,6 +136,35 @@ class Elector:
             self.renewals += 1
         self._metrics.leader.set(1)
         return True
+
+    async def _renew_written(self) -> dict[str, Any] | None:
+        """The leader's renewal in one request, as client-go's fast path does: a replace of the
+        Lease this replica last wrote, at that write's resourceVersion. None (the caller reads
+        the Lease and tries again) when there is no such write or the Lease changed since."""
+        last = self._written
+        if last is None:
+            return None
+        rv = str((last.get("metadata") or {}).get("resourceVersion") or "")
+        spec = self._spec(last)
+        if not rv or spec is None:
+            return None
+        try:
+            return await kube_lease.replace_lease(self.namespace, self.name, rv, spec, client=self._client)
+        except KubeApiError as exc:
+            if exc.status != 409:
+                raise
+            return None  # written by someone else since: the slow path reads who
+
+    async def _read_and_write(self) -> dict[str, Any] | None:
+        """Read the Lease and write it when this replica may: the Lease written, or None."""
+        current = await kube_lease.get_lease(self.namespace, self.name, client=self._client)
+        spec = self._spec(current)
+        if spec is None:
+            return None
+        if current is None:
+            return await kube_lease.create_lease(self.namespace, self.name, spec, client=self._client)
+        rv = str((current.get("metadata") or {}).get("resourceVersion") or "")
+        return await kube_lease.replace_lease(self.namespace, self.name, rv, spec, client=self._client)
 
     def _spec(self, current: dict[str, Any] | None) -> dict[str, Any] | None:
         """The spec to write, or None when another holder's lease is still valid."""
@@ -198,6 +227,7 @@ class Elector:
             return
         with self._lock:
             self._renewed_at = None
+        self._written = None
         self._metrics.leader.set(0)
         try:
             current = await kube_lease.get_lease(self.namespace, self.name, client=self._client)
@@ -298,15 +328,13 @@ class Elector:
         return await coro
 
 
-# The process's elector (None: leader election off, e.g. a unit test).
-_elector: Elector | None = None
+@dataclass
+class Leadership:
+    """The process's elector, once `pdwarden operator run` has started one (None: leader
+    election off, or not started yet; the watchdog context holds this)."""
 
+    elector: Elector | None = None
 
-def set_elector(elector: Elector | None) -> None:
-    global _elector
-    _elector = elector
-
-
-async def still_leading() -> bool:
-    """The check before every remediation: True without an elector (election off)."""
-    return True if _elector is None else await _elector.prove()
+    async def still_leading(self) -> bool:
+        """The check before every remediation: True without an elector (election off)."""
+        return True if self.elector is None else await self.elector.prove()

@@ -1,6 +1,7 @@
 """The operator's own Prometheus metrics (its `/metrics`), names from the runtime contract.
 
-One registry per process (`METRICS`), served by `serve(port)` on a background thread.
+One `OperatorMetrics` per process, in the operator's context (context.py), served by
+`serve(metrics, port)` on a background thread; a test builds its own.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class OperatorMetrics:
             self.ratio_unkeepable,
         )
 
-    def forget_model(self, namespace: str, model: str) -> None:
+    def forget(self, namespace: str, model: str) -> None:
         """Drop every series of a model that is gone: a gauge would report a stale value (an
         alert firing for a model that no longer exists), and counters of deleted models would
         only grow the page."""
@@ -191,14 +192,11 @@ class OperatorMetrics:
             self.ratio_unkeepable.remove_by_labels({"namespace": namespace, "model": model})
 
 
-METRICS = OperatorMetrics()
-
-
-def serve(port: int, host: str | None = None) -> Any:
-    """Serve METRICS at http://host:port/metrics on a daemon thread; returns the server.
+def serve(metrics: OperatorMetrics, port: int, host: str | None = None) -> Any:
+    """Serve `metrics` at http://host:port/metrics on a daemon thread; returns the server.
 
     host defaults to $POD_IP (the pod's own address), else 127.0.0.1.
     """
     addr = host or os.environ.get(ENV_POD_IP) or "127.0.0.1"
-    server, _thread = start_http_server(port, addr=addr, registry=METRICS.registry)
+    server, _thread = start_http_server(port, addr=addr, registry=metrics.registry)
     return server

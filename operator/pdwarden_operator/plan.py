@@ -7,7 +7,8 @@ import json
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
-from pdwarden_operator.render import OPTIONAL_KINDS, child_key
+from pdwarden_operator.render.children import child_key
+from pdwarden_operator.render.kinds import OPTIONAL_KINDS, POD_MAKING_KINDS
 
 Obj = dict[str, Any]
 
@@ -123,7 +124,7 @@ def to_delete(desired: Iterable[Obj], observed: Mapping[tuple[str, str], Obj]) -
 # RBAC, Services, disruption budgets, NetworkPolicies) goes first: a pod created before its
 # ServiceAccount exists is refused (the ReplicaSet reports ReplicaFailure and backs off), and
 # one created before its NetworkPolicy would run unprotected for a moment.
-POD_MAKERS = frozenset({"Deployment", "StatefulSet"})
+POD_MAKERS = POD_MAKING_KINDS
 
 
 def apply_waves(objs: Iterable[Obj]) -> tuple[list[Obj], list[Obj]]:

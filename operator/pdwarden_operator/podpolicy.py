@@ -98,15 +98,6 @@ class PodPolicy(BaseModel):
         return self.allow | self.namespaces.get(namespace, frozenset())
 
 
-POLICY = PodPolicy(allow=frozenset())
-
-
-def configure(policy: PodPolicy) -> None:
-    """Set the installation's policy (once, at start; the default allows nothing)."""
-    global POLICY
-    POLICY = policy
-
-
 def violations(
     spec: DisaggregatedModelSpec,
     model: str,

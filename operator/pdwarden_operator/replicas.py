@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import pdwarden_contract as contract
-from pdwarden_operator.models import AutoscalingSpec, DisaggregatedModelSpec, RoleSpec
+from pdwarden_operator.models import DisaggregatedModelSpec
+from pdwarden_operator.resource.autoscaling import AutoscalingSpec
+from pdwarden_operator.resource.roles import RoleSpec
 
 
 def bounded(scaling: AutoscalingSpec, count: int) -> int:

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from pdwarden_contract import ROLES
 from pdwarden_operator import replicas
-from pdwarden_operator.models import CONDITION_TYPES, DisaggregatedModelSpec
-from pdwarden_operator.render import ROLES
+from pdwarden_operator.models import DisaggregatedModelSpec
+from pdwarden_operator.resource.status_parts import CONDITION_TYPES
 from pdwarden_operator.timestamps import format_time
 
 

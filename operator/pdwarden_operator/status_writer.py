@@ -47,6 +47,9 @@ class _Model:
 
 
 class StatusWriter:
+    """One per process (the operator's context, context.py): the reconciler and every
+    model's watchdog write through the same one."""
+
     def __init__(self, patch: Patcher = _patch, clock: Callable[[], datetime] | None = None) -> None:
         self._patch = patch
         self._clock = clock
@@ -61,6 +64,7 @@ class StatusWriter:
         return key, model
 
     def forget(self, namespace: str, name: str) -> None:
+        """The model is gone (model_registry.py): what this process knew of its status too."""
         self._models.pop((namespace, name), None)
 
     def _now(self) -> datetime | None:
@@ -151,6 +155,3 @@ class StatusWriter:
     def known(self, namespace: str, name: str) -> Mapping[str, Any]:
         model = self._models.get((namespace, name))
         return dict(model.known) if model else {}
-
-
-WRITER = StatusWriter()

@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import pdwarden_contract as contract
 from pdwarden_operator import podtemplate
+from pdwarden_operator.render.kinds import POD_MAKING_KINDS
 
 Obj = dict[str, Any]
 
@@ -43,7 +44,7 @@ ACCEPT_KEY_FILE: Final = f"{contract.WORKER_KEY_ACCEPT_DIR}/{contract.WORKER_KEY
 # 32 random bytes, URL-safe: 43 characters.
 KEY_BYTES: Final = 32
 # The children that run the model's pods (and so mount the key).
-WORKLOAD_KINDS: Final = ("Deployment", "StatefulSet")
+WORKLOAD_KINDS: Final = tuple(sorted(POD_MAKING_KINDS))  # the kinds whose pods mount the key
 
 
 def generate_name(model: str, rotation: int = 0) -> str:

@@ -1,6 +1,7 @@
 """``pdwarden runtime ...``: the command a runtime pod runs.
 
-``serve`` implements the pod command the operator renders (``pdwarden_operator.render.runtime_command``):
+``serve`` implements the pod command the operator renders
+(``pdwarden_operator.render.runtime.runtime_command``):
 
     pdwarden runtime serve --role prefill|decode --engine synthetic|sglang --host $(POD_IP)
         --port 30000 --bootstrap-port 8998 --metrics-port 9400 [--worker-key-file F] [--allow-fault-injection]

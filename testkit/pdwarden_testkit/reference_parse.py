@@ -1,4 +1,4 @@
-"""The watchdog's parser as it was before issue 58, kept as a reference: the operator's
+"""The watchdog's parser as it was before its one-pass rewrite, kept as a reference: the operator's
 parser (`pdwarden_operator.watchdog.parse`) must read every body as this one does (the same
 `PodSample`, or a `ParseError` where this raises one: tests/unit/test_watchdog_parse_equal.py),
 and `bench watchdog` measures the machine with it (`reference_parse_cpu_us`), a yardstick that

@@ -26,7 +26,7 @@ from typing import Any
 
 import pdwarden_contract as contract
 from pdwarden_localcluster.waits import wait_for
-from pdwarden_operator.render import ROUTER_HEALTH_ARGS, ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
+from pdwarden_operator.render.router import ROUTER_HEALTH_ARGS, ROUTER_MODULE, ROUTER_RESILIENCE_ARGS
 from pdwarden_runtime.router_gate import control_plane_key, router_command
 from pdwarden_runtime.worker_key import auth_headers, read_key_file
 from pdwarden_testkit.ports import free_port

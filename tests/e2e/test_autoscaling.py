@@ -12,7 +12,7 @@ import pytest
 import pdwarden_contract as contract
 from pdwarden_bench import autoscale
 from pdwarden_localcluster.waits import wait_for
-from pdwarden_operator.render import child_name
+from pdwarden_operator.render.meta import child_name
 from pdwarden_testkit.cluster_env import API_TRANSIENT, Env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -25,7 +25,7 @@ from pdwarden_demo import chart
 from pdwarden_localcluster.cluster import ClusterInfo
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator import external_metrics
-from pdwarden_operator.render import child_name
+from pdwarden_operator.render.meta import child_name
 from pdwarden_testkit.cluster_env import API_TRANSIENT, Env
 
 from .test_helm_install import helm, helm_install

@@ -23,7 +23,7 @@ from pdwarden_demo.demo_kube import DemoCluster
 from pdwarden_localcluster import monitoring
 from pdwarden_localcluster.cluster import ClusterInfo
 from pdwarden_localcluster.waits import WaitTimeout, serving, wait_for
-from pdwarden_operator.render import child_name
+from pdwarden_operator.render.meta import child_name
 from pdwarden_testkit.kubectl import Kubectl
 
 from .test_helm_install import helm, helm_install

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from pdwarden_operator import models
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.reconcile import describe_validation_error
+from pdwarden_operator.resource.rules import Part
 from pdwarden_testkit.kubectl import Kubectl
 
 from ._operator_helpers import ROOT, kubectl_with_crd, new_namespace
@@ -22,7 +22,14 @@ from ._operator_helpers import ROOT, kubectl_with_crd, new_namespace
 pytestmark = pytest.mark.e2e
 
 INVALID = sorted((ROOT / "tests" / "data" / "invalid").glob("*.yaml"))
-RULED = [m for m in vars(models).values() if isinstance(m, type) and issubclass(m, models._Base) and m.RULES]
+
+
+def _parts(base: type[Part]) -> list[type[Part]]:
+    """Every part of the resource (importing models imports them all)."""
+    return [m for sub in base.__subclasses__() for m in (sub, *_parts(sub))]
+
+
+RULED = [m for m in _parts(Part) if m.RULES]
 
 
 def expected_field(path: Path) -> str:

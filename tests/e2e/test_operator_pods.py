@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from pdwarden_contract import ROLES
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_testkit.operator_process import OperatorProcess
 
@@ -42,7 +43,6 @@ from ._operator_helpers import (
 pytestmark = pytest.mark.e2e
 
 NS_PREFIX = "pdwe-pods-"
-ROLES = ("prefill", "decode", "router")
 # An idle model's children: 3 Deployments, 2 ServiceAccounts, a Role and its binding, the
 # router's Service, 2 NetworkPolicies (no role runs pods, so no disruption budget).
 IDLE_CHILDREN = 10

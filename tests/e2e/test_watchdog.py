@@ -20,7 +20,7 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_localcluster.waits import wait_for
-from pdwarden_operator.models import WatchdogSpec
+from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_testkit.cluster_env import (
     API_TRANSIENT,
     EMULATED_PORT_PREFILL,

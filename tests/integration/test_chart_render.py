@@ -645,15 +645,15 @@ def test_the_external_metrics_api_reaches_the_leader_over_tls_the_apiservice_tru
 
 @pytest.mark.parametrize("scope", ["cluster", "namespace"])
 def test_rbac_grants_every_kind_of_child_the_operator_renders(scope: str) -> None:
-    """One table (render.CHILD_KINDS) names the kinds; the chart must let the operator apply,
+    """One table (render/kinds.py) names the kinds; the chart must let the operator apply,
     watch and delete each of them, in both scopes."""
-    from pdwarden_operator import render
     from pdwarden_operator.kube.client import group_version_plural
+    from pdwarden_operator.render.kinds import CHILD_KINDS
 
     docs = [d for d in render_scope(scope) if not is_hook(d)]
     rules = rules_of(docs, "ClusterRole") + rules_of(docs, "Role")
     granted = granted_by(rules)
-    for api_version, kind in render.CHILD_KINDS:
+    for api_version, kind in CHILD_KINDS:
         group, _, plural = group_version_plural(api_version, kind)
         for verb in ("get", "list", "watch", "create", "patch", "delete"):
             assert (group, plural, verb) in granted, (kind, verb)

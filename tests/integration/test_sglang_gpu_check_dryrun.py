@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pdwarden_operator.render import ROUTER_RESILIENCE_ARGS
+from pdwarden_operator.render.router import ROUTER_RESILIENCE_ARGS
 
 pytestmark = pytest.mark.integration
 

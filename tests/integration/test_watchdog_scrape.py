@@ -153,11 +153,12 @@ async def test_every_failure_is_reported_per_pod_and_the_round_completes(server:
 async def test_operator_metrics_are_served_over_http() -> None:
     import aiohttp
 
-    from pdwarden_operator.metrics import METRICS, serve
+    from pdwarden_operator.metrics import OperatorMetrics, serve
 
-    METRICS.remediations.labels("it-ns", "it-model", "restart", "deleted").inc()
+    metrics = OperatorMetrics()
+    metrics.remediations.labels("it-ns", "it-model", "restart", "deleted").inc()
     port = free_port(HOST)
-    server = serve(port, HOST)
+    server = serve(metrics, port, HOST)
     try:
         async with aiohttp.ClientSession() as session, session.get(f"http://{HOST}:{port}/metrics") as resp:
             text = await resp.text()

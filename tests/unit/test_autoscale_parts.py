@@ -12,7 +12,8 @@ from pydantic import ValidationError
 import pdwarden_contract as contract
 from pdwarden_operator import replicas
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.render import Owner, render_children
+from pdwarden_operator.render.children import render_children
+from pdwarden_operator.render.meta import Owner
 from pdwarden_operator.status import Observed, Workload, compose
 from pdwarden_operator.watchdog.parse import PodSample, parse_metrics
 from pdwarden_operator.watchdog.scaler import RolePod, pod_load, scale_in_victim, scaling_of

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pdwarden_contract import RUNTIME_ROLES
 from pdwarden_operator.watchdog.autoscale import (
-    ROLES,
     PodLoad,
     Policy,
     RatioBand,
@@ -730,7 +730,7 @@ def test_fixed_roles_not_planned_nor_remembered() -> None:
 def test_reasons_are_camel_case() -> None:
     for reason in Reason:
         assert reason.value[0].isupper() and " " not in reason.value and "_" not in reason.value
-    assert ROLES == ("prefill", "decode")
+    assert RUNTIME_ROLES == ("prefill", "decode")  # the band's order: prefill, then decode
 
 
 # --- property --------------------------------------------------------------------------
@@ -771,7 +771,7 @@ bands = st.tuples(st.floats(0, 4), st.floats(0, 2)).map(lambda t: RatioBand(t[0]
 def test_property_bounds_and_band(prefill, decode, band) -> None:
     roles, current, pods, memory, span = {}, {}, {}, {}, {}
     for role, (scaled, (lo, hi), cur, ld, up, down, recs, changes, started) in zip(
-        ROLES, (prefill, decode), strict=True
+        RUNTIME_ROLES, (prefill, decode), strict=True
     ):
         if scaled:
             roles[role] = RoleScaling(lo, hi, Target(4.0, 5.0, 1000.0), up, down)
@@ -836,8 +836,8 @@ def test_writes_keep_the_band_between_them(
     band: RatioBand | None,
     steps: list[tuple[str, int]],
 ) -> None:
-    now = dict(zip(ROLES, current, strict=True))
-    assert write_order(now, dict(zip(ROLES, targets, strict=True)), band) == steps
+    now = dict(zip(RUNTIME_ROLES, current, strict=True))
+    assert write_order(now, dict(zip(RUNTIME_ROLES, targets, strict=True)), band) == steps
 
 
 @settings(max_examples=300)

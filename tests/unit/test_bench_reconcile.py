@@ -1,4 +1,4 @@
-"""bench reconcile judges a run by issue 58's goals, each a ratio or a bound measured in the same
+"""bench reconcile judges a run by its goals, each a ratio or a bound measured in the same
 run (`goals`): a burst against the API server's own share, paced arrivals by p50 and p99, a
 settled fleet by its CPU. The earlier goal in seconds stays as `queue_goal_met`: up to 100 models
 p50 1 s, 150 MiB; beyond, p50 2 s, every model within 30 s, 300 MiB."""
@@ -54,7 +54,7 @@ def test_a_small_run_has_no_bound_on_all_reconciled() -> None:
     assert not goal_met(SMALL_GOAL, p50_s=1.5, all_reconciled_s=5.0, peak_rss_mib=140.0, complete=True)
 
 
-# Issue 58's goals: ratios and bounds measured in one run (`goals`).
+# The goals: ratios and bounds measured in one run (`goals`).
 
 _MET: dict[str, Any] = {
     "complete": True,

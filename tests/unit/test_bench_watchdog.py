@@ -1,6 +1,6 @@
 """bench watchdog's verdict is the median of its steady windows, each window's CPU beside it, and
 its counts are over every window; its yardsticks of the machine are prometheus_client's parse
-and the reference parse (the operator's parser before issue 58) of a fleet pod's body."""
+and the reference parse (the operator's parser before its one-pass rewrite) of a fleet pod's body."""
 
 from __future__ import annotations
 

@@ -62,6 +62,7 @@ def test_every_file_and_module_a_doc_names_exists(doc: Path) -> None:
 
 def test_the_check_finds_a_name_that_does_not_exist() -> None:
     assert not _exists("operator/pdwarden_operator/no_such_module.py")
-    assert _exists("pdwarden_operator/render.py") and _exists("render.py")
+    assert _exists("pdwarden_operator/render/runtime.py") and _exists("runtime.py")
     assert not _importable("pdwarden_operator.no_such_module.thing")
-    assert _importable("pdwarden_operator.render") and _importable("pdwarden_operator.render.served_name")
+    assert _importable("pdwarden_operator.render.meta")
+    assert _importable("pdwarden_operator.render.meta.served_name")

@@ -17,6 +17,7 @@ from pdwarden_contract import (
     FAULTS,
     ROLE_DECODE,
     ROLE_PREFILL,
+    RUNTIME_ROLES,
 )
 from pdwarden_runtime.hardening.config import HardeningConfig
 from pdwarden_runtime.hardening.faults.drop_abort import DropAbort
@@ -37,12 +38,11 @@ from pdwarden_runtime.status import ClosedRoom
 pytestmark = pytest.mark.unit
 
 ORIGINS: tuple[Any, ...] = (*ClosedRoom, *KVPoll)
-ROLES = (ROLE_PREFILL, ROLE_DECODE)
 
 
 def test_the_table_names_one_write_for_every_role_origin_and_target() -> None:
-    assert len(STATUS_WRITES) == len(ROLES) * len(ORIGINS) * len(KVPoll)
-    for role in ROLES:
+    assert len(STATUS_WRITES) == len(RUNTIME_ROLES) * len(ORIGINS) * len(KVPoll)
+    for role in RUNTIME_ROLES:
         for origin in ORIGINS:
             for target in KVPoll:
                 assert write_for(role, origin, target) is STATUS_WRITES[(role, origin, target)]
@@ -58,7 +58,7 @@ def test_a_write_the_table_does_not_name_raises_naming_it() -> None:
     )
 
 
-@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("role", RUNTIME_ROLES)
 def test_only_opening_statuses_open_and_only_a_room_without_lifecycle(role: str) -> None:
     opening = {Write.OPEN, Write.OPEN_UNLESS_ABORTED, Write.OPEN_BY_METADATA}
     for (row_role, origin, target), write in STATUS_WRITES.items():
@@ -70,7 +70,7 @@ def test_only_opening_statuses_open_and_only_a_room_without_lifecycle(role: str)
             assert write_for(role, closed, target) is Write.ORPHAN
 
 
-@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("role", RUNTIME_ROLES)
 def test_every_failure_of_a_live_room_is_a_failure_write(role: str) -> None:
     expected = Write.FAIL_AND_TELL if role == ROLE_PREFILL else Write.FAIL
     for origin in KVPoll:
@@ -86,7 +86,7 @@ def test_the_prefill_reads_decode_metadata_and_its_late_arrival() -> None:
         assert write_for(ROLE_DECODE, live, KVPoll.WaitingForInput) is Write.MOVE
 
 
-@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("role", RUNTIME_ROLES)
 def test_a_late_bootstrapping_is_its_own_write_except_a_repeat(role: str) -> None:
     assert write_for(role, KVPoll.Bootstrapping, KVPoll.Bootstrapping) is Write.MOVE
     for origin in set(KVPoll) - {KVPoll.Bootstrapping}:

@@ -6,7 +6,7 @@ import asyncio
 import copy
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -116,6 +116,78 @@ def test_two_standbys_racing_for_a_free_lease_get_one_winner(store: Store) -> No
     assert sorted(asyncio.run(scenario())) == [False, True]
 
 
+class CountingStore(Store):
+    """The Store, counting the requests it answers by verb."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    async def get(self, ns: str, name: str, client: Any = None) -> dict[str, Any] | None:
+        self.calls.append("GET")
+        return await super().get(ns, name, client)
+
+    async def replace(
+        self, ns: str, name: str, rv: str, spec: dict[str, Any], client: Any = None
+    ) -> dict[str, Any]:
+        self.calls.append("PUT")
+        return await super().replace(ns, name, rv, spec, client)
+
+
+@pytest.fixture
+def counting(monkeypatch: pytest.MonkeyPatch) -> CountingStore:
+    s = CountingStore()
+    monkeypatch.setattr(kube_lease, "get_lease", s.get)
+    monkeypatch.setattr(kube_lease, "create_lease", s.create)
+    monkeypatch.setattr(kube_lease, "replace_lease", s.replace)
+    return s
+
+
+def test_a_leader_renews_with_one_request_and_reads_again_when_the_lease_changed(
+    counting: CountingStore,
+) -> None:
+    clock = [0.0]
+    a, _ = elector("a", clock)
+
+    async def scenario() -> None:
+        assert await a.try_acquire_or_renew()  # acquiring reads first
+        counting.calls.clear()
+        for _ in range(3):
+            clock[0] += 2
+            assert await a.try_acquire_or_renew()
+        assert counting.calls == ["PUT"] * 3  # renewing: its own last write's version, no read
+        # someone else wrote the Lease (an admin's edit): the renewal's write is refused, the
+        # elector reads and, still the holder, renews on what it read
+        assert counting.obj is not None
+        counting._put({**counting.obj["spec"], "renewTime": "edited"})
+        counting.calls.clear()
+        clock[0] += 2
+        assert await a.try_acquire_or_renew()
+        assert counting.calls == ["PUT", "GET", "PUT"]
+        assert counting.obj["spec"]["holderIdentity"] == "a" and counting.obj["spec"]["renewTime"] != "edited"
+
+    asyncio.run(scenario())
+
+
+def test_a_lease_taken_over_is_not_renewed_on_the_fast_path(counting: CountingStore) -> None:
+    clock = [0.0]
+    a, _ = elector("a", clock)
+    b, _ = elector("b", clock)
+
+    async def scenario() -> None:
+        assert await a.try_acquire_or_renew()
+        clock[0] += 11  # past a's renew deadline: a no longer leads, b may not take it yet
+        assert not await b.try_acquire_or_renew()
+        clock[0] += 15
+        assert await b.try_acquire_or_renew()
+        counting.calls.clear()
+        assert not await a.try_acquire_or_renew()  # not leading: reads, sees b's fresh Lease
+        assert counting.calls == ["GET"]
+
+    asyncio.run(scenario())
+    assert counting.obj is not None and counting.obj["spec"]["holderIdentity"] == "b"
+
+
 def test_a_released_lease_is_taken_at_once(store: Store) -> None:
     clock = [0.0]
     a, a_metrics = elector("a", clock)
@@ -131,9 +203,14 @@ def test_a_released_lease_is_taken_at_once(store: Store) -> None:
     asyncio.run(scenario())
 
 
-def test_without_an_elector_remediation_is_allowed() -> None:
-    leader.set_elector(None)
-    assert asyncio.run(leader.still_leading())
+def test_without_an_elector_remediation_is_allowed_and_with_one_it_asks_the_elector() -> None:
+    assert asyncio.run(leader.Leadership().still_leading())
+
+    class Deposed:
+        async def prove(self) -> bool:
+            return False
+
+    assert not asyncio.run(leader.Leadership(cast(Any, Deposed())).still_leading())
 
 
 class RecordingStore(Store):
@@ -150,6 +227,13 @@ class RecordingStore(Store):
         if self.down:
             raise KubeApiError(0, "ConnectionRefusedError", "down")
         return await super().get(ns, name, client)
+
+    async def replace(
+        self, ns: str, name: str, rv: str, spec: dict[str, Any], client: Any = None
+    ) -> dict[str, Any]:
+        if self.down:
+            raise KubeApiError(0, "ConnectionRefusedError", "down")
+        return await super().replace(ns, name, rv, spec, client)
 
 
 @pytest.fixture

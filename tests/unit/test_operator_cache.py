@@ -1,10 +1,13 @@
-"""The in-memory view fed by watch events, and the pure bits of the API layer."""
+"""The in-memory view fed by watch events (the child store and its resync queue), and the pure
+bits of the API layer."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdwarden_operator.cache import Cache, owner_model
+from pdwarden_operator import handlers
+from pdwarden_operator.cache import ChildStore, ResyncQueue, owner_model
+from pdwarden_operator.context import OperatorContext
 from pdwarden_operator.kube.client import KubeApiError, resource_path
 
 pytestmark = pytest.mark.unit
@@ -12,6 +15,23 @@ pytestmark = pytest.mark.unit
 
 def _dm(name: str, ns: str = "ns") -> dict:
     return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}"}, "spec": {}}
+
+
+class Watched:
+    """An operator context's child store and resync queue, fed as handlers.py feeds them (a
+    model event without its full reconcile)."""
+
+    def __init__(self) -> None:
+        self.context = OperatorContext.build()
+        self.store: ChildStore = self.context.children
+        self.queue: ResyncQueue = self.context.resync
+
+    def model_event(self, event_type: str | None, body: dict) -> None:
+        if self.context.model_event(event_type, body) is not None:
+            self.store.record(body)
+
+    def child_event(self, api_version: str, kind: str, event_type: str, body: dict) -> tuple[str, str] | None:
+        return handlers.child_event(self.context, api_version, kind, event_type, body)
 
 
 def _child(name: str, owner: str | None, ns: str = "ns") -> dict:
@@ -24,62 +44,66 @@ def _child(name: str, owner: str | None, ns: str = "ns") -> dict:
 
 
 def test_child_events_mark_their_model_dirty_and_keep_a_slim_copy() -> None:
-    cache = Cache()
+    cache = Watched()
     cache.model_event(None, _dm("m"))
     assert cache.child_event("apps/v1", "Deployment", "ADDED", _child("m-prefill", "m")) == ("ns", "m")
-    assert cache.take_dirty() == [("ns", "m")]
-    kid = cache.children_of(("ns", "m"))[("Deployment", "m-prefill")]
+    assert cache.queue.take_dirty() == [("ns", "m")]
+    kid = cache.store.children_of(("ns", "m"))[("Deployment", "m-prefill")]
     assert kid["kind"] == "Deployment" and kid["apiVersion"] == "apps/v1"
     assert "managedFields" not in kid["metadata"]
     cache.child_event("apps/v1", "Deployment", "DELETED", _child("m-prefill", "m"))
-    assert cache.children_of(("ns", "m")) == {}
-    assert cache.take_dirty() == [("ns", "m")]
+    assert cache.store.children_of(("ns", "m")) == {}
+    assert cache.queue.take_dirty() == [("ns", "m")]
 
 
 def test_a_reader_gets_its_own_copy_of_a_child_as_the_watch_sent_it() -> None:
     """What a reader changes stays its own: the next reader gets the child as the watch sent it."""
-    cache = Cache()
+    cache = Watched()
     cache.model_event(None, _dm("m"))
     sent = _child("m-prefill", "m")
     sent["status"] = {"replicas": 2, "conditions": [{"type": "Available", "status": "True"}]}
     cache.child_event("apps/v1", "Deployment", "MODIFIED", sent)
-    first = cache.child(("ns", "m"), "Deployment", "m-prefill")
+    first = cache.store.child(("ns", "m"), "Deployment", "m-prefill")
     assert first is not None and first["status"] == sent["status"] and first["spec"] == sent["spec"]
     first["status"]["conditions"].clear()
     first["spec"]["replicas"] = 9
-    again = cache.children_of(("ns", "m"))[("Deployment", "m-prefill")]
+    again = cache.store.children_of(("ns", "m"))[("Deployment", "m-prefill")]
     assert again["status"] == sent["status"] and again["spec"] == {"replicas": 1}
-    assert cache.child(("ns", "m"), "Deployment", "m-decode") is None
+    assert cache.store.child(("ns", "m"), "Deployment", "m-decode") is None
 
 
 def test_foreign_objects_and_unknown_models_are_ignored() -> None:
-    cache = Cache()
+    cache = Watched()
     assert cache.child_event("apps/v1", "Deployment", "ADDED", _child("other", None)) is None
     cache.child_event("apps/v1", "Deployment", "ADDED", _child("x-prefill", "x"))
-    assert cache.take_dirty() == [], "no model x known: nothing to resync"
+    assert cache.queue.take_dirty() == [], "no model x known: nothing to resync"
     assert owner_model(_child("a", "b", ns="n2")) == ("n2", "b")
 
 
 def test_deleted_model_forgets_children_and_locks() -> None:
-    cache = Cache()
+    cache = Watched()
     cache.model_event("ADDED", _dm("m"))
     cache.child_event("v1", "Service", "ADDED", _child("m-router", "m"))
-    cache.lock(("ns", "m"))
+    cache.store.lock(("ns", "m"))
     cache.model_event("DELETED", _dm("m"))
-    assert cache.children_of(("ns", "m")) == {} and cache.locks == {} and cache.take_dirty() == []
+    assert (
+        cache.store.children_of(("ns", "m")) == {}
+        and cache.store.locks == {}
+        and cache.queue.take_dirty() == []
+    )
 
 
 def test_mark_all_covers_every_known_model() -> None:
-    cache = Cache()
+    cache = Watched()
     for n in ("a", "b"):
         cache.model_event(None, _dm(n))
-    cache.mark_all()
-    assert sorted(cache.take_dirty()) == [("ns", "a"), ("ns", "b")]
-    assert not cache.wake.is_set()
+    cache.queue.mark_all()
+    assert sorted(cache.queue.take_dirty()) == [("ns", "a"), ("ns", "b")]
+    assert not cache.queue.wake.is_set()
 
 
 def test_a_periodic_pass_leaves_settled_ready_models_to_their_events() -> None:
-    cache = Cache()
+    cache = Watched()
     for n in ("settled-ready", "settled-progressing", "unsettled-ready", "new"):
         cache.model_event(None, _dm(n))
     for n, phase in (
@@ -87,13 +111,13 @@ def test_a_periodic_pass_leaves_settled_ready_models_to_their_events() -> None:
         ("settled-progressing", "Progressing"),
         ("unsettled-ready", "Ready"),
     ):
-        cache.note_status(("ns", n), {"phase": phase})
-    cache.note_settled(("ns", "settled-ready"), ("key",))
-    cache.note_settled(("ns", "settled-progressing"), ("key",))
-    cache.mark_unsettled()
-    assert sorted(k[1] for k in cache.take_dirty()) == ["new", "settled-progressing", "unsettled-ready"]
+        cache.store.note_status(("ns", n), {"phase": phase})
+    cache.store.note_settled(("ns", "settled-ready"), ("key",))
+    cache.store.note_settled(("ns", "settled-progressing"), ("key",))
+    cache.queue.mark_unsettled()
+    assert sorted(k[1] for k in cache.queue.take_dirty()) == ["new", "settled-progressing", "unsettled-ready"]
     cache.child_event("apps/v1", "Deployment", "MODIFIED", _child("settled-ready-prefill", "settled-ready"))
-    assert cache.take_dirty() == [("ns", "settled-ready")]  # its events still reach it
+    assert cache.queue.take_dirty() == [("ns", "settled-ready")]  # its events still reach it
 
 
 def test_resource_paths() -> None:
@@ -126,23 +150,25 @@ def test_error_classification() -> None:
 
 
 def test_applied_children_and_written_status_are_known_at_once() -> None:
-    cache = Cache()
+    cache = Watched()
     cache.model_event(None, {**_dm("m"), "status": {"phase": "Pending", "watchdog": {"lastScrape": "t"}}})
     applied = {**_child("m-decode", "m"), "apiVersion": "apps/v1", "kind": "Deployment"}
-    cache.note_applied(("ns", "m"), [applied])
-    assert ("Deployment", "m-decode") in cache.children_of(("ns", "m"))
-    assert cache.take_dirty() == [], "our own apply is not a reason to resync"
-    cache.note_status(("ns", "m"), {"phase": "Ready"})
-    assert cache.models[("ns", "m")]["status"] == {"phase": "Ready", "watchdog": {"lastScrape": "t"}}
-    cache.note_applied(("ns", "gone"), [applied])
-    assert cache.children_of(("ns", "gone")) == {}
+    cache.store.note_applied(("ns", "m"), [applied])
+    assert ("Deployment", "m-decode") in cache.store.children_of(("ns", "m"))
+    assert cache.queue.take_dirty() == [], "our own apply is not a reason to resync"
+    cache.store.note_status(("ns", "m"), {"phase": "Ready"})
+    assert cache.store.models[("ns", "m")]["status"] == {"phase": "Ready", "watchdog": {"lastScrape": "t"}}
+    cache.store.note_applied(("ns", "gone"), [applied])
+    assert cache.store.children_of(("ns", "gone")) == {}
 
 
 def test_an_apply_response_never_replaces_what_the_watch_delivered() -> None:
-    cache = Cache()
+    cache = Watched()
     cache.model_event(None, _dm("m"))
     watched = {**_child("m-decode", "m"), "status": {"observedGeneration": 1}}
     cache.child_event("apps/v1", "Deployment", "MODIFIED", watched)
     applied = {**_child("m-decode", "m"), "apiVersion": "apps/v1", "kind": "Deployment"}
-    cache.note_applied(("ns", "m"), [applied])
-    assert cache.children_of(("ns", "m"))[("Deployment", "m-decode")]["status"] == {"observedGeneration": 1}
+    cache.store.note_applied(("ns", "m"), [applied])
+    assert cache.store.children_of(("ns", "m"))[("Deployment", "m-decode")]["status"] == {
+        "observedGeneration": 1
+    }

@@ -14,7 +14,7 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_operator import handlers, reconcile
-from pdwarden_operator.cache import Cache
+from pdwarden_operator.context import OperatorContext
 
 pytestmark = pytest.mark.unit
 
@@ -33,14 +33,16 @@ def _body(**meta: Any) -> dict[str, Any]:
 
 
 class Passes:
-    """reconcile.reconcile's stand-in: records each full pass, answers with `outcomes` in turn."""
+    """reconcile.reconcile's stand-in: records each full pass, answers with `outcomes` in turn;
+    `context`: the operator's context the handlers get in kopf's memo."""
 
     def __init__(self, *outcomes: BaseException | None) -> None:
+        self.context = OperatorContext.build()
         self.calls: list[tuple[int, bool]] = []
         self.outcomes = list(outcomes)
 
     async def __call__(
-        self, body: Any, children: Any, settled: Any, *, verify_secret: bool = False
+        self, parts: Any, body: Any, children: Any, settled: Any, *, verify_secret: bool = False
     ) -> reconcile.PassResult:
         self.calls.append((int(body["metadata"]["generation"]), verify_secret))
         outcome = self.outcomes.pop(0) if self.outcomes else None
@@ -51,35 +53,37 @@ class Passes:
 
 @pytest.fixture
 def passes(monkeypatch: pytest.MonkeyPatch) -> Passes:
-    monkeypatch.setattr(handlers, "cache", Cache())
-    for name, fresh in (("_handled", {}), ("_queued", set()), ("_running", {}), ("_tasks", set())):
-        monkeypatch.setattr(handlers, name, fresh)
     fake = Passes()
     monkeypatch.setattr(reconcile, "reconcile", fake)
     return fake
 
 
-async def _event(kind: str, body: dict[str, Any]) -> None:
+async def _event(context: OperatorContext, kind: str, body: dict[str, Any]) -> None:
     handler = cast(Callable[..., Awaitable[None]], handlers.model_event)
-    await handler(event={"type": kind, "object": body}, body=kopf.Body(cast(Any, body)))
+    memo = kopf.Memo({"operator": context})
+    await handler(event={"type": kind, "object": body}, body=kopf.Body(cast(Any, body)), memo=memo)
 
 
-async def _events(*events: tuple[str, dict[str, Any]], settle: float = 0.0) -> None:
+async def _drain(context: OperatorContext) -> None:
+    tasks = context.reconciles.tasks
+    while tasks:
+        await asyncio.gather(*list(tasks))
+
+
+async def _events(context: OperatorContext, *events: tuple[str, dict[str, Any]], settle: float = 0.0) -> None:
     for kind, body in events:
-        await _event(kind, body)
-        while handlers._tasks:
-            await asyncio.gather(*list(handlers._tasks))
+        await _event(context, kind, body)
+        await _drain(context)
     if settle:
         await asyncio.sleep(settle)
-        while handlers._tasks:
-            await asyncio.gather(*list(handlers._tasks))
+        await _drain(context)
 
 
 def test_a_new_model_is_reconciled_once_and_its_status_writes_queue_nothing(passes: Passes) -> None:
     status = _body()
     status["status"] = {"phase": "Ready"}
     kopf_note = _body(annotations={f"{handlers.KOPF_PREFIX}/last-handled-configuration": "{}"})
-    asyncio.run(_events(("ADDED", _body()), ("MODIFIED", status), ("MODIFIED", kopf_note)))
+    asyncio.run(_events(passes.context, ("ADDED", _body()), ("MODIFIED", status), ("MODIFIED", kopf_note)))
     assert passes.calls == [(1, True)]  # verified like kopf's create and resume were
 
 
@@ -95,39 +99,42 @@ def test_a_new_model_is_reconciled_once_and_its_status_writes_queue_nothing(pass
 def test_a_change_of_spec_labels_or_annotations_reconciles_again(
     passes: Passes, changed: dict[str, Any]
 ) -> None:
-    asyncio.run(_events(("ADDED", _body()), ("MODIFIED", changed)))
+    asyncio.run(_events(passes.context, ("ADDED", _body()), ("MODIFIED", changed)))
     assert len(passes.calls) == 2
 
 
 def test_a_refused_spec_is_not_retried_until_it_changes(passes: Passes) -> None:
     passes.outcomes = [reconcile.InvalidSpec("spec.model: Field required")]
-    asyncio.run(_events(("ADDED", _body()), ("MODIFIED", _body()), ("MODIFIED", _body(generation=2))))
+    asyncio.run(
+        _events(passes.context, ("ADDED", _body()), ("MODIFIED", _body()), ("MODIFIED", _body(generation=2)))
+    )
     assert passes.calls == [(1, True), (2, True)]
 
 
 def test_a_transient_failure_is_queued_again_after_its_delay(passes: Passes) -> None:
     passes.outcomes = [reconcile.RetryLater("API unavailable", delay=0.05)]
-    asyncio.run(_events(("ADDED", _body()), settle=0.2))
+    asyncio.run(_events(passes.context, ("ADDED", _body()), settle=0.2))
     assert passes.calls == [(1, True), (1, True)]
 
 
 def test_a_deleted_or_deleting_model_is_not_reconciled(passes: Passes) -> None:
     deleting = _body(deletionTimestamp="2026-01-01T00:00:00Z")
-    asyncio.run(_events(("ADDED", deleting)))
+    asyncio.run(_events(passes.context, ("ADDED", deleting)))
     assert passes.calls == []
     # deleted, then created again under the same name: another model, reconciled anew
-    asyncio.run(_events(("ADDED", _body()), ("DELETED", _body()), ("ADDED", _body(uid="u-2"))))
+    asyncio.run(
+        _events(passes.context, ("ADDED", _body()), ("DELETED", _body()), ("ADDED", _body(uid="u-2")))
+    )
     assert passes.calls == [(1, True), (1, True)]
-    assert handlers._handled == {("team", "llama"): handlers._essence(_body(uid="u-2"))}
+    assert passes.context.reconciles.handled == {("team", "llama"): handlers._essence(_body(uid="u-2"))}
 
 
 def test_one_pass_waits_per_model_and_reads_the_latest_body(passes: Passes) -> None:
     async def burst() -> None:
         # three generations arrive while the first pass is queued: one pass, of the last one
         for generation in (1, 2, 3):
-            await _event("MODIFIED", _body(generation=generation))
-        while handlers._tasks:
-            await asyncio.gather(*list(handlers._tasks))
+            await _event(passes.context, "MODIFIED", _body(generation=generation))
+        await _drain(passes.context)
 
     asyncio.run(burst())
     assert passes.calls == [(3, True)]

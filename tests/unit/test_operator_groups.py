@@ -10,7 +10,8 @@ from pydantic import ValidationError
 import pdwarden_contract as contract
 from pdwarden_operator import plan
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.render import Owner, child_key, render_children
+from pdwarden_operator.render.children import child_key, render_children
+from pdwarden_operator.render.meta import Owner
 from pdwarden_operator.status import Observed, Workload, compute_status, observe_groups
 
 pytestmark = pytest.mark.unit

@@ -9,8 +9,10 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from pdwarden_operator.models import ROUTER_OWNED_ARGS, DisaggregatedModelSpec, Rule, parse_spec
+from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
 from pdwarden_operator.reconcile import describe_validation_error
+from pdwarden_operator.resource.router import ROUTER_OWNED_ARGS
+from pdwarden_operator.resource.rules import Rule
 
 pytestmark = pytest.mark.unit
 
@@ -125,8 +127,8 @@ def test_the_router_pods_own_smg_options_are_refused_with_the_field_named(arg: s
 
 def test_smgs_health_checks_and_worker_removal_are_the_router_pods_and_say_why() -> None:
     """Whether a worker serves is its pod's readiness and the watchdog's to say: smg's own checks
-    and removal are off (render.ROUTER_HEALTH_ARGS), and a user may not switch them back on."""
-    from pdwarden_operator.render import ROUTER_HEALTH_ARGS
+    and removal are off (render.router.ROUTER_HEALTH_ARGS), and a user may not switch them back on."""
+    from pdwarden_operator.render.router import ROUTER_HEALTH_ARGS
 
     assert set(ROUTER_HEALTH_ARGS) <= set(ROUTER_OWNED_ARGS)
     with pytest.raises(ValidationError) as info:
@@ -141,8 +143,8 @@ RESILIENCE_SPELLINGS = ["--retry-max-retries", "--disable-retries", "--cb-fail",
 @pytest.mark.parametrize("arg", RESILIENCE_SPELLINGS)
 def test_smgs_retries_and_breaker_are_the_router_pods_and_say_why(arg: str) -> None:
     """A request caught in a wedged room is answered by another pair only with the rendered
-    retries and breaker (render.ROUTER_RESILIENCE_ARGS): a user may not change them."""
-    from pdwarden_operator.render import ROUTER_RESILIENCE_ARGS
+    retries and breaker (render.router.ROUTER_RESILIENCE_ARGS): a user may not change them."""
+    from pdwarden_operator.render.router import ROUTER_RESILIENCE_ARGS
 
     assert {a for a in ROUTER_RESILIENCE_ARGS if a.startswith("--")} <= set(ROUTER_OWNED_ARGS)
     with pytest.raises(ValidationError) as info:

@@ -17,7 +17,8 @@ from pdwarden_operator.plan import (
     stamped,
     to_apply,
 )
-from pdwarden_operator.render import Owner, child_key, render_children
+from pdwarden_operator.render.children import child_key, render_children
+from pdwarden_operator.render.meta import Owner
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from pdwarden_operator import plan, podtemplate
 from pdwarden_operator.crd import build_crd
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.render import Owner, render_children
+from pdwarden_operator.render.children import render_children
+from pdwarden_operator.render.meta import Owner
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,8 @@ import yaml
 import pdwarden_contract as contract
 from pdwarden_operator import plan
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.render import Owner, child_key, render_children
+from pdwarden_operator.render.children import child_key, render_children
+from pdwarden_operator.render.meta import Owner
 from pdwarden_operator.worker_key_secret import KeyUse
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_operator import handlers, reconcile, render
-from pdwarden_operator.cache import Cache
+from pdwarden_operator import handlers, reconcile
+from pdwarden_operator.context import OperatorContext
+from pdwarden_operator.render.meta import Owner
+from pdwarden_operator.render.network import router_service
 
 pytestmark = pytest.mark.unit
 
@@ -22,28 +24,30 @@ MODEL: dict[str, Any] = {
     "spec": {},
 }
 # a real child, its controller reference as the operator writes it
-ROUTER_SERVICE = render.router_service(render.Owner.from_body(MODEL))
+ROUTER_SERVICE = router_service(Owner.from_body(MODEL))
 
 
 @pytest.mark.parametrize(("children_known", "verb"), [(False, "created"), (True, "restored")])
 def test_a_resync_pass_names_first_children_created_and_replaced_ones_restored(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, children_known: bool, verb: str
 ) -> None:
-    cache = Cache()
-    monkeypatch.setattr(handlers, "cache", cache)
-    cache.model_event("ADDED", MODEL)
+    context = OperatorContext.build()
+    context.children.record(MODEL)
     if children_known:
-        cache.child_event("v1", "Service", "ADDED", ROUTER_SERVICE)
+        handlers.child_event(context, "v1", "Service", "ADDED", ROUTER_SERVICE)
     seen: list[dict[str, Any]] = []
 
-    async def one_pass(body: Any, children: dict[Any, Any], settled: Any) -> reconcile.PassResult:
+    async def one_pass(
+        parts: reconcile.ReconcileParts, body: Any, children: dict[Any, Any], settled: Any
+    ) -> reconcile.PassResult:
+        assert parts == context.reconcile_parts
         seen.append(children)
         return reconcile.PassResult(status={}, applied=[ROUTER_SERVICE])
 
     monkeypatch.setattr(reconcile, "reconcile", one_pass)
     with caplog.at_level(logging.INFO, logger="pdwarden.handlers"):
-        asyncio.run(handlers._resync_one(("team", "llama"), asyncio.Semaphore(1)))
+        asyncio.run(handlers._resync_one(context, ("team", "llama"), asyncio.Semaphore(1)))
 
     assert bool(seen[0]) is children_known  # the pass was given what the cache held
     assert f"team/llama: {verb} Service/llama-router" in caplog.text
-    assert ("Service", "llama-router") in cache.children["team", "llama"]  # known from now on
+    assert ("Service", "llama-router") in context.children.children["team", "llama"]  # known from now on

@@ -9,6 +9,7 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_operator import handlers
+from pdwarden_operator.context import OperatorContext
 
 pytestmark = pytest.mark.unit
 
@@ -61,11 +62,9 @@ def test_children_are_listed_before_start_where_the_operator_watches(
     namespaces: list[str], scope: list[str | None]
 ) -> None:
     # every namespace: one cluster-wide list per kind; globs: kopf resolves them, the watches fill
-    handlers.watch_scope(namespaces)
-    try:
-        assert handlers._prefill_scope == scope
-    finally:
-        handlers.watch_scope([])
+    context = OperatorContext.build()
+    handlers.watch_scope(context, namespaces)
+    assert context.prefill_scope == scope
 
 
 def test_a_namespaced_kind_is_listed_across_namespaces_only_when_asked() -> None:

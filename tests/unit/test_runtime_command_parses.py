@@ -11,9 +11,9 @@ import click
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_operator import render
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.render import Owner
+from pdwarden_operator.render.meta import Owner
+from pdwarden_operator.render.runtime import runtime_command
 from pdwarden_operator.worker_key_secret import KeyUse
 from pdwarden_runtime.cli import serve
 
@@ -34,7 +34,7 @@ def _commands(name: str) -> list[tuple[str, int | None, list[str]]]:
     for role in contract.RUNTIME_ROLES:
         nodes = spec.role(role).nodes_per_replica
         groups: list[int | None] = list(range(nodes)) if nodes > 1 else [None]
-        out += [(role, g, render.runtime_command(owner, spec, role, g)) for g in groups]
+        out += [(role, g, runtime_command(owner, spec, role, g)) for g in groups]
     return out
 
 

@@ -71,7 +71,7 @@ def test_brake_releases_on_its_own_and_exports_its_state() -> None:
     clock[0] += 3600  # the hour slides past the actions
     assert not brake.evaluate("a").engaged
     for ns in ("a", "b", "c"):
-        brake.forget((ns, "m"))
+        brake.forget(ns, "m")
     assert "0 model(s)" in brake.evaluate("a").reason
 
 
@@ -241,7 +241,7 @@ def test_a_namespaces_brake_series_goes_with_its_last_model() -> None:
         brake.report(("a", model), 0, remediated=True)
     brake.evaluate("a")
     assert metrics.registry.get_sample_value(name, {"namespace": "a"}) == 0
-    brake.forget(("a", "m1"))
+    brake.forget("a", "m1")
     assert metrics.registry.get_sample_value(name, {"namespace": "a"}) == 0, "m2 is still there"
-    brake.forget(("a", "m2"))
+    brake.forget("a", "m2")
     assert metrics.registry.get_sample_value(name, {"namespace": "a"}) is None

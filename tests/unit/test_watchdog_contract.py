@@ -139,7 +139,7 @@ def test_operator_metric_names_follow_the_contract() -> None:
     ):
         assert f"\n{name}{{" in text, name
     assert 'action="restart"' in text and 'outcome="deleted"' in text
-    m.forget_model("ns", "m")
+    m.forget("ns", "m")
     assert "pdwarden_operator_wedged_pods{" not in generate_latest(m.registry).decode()
 
 
@@ -174,7 +174,7 @@ def test_a_gone_models_series_all_leave_the_page_and_no_other_models() -> None:
         for metric in labelled:
             child: Any = metric.labels(**{n: model if n == "model" else "x" for n in metric._labelnames})
             child.observe(1) if hasattr(child, "observe") else child.inc()
-    m.forget_model("x", "gone")
+    m.forget("x", "gone")
     models = {s.labels.get("model") for family in m.registry.collect() for s in family.samples}
     assert "gone" not in models and "kept" in models
     kept = {

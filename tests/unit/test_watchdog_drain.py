@@ -10,7 +10,7 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_operator.kube.pods import RUNTIME_PODS_SELECTOR, quarantine_patch
-from pdwarden_operator.models import WatchdogSpec
+from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.drain import healthy_requests_done

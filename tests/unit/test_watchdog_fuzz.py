@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pdwarden_operator.models import WatchdogSpec
+from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.history import Observation, PodHistory
 from pdwarden_operator.watchdog.parse import ParseError, parse_metrics

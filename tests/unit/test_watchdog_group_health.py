@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_operator.models import WatchdogSpec
+from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.watchdog import group_health
 from pdwarden_operator.watchdog.ladder import plan
 from pdwarden_operator.watchdog.outcome import Outcome

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from pdwarden_operator.models import WatchdogSpec
+from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.ladder import ActionResult, plan
 from pdwarden_operator.watchdog.outcome import Outcome

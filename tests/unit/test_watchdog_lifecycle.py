@@ -15,13 +15,12 @@ import kopf
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_operator import namespace_deletions
-from pdwarden_operator.cache import Cache
+from pdwarden_operator import handlers, namespace_deletions
+from pdwarden_operator.context import OperatorContext
 from pdwarden_operator.kube import model_status
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import kopf_handlers, model_watchdog
-from pdwarden_operator.watchdog.context import WatchdogContext
 from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.model_watchdog import ModelWatchdog
 
@@ -33,19 +32,15 @@ def _body(namespace: str, name: str, uid: str) -> kopf.Body:
     return kopf.Body(cast(Any, {"metadata": {"namespace": namespace, "name": name, "uid": uid}, "spec": {}}))
 
 
-# the operator's watchdog context, as kopf's memo carries it to the handlers
-CONTEXT = WatchdogContext.build(OperatorMetrics())
-MODELS = CONTEXT.models
-
-
 # the handlers as plain coroutines (kopf types its decorated handlers with every kwarg it passes)
-async def _track(event: Any, body: kopf.Body) -> None:
+async def _track(context: OperatorContext, event: Any, body: kopf.Body) -> None:
     handler = cast(Callable[..., Awaitable[None]], kopf_handlers.track_model)
-    await handler(event, body, memo=kopf.Memo({"watchdog": CONTEXT}))
+    await handler(event, body, memo=kopf.Memo({"operator": context}))
 
 
-async def _namespace_event(event: dict[str, Any]) -> None:
-    await namespace_deletions._namespace_event(cast(Any, event))
+async def _namespace_event(context: OperatorContext, event: dict[str, Any]) -> None:
+    handler = cast(Callable[..., Awaitable[None]], namespace_deletions._namespace_event)
+    await handler(event, memo=kopf.Memo({"operator": context}))
 
 
 class _Watchdogs:
@@ -68,15 +63,22 @@ class _Watchdogs:
 
 
 @pytest.fixture
-def watchdogs(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Watchdogs]:
+def context() -> OperatorContext:
+    """The operator's context, as kopf's memo carries it to the handlers."""
+    return OperatorContext.build(OperatorMetrics())
+
+
+@pytest.fixture
+def watchdogs(monkeypatch: pytest.MonkeyPatch, context: OperatorContext) -> Iterator[_Watchdogs]:
     fake = _Watchdogs()
     monkeypatch.setattr(kopf_handlers, "ModelWatchdog", fake)
-    kopf_handlers.attach(CONTEXT)  # as the operator's start-up does
     yield fake
-    for key in list(MODELS.tasks):
-        kopf_handlers.stop(CONTEXT, key)
-    kopf_handlers.detach(CONTEXT)
-    namespace_deletions._deleting.clear()
+    for key in list(context.watchdog.models.tasks):
+        context.watchdog.models.forget(*key)
+
+
+def _recording(into: list[tuple[str, str]]) -> Callable[[str, str], None]:
+    return lambda namespace, name: into.append((namespace, name))
 
 
 async def _settle() -> None:
@@ -85,50 +87,62 @@ async def _settle() -> None:
 
 
 async def test_a_model_recreated_under_the_same_name_gets_a_watchdog_of_its_own(
-    watchdogs: _Watchdogs,
+    watchdogs: _Watchdogs, context: OperatorContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await _track({"type": "ADDED"}, _body("ns", "m", "uid-1"))
-    first = MODELS.tasks[("ns", "m")]
-    await _track({"type": "MODIFIED"}, _body("ns", "m", "uid-1"))
-    assert MODELS.tasks[("ns", "m")] is first, "one watchdog per model"
+    models = context.watchdog.models
+    await _track(context, {"type": "ADDED"}, _body("ns", "m", "uid-1"))
+    first = models.tasks[("ns", "m")]
+    await _track(context, {"type": "MODIFIED"}, _body("ns", "m", "uid-1"))
+    assert models.tasks[("ns", "m")] is first, "one watchdog per model"
+    forgotten: list[tuple[str, str]] = []
+    monkeypatch.setattr(context.writer, "forget", _recording(forgotten))
     # deleted and created again while the deletion went unseen
-    await _track({"type": "ADDED"}, _body("ns", "m", "uid-2"))
+    await _track(context, {"type": "ADDED"}, _body("ns", "m", "uid-2"))
     await _settle()
     assert first.cancelled()
     assert watchdogs.started == [("ns", "m", "uid-1"), ("ns", "m", "uid-2")]
+    assert forgotten == [("ns", "m")], "the old model's status forgotten with it"
 
 
-async def test_a_watchdog_that_ends_by_itself_leaves_nothing_behind(watchdogs: _Watchdogs) -> None:
-    await _track({"type": "ADDED"}, _body("ns", "m", "uid-1"))
-    assert ("ns", "m") in MODELS.bodies
+async def test_a_watchdog_that_ends_by_itself_leaves_nothing_behind(
+    watchdogs: _Watchdogs, context: OperatorContext
+) -> None:
+    models = context.watchdog.models
+    await _track(context, {"type": "ADDED"}, _body("ns", "m", "uid-1"))
+    context.children.record(_body("ns", "m", "uid-1"))  # as the reconciler's handler keeps it
+    assert ("ns", "m") in models.bodies
     watchdogs.end["uid-1"].set()  # its model is gone
     await _settle()
-    assert ("ns", "m") not in MODELS.tasks and ("ns", "m") not in MODELS.bodies
+    assert ("ns", "m") not in models.tasks and ("ns", "m") not in models.bodies
+    assert ("ns", "m") not in context.children.models, "the reconciler's store forgets it too"
     # a model created later under the name is watched again
-    await _track({"type": "ADDED"}, _body("ns", "m", "uid-2"))
-    assert ("ns", "m", "uid-2") in watchdogs.started and not MODELS.tasks[("ns", "m")].done()
+    await _track(context, {"type": "ADDED"}, _body("ns", "m", "uid-2"))
+    assert ("ns", "m", "uid-2") in watchdogs.started and not models.tasks[("ns", "m")].done()
 
 
-async def test_a_namespace_being_deleted_stops_its_models_watchdogs_only(watchdogs: _Watchdogs) -> None:
+async def test_a_namespace_being_deleted_stops_its_models_watchdogs_only(
+    watchdogs: _Watchdogs, context: OperatorContext
+) -> None:
+    models = context.watchdog.models
     for ns, name in (("doomed", "a"), ("doomed", "b"), ("kept", "a")):
-        await _track({"type": "ADDED"}, _body(ns, name, f"{ns}-{name}"))
-    tasks = dict(MODELS.tasks)
+        await _track(context, {"type": "ADDED"}, _body(ns, name, f"{ns}-{name}"))
+    tasks = dict(models.tasks)
     terminating = {"metadata": {"name": "doomed", "deletionTimestamp": "2026-12-03T16:00:00Z"}}
-    await _namespace_event({"type": "MODIFIED", "object": terminating})
+    await _namespace_event(context, {"type": "MODIFIED", "object": terminating})
     await _settle()
-    assert set(MODELS.tasks) == {("kept", "a")}
+    assert set(models.tasks) == {("kept", "a")}
     assert tasks[("doomed", "a")].cancelled() and tasks[("doomed", "b")].cancelled()
     # a model event kopf delivers after the namespace's does not bring a watchdog back
-    await _track({"type": "MODIFIED"}, _body("doomed", "a", "doomed-a"))
-    assert ("doomed", "a") not in MODELS.tasks
+    await _track(context, {"type": "MODIFIED"}, _body("doomed", "a", "doomed-a"))
+    assert ("doomed", "a") not in models.tasks
     # once the namespace is gone, a namespace of that name is a new one
-    await _namespace_event({"type": "DELETED", "object": terminating})
-    await _namespace_event({"type": "ADDED", "object": {"metadata": {"name": "doomed"}}})
-    await _track({"type": "ADDED"}, _body("doomed", "a", "doomed-a2"))
+    await _namespace_event(context, {"type": "DELETED", "object": terminating})
+    await _namespace_event(context, {"type": "ADDED", "object": {"metadata": {"name": "doomed"}}})
+    await _track(context, {"type": "ADDED"}, _body("doomed", "a", "doomed-a2"))
     assert ("doomed", "a", "doomed-a2") in watchdogs.started
     # a namespace merely changed is not a deletion
-    await _namespace_event({"type": "MODIFIED", "object": {"metadata": {"name": "kept"}}})
-    assert set(MODELS.tasks) == {("kept", "a"), ("doomed", "a")}
+    await _namespace_event(context, {"type": "MODIFIED", "object": {"metadata": {"name": "kept"}}})
+    assert set(models.tasks) == {("kept", "a"), ("doomed", "a")}
 
 
 def test_what_counts_as_a_namespace_being_deleted() -> None:
@@ -140,11 +154,12 @@ def test_what_counts_as_a_namespace_being_deleted() -> None:
     assert not namespace_deletions.deleting("ADDED", {})
 
 
-def test_the_reconcilers_cache_forgets_a_namespace_being_deleted() -> None:
-    cache = Cache()
+def test_the_reconcilers_store_forgets_a_namespace_being_deleted() -> None:
+    context = OperatorContext.build(OperatorMetrics())
+    cache, queue = context.children, context.resync
     for ns, name in (("doomed", "a"), ("kept", "b")):
         body = {"metadata": {"namespace": ns, "name": name, "uid": name}}
-        cache.model_event("ADDED", body)
+        cache.record(body)
         child = {
             "metadata": {
                 "namespace": ns,
@@ -159,11 +174,11 @@ def test_the_reconcilers_cache_forgets_a_namespace_being_deleted() -> None:
                 ],
             }
         }
-        cache.child_event("apps/v1", "Deployment", "ADDED", child)
+        handlers.child_event(context, "apps/v1", "Deployment", "ADDED", child)
     cache.note_settled(("doomed", "a"), "settled")
-    assert cache.forget_namespace("doomed") == [("doomed", "a")]
+    assert context.forget_namespace("doomed") == [("doomed", "a")]
     assert set(cache.models) == {("kept", "b")} and set(cache.children) == {("kept", "b")}
-    assert ("doomed", "a") not in cache.settled and cache.take_dirty() == [("kept", "b")]
+    assert ("doomed", "a") not in cache.settled and queue.take_dirty() == [("kept", "b")]
 
 
 @pytest.mark.parametrize("exists", [False, True])

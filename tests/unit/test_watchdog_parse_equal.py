@@ -1,4 +1,4 @@
-"""The watchdog's parser reads every body as the parser it replaced did (issue 58; kept as
+"""The watchdog's parser reads every body as the parser it replaced did (kept as
 `pdwarden_testkit.reference_parse`): the same PodSample, or a ParseError where that one raised
 one. Over the bodies the runtime's own metrics code writes (a room's whole life, per-peer
 series, both roles, every fleet mode, whole or as a scrape names its families) and over

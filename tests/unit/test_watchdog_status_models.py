@@ -1,7 +1,7 @@
-"""The watchdog's status parts are typed (models.WatchdogStatus, models.RemediationStatus): what
-state.py writes is exactly what the CRD declares (an undeclared key would be pruned by the API
-server), null only where the CRD allows it, and reading back gives the same state; a malformed
-stored entry costs only itself."""
+"""The watchdog's status parts are typed (resource/status_parts.py: WatchdogStatus,
+RemediationStatus): what state.py writes is exactly what the CRD declares (an undeclared key
+would be pruned by the API server), null only where the CRD allows it, and reading back gives
+the same state; a malformed stored entry costs only itself."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 from pdwarden_operator.crd import build_crd
-from pdwarden_operator.models import FleetBrakeStatus, RemediationStatus, WatchdogStatus
+from pdwarden_operator.resource.status_parts import FleetBrakeStatus, RemediationStatus, WatchdogStatus
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.state import (
     InFlight,

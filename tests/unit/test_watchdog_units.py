@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from pdwarden_operator.models import WatchdogSpec, parse_spec
+from pdwarden_operator.models import parse_spec
+from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.watchdog import autoscale, ladder, remediate
 from pdwarden_operator.watchdog.executor import DONE, REPORT_ONLY, ModelRef
 from pdwarden_operator.watchdog.history import Observation

@@ -11,7 +11,9 @@ import pytest
 
 from pdwarden_operator import worker_key_secret
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.render import Owner, render_children, worker_key_secret_object
+from pdwarden_operator.render.children import render_children
+from pdwarden_operator.render.meta import Owner
+from pdwarden_operator.render.worker_key import worker_key_secret_object
 from pdwarden_operator.worker_key_secret import KeyUse
 from pdwarden_runtime.hardening.side_channel import SideKeys
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
 
-ROLES: Final = ("prefill", "decode")
+from pdwarden_contract import RUNTIME_ROLES
+
 TOLERANCE: Final = 0.1  # |load/target - 1| within this: no change (as HPA)
 EPSILON: Final = 1e-9  # float slack for the tolerance, the ceil/floor of counts and the band
 _MANY: Final = 2**62  # "no count is enough" for the band's arithmetic
@@ -339,9 +340,9 @@ def _keep_band(
 ) -> tuple[bool, str]:
     """Move the autoscaled roles to keep prefill:decode inside the band: raise first, lower
     second; (unkeepable, message)."""
-    if band is None or not work or any(role not in current for role in ROLES):
+    if band is None or not work or any(role not in current for role in RUNTIME_ROLES):
         return False, ""  # with no role to move, the band is not the planner's to keep
-    prefill, decode = ROLES
+    prefill, decode = RUNTIME_ROLES
     p0 = work[prefill].desired if prefill in work else current[prefill]
     d0 = work[decode].desired if decode in work else current[decode]
     if p0 <= 0 or d0 <= 0:
@@ -483,24 +484,26 @@ def write_order(
     the band where one can: the role whose move keeps it goes first, and where neither does
     (1:1 to 3:3 in [0.5, 2]), one role goes part way first (1:1, 2:1, 2:3, 3:3). Where the band
     cannot be kept on the way (no band, or it holds at neither end), each role is written
-    once, in ROLES order.
+    once, in RUNTIME_ROLES order.
     """
-    state = {role: current[role] for role in ROLES if role in current}
+    state = {role: current[role] for role in RUNTIME_ROLES if role in current}
     pending = {
-        role: targets[role] for role in ROLES if role in targets and targets[role] != current.get(role)
+        role: targets[role]
+        for role in RUNTIME_ROLES
+        if role in targets and targets[role] != current.get(role)
     }
     steps: list[tuple[str, int]] = []
 
     def inside(role: str, count: int) -> bool:
         after = {**state, role: count}
-        return band is not None and _inside(after[ROLES[0]], after[ROLES[1]], band)
+        return band is not None and _inside(after[RUNTIME_ROLES[0]], after[RUNTIME_ROLES[1]], band)
 
     final = {**state, **pending}
     keeping = (
         band is not None
-        and len(state) == len(ROLES)
-        and _inside(state[ROLES[0]], state[ROLES[1]], band)
-        and _inside(final[ROLES[0]], final[ROLES[1]], band)
+        and len(state) == len(RUNTIME_ROLES)
+        and _inside(state[RUNTIME_ROLES[0]], state[RUNTIME_ROLES[1]], band)
+        and _inside(final[RUNTIME_ROLES[0]], final[RUNTIME_ROLES[1]], band)
     )
     while pending and keeping:
         whole = next((role for role in pending if inside(role, pending[role])), None)
@@ -521,7 +524,7 @@ def write_order(
         _, role, count = part
         steps.append((role, count))
         state[role] = count
-    steps += sorted(pending.items(), key=lambda item: ROLES.index(item[0]))
+    steps += sorted(pending.items(), key=lambda item: RUNTIME_ROLES.index(item[0]))
     return steps
 
 

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from typing import Final
 
-from pdwarden_contract import OUTCOME_DEADLINE, OUTCOME_FAILED, OUTCOME_SUCCESS, PEER_OTHER
+from pdwarden_contract import OUTCOME_DEADLINE, OUTCOME_FAILED, OUTCOME_SUCCESS, PEER_OTHER, RUNTIME_ROLES
 from pdwarden_operator.watchdog.history import Observation
 from pdwarden_operator.watchdog.parse import PeerFigures
 from pdwarden_operator.watchdog.verdict import Blame, PodView, Pointer, Verdict, VerdictState
@@ -152,7 +152,7 @@ def attribute(
     pointer_uids: dict[tuple[str, str], list[str]] = {}
     for pod in live:
         run = _peer_run(observations.get(pod.uid, ()))
-        other = next((r for r in ("prefill", "decode") if r != pod.role), "")
+        other = next((r for r in RUNTIME_ROLES if r != pod.role), "")
         found, reported = _pointers_of(pod, run, stuck_after, known.get(other, set()))
         for peer in reported:
             reporters[(other, peer)] = reporters.get((other, peer), 0) + 1

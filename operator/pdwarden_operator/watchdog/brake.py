@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from pdwarden_operator.metrics import METRICS, OperatorMetrics
+from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.state import Remediation
 
@@ -218,9 +218,11 @@ class Brakes:
         fleet: FleetLimits = DEFAULT_FLEET,
         namespace: BrakeLimits = DEFAULT_NAMESPACE,
         clock: Callable[[], float] = time.time,
-        metrics: OperatorMetrics = METRICS,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
+        """`metrics`: the operator's (a brake built alone, as in a test, gets its own)."""
         check_limits(fleet, namespace)
+        metrics = metrics if metrics is not None else OperatorMetrics()
         self.limits = fleet
         self.namespace_limits = namespace
         self._clock = clock
@@ -250,7 +252,8 @@ class Brakes:
         self._troubled[key] = troubled_pods if remediated else 0
         self._reported.add(key)
 
-    def forget(self, key: Key) -> None:
+    def forget(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
         self._troubled.pop(key, None)
         self._actions.pop(key, None)
         self._expected.discard(key)

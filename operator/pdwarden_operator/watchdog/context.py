@@ -1,18 +1,21 @@
 """What every model's watchdog shares in one operator process, built once at start-up.
 
-`pdwarden operator run` builds one `WatchdogContext` (the brakes' limits from its flags) and
-hands it to kopf as the operator's memo (`memo.watchdog`, copied into every object's memo), to
-the external metrics API (`role_loads`) and, through kopf_handlers.py, to each model's
-watchdog. Nothing here is module state: a test builds a context of its own.
+`pdwarden operator run` builds one `context.OperatorContext`, whose `watchdog` is the one
+`WatchdogContext` (the brakes' limits from its flags), and hands it to kopf as the operator's
+memo (copied into every object's memo), to the external metrics API (`role_loads`) and,
+through kopf_handlers.py, to each model's watchdog. Nothing here is module state: a test
+builds a context of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from pdwarden_operator.metrics import METRICS, OperatorMetrics
+from pdwarden_operator.cache import ChildStore
+from pdwarden_operator.leader import Leadership
+from pdwarden_operator.metrics import OperatorMetrics
+from pdwarden_operator.status_writer import StatusWriter
 from pdwarden_operator.watchdog.brake import (
     DEFAULT_FLEET,
     DEFAULT_NAMESPACE,
@@ -27,7 +30,13 @@ from pdwarden_operator.watchdog.role_load import RoleLoads
 
 Key = tuple[str, str]  # (namespace, model name)
 
-MEMO_KEY = "watchdog"  # the context's name in kopf's memo
+
+def _current_task() -> asyncio.Task[object] | None:
+    """The task running now; None outside a loop (a test tearing down its watchdogs)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 @dataclass
@@ -37,18 +46,36 @@ class Models:
     bodies: dict[Key, LatestBody] = field(default_factory=dict)
     tasks: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     uids: dict[Key, str] = field(default_factory=dict)
-    # kopf_handlers.attach's subscription to namespace deletions (None: not attached)
-    on_namespace_deleted: Callable[[str], None] | None = None
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The model's watchdog ends (its task cancelled, unless it is the one ending) and
+        nothing of it stays."""
+        key = (namespace, name)
+        latest = self.bodies.pop(key, None)
+        if latest is not None:
+            latest.end()
+        self.uids.pop(key, None)
+        task = self.tasks.pop(key, None)
+        if task is not None and task is not _current_task():
+            task.cancel()
+
+    def in_namespace(self, namespace: str) -> list[Key]:
+        return sorted(key for key in self.tasks if key[0] == namespace)
 
 
 @dataclass
 class WatchdogContext:
     """The process-wide parts: the brakes every model reports to, the one pod watch's cache,
     the autoscaled roles' loads (read by the external metrics API), the scrape budget shared
-    by every model's scrapes, the operator's metrics and the registry of running watchdogs."""
+    by every model's scrapes, the operator's metrics, the registry of running watchdogs, and
+    what the watchdogs share with the reconciler: the status writer, the child store (the
+    autoscaler reads the Deployments' counts from it) and leadership (asked before acting)."""
 
     metrics: OperatorMetrics
     brakes: Brakes
+    writer: StatusWriter = field(default_factory=StatusWriter)
+    children: ChildStore = field(default_factory=ChildStore)
+    leadership: Leadership = field(default_factory=Leadership)
     pods: PodCache = field(default_factory=PodCache)
     role_loads: RoleLoads = field(default_factory=RoleLoads)
     budget: ScrapeBudget = field(default_factory=ScrapeBudget)
@@ -57,12 +84,22 @@ class WatchdogContext:
     @classmethod
     def build(
         cls,
-        metrics: OperatorMetrics = METRICS,
+        metrics: OperatorMetrics | None = None,
         fleet: FleetLimits = DEFAULT_FLEET,
         namespace: BrakeLimits = DEFAULT_NAMESPACE,
+        *,
+        writer: StatusWriter | None = None,
+        children: ChildStore | None = None,
     ) -> WatchdogContext:
-        """A context with the brakes' limits (ValueError when they do not fit together)."""
-        return cls(metrics=metrics, brakes=Brakes(fleet, namespace, metrics=metrics))
+        """A context with the brakes' limits (ValueError when they do not fit together);
+        what is not given is its own (a model watched alone, as in a test)."""
+        metrics = metrics if metrics is not None else OperatorMetrics()
+        return cls(
+            metrics=metrics,
+            brakes=Brakes(fleet, namespace, metrics=metrics),
+            writer=writer if writer is not None else StatusWriter(),
+            children=children if children is not None else ChildStore(),
+        )
 
     def close(self) -> None:
         """The scrape budget's parse workers end."""

@@ -18,7 +18,6 @@ import pdwarden_contract as contract
 from pdwarden_operator.kube import events, pods
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.kube.model_status import DM_API_VERSION
-from pdwarden_operator.leader import still_leading
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog.ladder import Action, ActionKind, ActionResult, Notice, Plan
@@ -54,8 +53,9 @@ class Executor:
         self,
         model: ModelRef,
         metrics: OperatorMetrics,
-        may_act: Callable[[], Awaitable[bool]] = still_leading,
+        may_act: Callable[[], Awaitable[bool]],
     ) -> None:
+        """`may_act`: whether this replica still leads (`leader.Leadership.still_leading`)."""
         self.model = model
         self.metrics = metrics
         self.may_act = may_act

@@ -14,8 +14,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pdwarden_operator import render
 from pdwarden_operator.kube import configmaps as kube_configmaps
+from pdwarden_operator.render.gone_pods import gone_pods_configmap, gone_pods_name
+from pdwarden_operator.render.meta import Owner
 from pdwarden_operator.watchdog.executor import ModelRef
 from pdwarden_operator.watchdog.gone_pods import GonePods, from_json, published, seen, to_json
 
@@ -58,8 +59,8 @@ class GoneList:
             ours, _ = await self._published()
             if not ours:  # written once the name is free (the list stays unwritten until then)
                 return
-            owner = render.Owner(name=name, namespace=ns, uid=self.model.uid)
-            await kube_configmaps.write(render.gone_pods_configmap(owner, to_json(self.gone.entries())))
+            owner = Owner(name=name, namespace=ns, uid=self.model.uid)
+            await kube_configmaps.write(gone_pods_configmap(owner, to_json(self.gone.entries())))
             self._unwritten = False
         except Exception as exc:
             log.warning("%s/%s: publishing the gone runtime pods: %s", ns, name, exc)
@@ -68,7 +69,7 @@ class GoneList:
         """`gone_pods.published` of the model's ConfigMap as the API server holds it; a foreign
         one is logged when first found."""
         ns, name = self.model.namespace, self.model.name
-        cm_name = render.gone_pods_name(name)
+        cm_name = gone_pods_name(name)
         ours, document = published(await kube_configmaps.read(ns, cm_name), self.model.uid)
         if not ours and not self._foreign:
             log.warning(

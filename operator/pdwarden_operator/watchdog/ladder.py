@@ -37,7 +37,8 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pdwarden_contract import RUNTIME_ROLES
-from pdwarden_operator.models import MAX_REMEDIATIONS_KEPT, WatchdogAction, WatchdogSpec
+from pdwarden_operator.resource.status_parts import MAX_REMEDIATIONS_KEPT
+from pdwarden_operator.resource.watchdog import WatchdogAction, WatchdogSpec
 from pdwarden_operator.watchdog.outcome import RETRYING, Outcome, advance
 from pdwarden_operator.watchdog.state import Alert, InFlight, Remediation, WatchdogState
 from pdwarden_operator.watchdog.verdict import PodView, Unit, UnitKind, Verdict

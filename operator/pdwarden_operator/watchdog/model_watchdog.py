@@ -30,8 +30,8 @@ from pdwarden_operator.kube import model_status as kube_model_status
 from pdwarden_operator.kube import pods as kube_pods
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import OperatorMetrics
-from pdwarden_operator.models import DisaggregatedModelSpec, FleetBrakeStatus, parse_spec
-from pdwarden_operator.status_writer import WRITER
+from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
+from pdwarden_operator.resource.status_parts import FleetBrakeStatus
 from pdwarden_operator.watchdog import group_health, ladder
 from pdwarden_operator.watchdog.context import Key, WatchdogContext
 from pdwarden_operator.watchdog.executor import ModelRef
@@ -98,12 +98,15 @@ class ModelWatchdog:
         """`context`: what the operator's watchdogs share (a model watched alone, as in a test,
         gets one of its own); `metrics` defaults to the context's."""
         if context is None:
-            context = WatchdogContext.build(metrics) if metrics is not None else WatchdogContext.build()
+            context = WatchdogContext.build(metrics)
         self.model = ModelRef(namespace, name, uid)
         self.metrics = metrics if metrics is not None else context.metrics
         self.brakes = context.brakes
-        self.observer = Observer(self.model, context.pods, context.budget, self.metrics)
-        self.watchdog = WatchdogController(self.model, context.brakes, self.metrics)
+        self.writer = context.writer
+        self.observer = Observer(self.model, context.pods, context.budget, self.metrics, context.children)
+        self.watchdog = WatchdogController(
+            self.model, context.brakes, self.metrics, context.leadership.still_leading
+        )
         executor = self.watchdog.executor
         self.scaler = ModelScaler(
             self.model, self.metrics, executor.post_model_event, executor.may_act, context.role_loads
@@ -148,7 +151,7 @@ class ModelWatchdog:
                 await asyncio.sleep(max(0.5, interval - took))
         finally:
             await self.observer.close()
-            self.metrics.forget_model(self.model.namespace, self.model.name)
+            self.metrics.forget(self.model.namespace, self.model.name)
 
     async def _model_gone(self) -> bool:
         """Whether this watchdog's model is gone (a round's write found nothing)."""
@@ -264,7 +267,7 @@ class ModelWatchdog:
     async def _write_status(
         self, obs: ModelObservation, findings: Mapping[str, Any], resource_version: str | None = None
     ) -> None:
-        await WRITER.findings(obs.body, obs.spec, findings, resource_version=resource_version)
+        await self.writer.findings(obs.body, obs.spec, findings, resource_version=resource_version)
         self._written, self._written_at = findings, obs.now
 
     def _findings(self, obs: ModelObservation, judged: Judgement, state: WatchdogState) -> dict[str, Any]:

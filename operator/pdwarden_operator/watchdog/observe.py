@@ -16,12 +16,14 @@ from functools import cached_property
 from typing import Any
 
 import pdwarden_contract as contract
-from pdwarden_operator import render, replicas
-from pdwarden_operator.cache import CHILDREN
+from pdwarden_operator import replicas
+from pdwarden_operator.cache import ChildStore
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube import pods as kube_pods
 from pdwarden_operator.metrics import OperatorMetrics
-from pdwarden_operator.models import DisaggregatedModelSpec, WatchdogSpec
+from pdwarden_operator.models import DisaggregatedModelSpec
+from pdwarden_operator.render.meta import child_name
+from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.watchdog.budget import ScrapeBudget
 from pdwarden_operator.watchdog.executor import ModelRef
 from pdwarden_operator.watchdog.gone_list import GoneList
@@ -80,10 +82,17 @@ class Observer:
     """Observes one model, round after round."""
 
     def __init__(
-        self, model: ModelRef, pods: PodCache, budget: ScrapeBudget, metrics: OperatorMetrics
+        self,
+        model: ModelRef,
+        pods: PodCache,
+        budget: ScrapeBudget,
+        metrics: OperatorMetrics,
+        children: ChildStore,
     ) -> None:
+        """`children`: the reconciler's child store (the Deployments' counts as the watch holds them)."""
         self.model = model
         self.pod_cache = pods
+        self.children = children
         self.budget = budget
         self.metrics = metrics
         self.histories = Histories(keep_seconds=150.0)
@@ -122,7 +131,7 @@ class Observer:
             if (h := self.histories.get(view.uid)) is not None
         }
         deployments = {
-            role: CHILDREN.child((ns, name), "Deployment", render.child_name(name, role))
+            role: self.children.child((ns, name), "Deployment", child_name(name, role))
             for role in contract.RUNTIME_ROLES
         }
         return ModelObservation(

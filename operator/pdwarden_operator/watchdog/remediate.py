@@ -10,7 +10,7 @@ state's intent is written by the caller between planning and performing (model_w
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -67,11 +67,17 @@ class WatchdogController:
     """Judges, plans and acts for one model; its state is the status's (`state`, None: read
     it again from the next round's status)."""
 
-    def __init__(self, model: ModelRef, brakes: Brakes, metrics: OperatorMetrics) -> None:
+    def __init__(
+        self,
+        model: ModelRef,
+        brakes: Brakes,
+        metrics: OperatorMetrics,
+        may_act: Callable[[], Awaitable[bool]],
+    ) -> None:
         self.model = model
         self.brakes = brakes
         self.metrics = metrics
-        self.executor = Executor(model, metrics)
+        self.executor = Executor(model, metrics, may_act)
         self.state: WatchdogState | None = None
         self.brake = BrakeState(False, "")  # as this model last saw it (Events on changes)
         self._verdicts: Mapping[str, Verdict] = {}  # last round's, per pod (log lines on changes)

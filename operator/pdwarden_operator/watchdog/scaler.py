@@ -20,17 +20,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from pdwarden_contract import RUNTIME_ROLES
 from pdwarden_operator import replicas
 from pdwarden_operator.kube import scale as kube_scale
 from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import OperatorMetrics
-from pdwarden_operator.models import (
-    AutoscalingSpec,
-    DisaggregatedModelSpec,
-    RoleAutoscalingStatus,
-    ScalePolicy,
-)
-from pdwarden_operator.render import child_name
+from pdwarden_operator.models import DisaggregatedModelSpec
+from pdwarden_operator.render.meta import child_name
+from pdwarden_operator.resource.autoscaling import AutoscalingSpec, ScalePolicy
+from pdwarden_operator.resource.status_parts import RoleAutoscalingStatus
 from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog import autoscale
 from pdwarden_operator.watchdog.executor import ModelRef
@@ -246,7 +244,7 @@ class ModelScaler:
     def seed(self, status: Mapping[str, Any] | None) -> None:
         """Last scale times from the status this process found (for status continuity)."""
         part = (status or {}).get("autoscaling") if isinstance(status, Mapping) else None
-        for role in ("prefill", "decode"):
+        for role in RUNTIME_ROLES:
             stamp = ((part or {}).get(role) or {}).get("lastScaleTime") if isinstance(part, Mapping) else None
             if isinstance(stamp, str) and role not in self.last_scale:
                 self.last_scale[role] = stamp
@@ -272,7 +270,7 @@ class ModelScaler:
         loads = {role: [pod_load(p) for p in pods.get(role, ())] for role in roles}
         for role in roles:
             self.loads.record(self.model.namespace, self.model.name, role, summarise(loads[role], now))
-        scales = {role: await self._scale(obs, role) for role in ("prefill", "decode")}
+        scales = {role: await self._scale(obs, role) for role in RUNTIME_ROLES}
         current = {role: s.replicas for role, s in scales.items()}
         scaling = plan_scaling(spec, pods, loads, current, self.memory, now)
         written = await self._write(scaling.aims, scales, scaling.band)

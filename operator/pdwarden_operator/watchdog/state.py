@@ -13,16 +13,16 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from pdwarden_operator.models import (
+from pdwarden_operator.resource.status_parts import (
     MAX_REMEDIATIONS_KEPT,
     BudgetStatus,
     FleetBrakeStatus,
     InFlightStatus,
     RemediationPhase,
     RemediationStatus,
-    WatchdogAction,
     WatchdogStatus,
 )
+from pdwarden_operator.resource.watchdog import WatchdogAction
 from pdwarden_operator.timestamps import from_rfc3339, to_rfc3339
 from pdwarden_operator.watchdog.outcome import Outcome, parse
 
