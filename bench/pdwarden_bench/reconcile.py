@@ -417,7 +417,7 @@ async def _floor(kube: Any, models: int, kubeconfig: str) -> dict[str, Any]:
 
     from pdwarden_operator import plan, worker_key_secret
     from pdwarden_operator.models import parse_spec
-    from pdwarden_operator.reconcile import with_worker_key
+    from pdwarden_operator.reconcile.executor import with_worker_key
     from pdwarden_operator.render.children import render_children
     from pdwarden_operator.render.meta import Owner
 
@@ -493,14 +493,16 @@ def full_resyncs(log_text: str) -> list[FullResync]:
 
 
 def model_pass_cpu_s(reps: int = 300) -> float:
-    """One model's reconcile CPU, the yardstick of a full resync pass: `reconcile.reconcile` of
+    """One model's reconcile CPU, the yardstick of a full resync pass: `run.reconcile` of
     one of the bench's models over children exactly as rendered (render, compare, status; no
     API call is made), in this process. Median of `reps` passes, seconds."""
     from dataclasses import replace
 
-    from pdwarden_operator import plan, reconcile, worker_key_secret
+    from pdwarden_operator import plan, worker_key_secret
     from pdwarden_operator.models import parse_spec
     from pdwarden_operator.podpolicy import PodPolicy
+    from pdwarden_operator.reconcile import run
+    from pdwarden_operator.reconcile.observe import Baseline
     from pdwarden_operator.render.children import child_key, render_children
     from pdwarden_operator.render.meta import Owner
     from pdwarden_operator.status_writer import StatusWriter
@@ -519,15 +521,13 @@ def model_pass_cpu_s(reps: int = 300) -> float:
     async def no_write(*_: Any) -> None:
         return None
 
-    parts = reconcile.ReconcileParts(
-        StatusWriter(no_write), reconcile.Baseline(), PodPolicy(allow=frozenset())
-    )
+    parts = run.ReconcileParts(StatusWriter(no_write), Baseline(), PodPolicy(allow=frozenset()))
 
     async def passes() -> list[float]:
         out = []
         for _ in range(reps):
             begun = time.thread_time()
-            done = await reconcile.reconcile(parts, body, children, None)
+            done = await run.reconcile(parts, body, children, None)
             out.append(time.thread_time() - begun)
             if done.applied:
                 raise RuntimeError(f"the yardstick's pass applied {done.applied_names}")

@@ -19,6 +19,8 @@ import pdwarden_contract as contract
 Obj = dict[str, Any]
 ModelKey = tuple[str, str]  # (namespace, DisaggregatedModel name)
 ChildKey = tuple[str, str]  # (kind, name)
+# the label selector of every object the operator manages (what its watches and lists ask for)
+MANAGED_SELECTOR = f"{contract.LABEL_MANAGED_BY}={contract.MANAGED_BY}"
 
 
 def slim(body: Mapping[str, Any]) -> Obj:

@@ -20,7 +20,8 @@ from pdwarden_operator.cache import ChildStore, ModelKey, ResyncQueue
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.model_registry import ModelRegistry
 from pdwarden_operator.podpolicy import PodPolicy
-from pdwarden_operator.reconcile import Baseline, ReconcileParts
+from pdwarden_operator.reconcile.observe import Baseline
+from pdwarden_operator.reconcile.run import ReconcileParts
 from pdwarden_operator.status_writer import StatusWriter
 from pdwarden_operator.watchdog.brake import DEFAULT_FLEET, DEFAULT_NAMESPACE, BrakeLimits, FleetLimits
 from pdwarden_operator.watchdog.context import WatchdogContext

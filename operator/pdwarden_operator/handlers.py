@@ -1,4 +1,4 @@
-"""kopf handlers: thin adapters from kopf's causes to reconcile.py.
+"""kopf handlers: thin adapters from kopf's causes to a reconcile pass (reconcile/run.py).
 
 - login -> the credentials of the operator's own client (kube/credentials.py);
 - watch events of DisaggregatedModels and their children feed `cache.ChildStore`;
@@ -29,12 +29,14 @@ from typing import Any
 import kopf
 
 import pdwarden_contract as contract
-from pdwarden_operator import namespace_deletions, reconcile
-from pdwarden_operator.cache import ModelKey
+from pdwarden_operator import namespace_deletions
+from pdwarden_operator.cache import MANAGED_SELECTOR, ModelKey
 from pdwarden_operator.context import OperatorContext, context_of
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube import model_status as kube_model_status
 from pdwarden_operator.kube.client import get_client, group_version_plural
+from pdwarden_operator.reconcile import run
+from pdwarden_operator.reconcile.errors import InvalidSpec, RetryLater
 from pdwarden_operator.render import kinds
 
 log = logging.getLogger("pdwarden.handlers")
@@ -98,7 +100,7 @@ def apply_settings(settings: kopf.OperatorSettings) -> None:
     # Watch only pdwarden's own children, filtered by the API server: the handlers' label filter
     # alone would stream every Deployment, Service, ... of the cluster into the operator.
     for group, version, plural, *_kind in CHILD_KINDS:
-        settings.watching.label_selectors[group, version, plural] = reconcile.MANAGED_SELECTOR
+        settings.watching.label_selectors[group, version, plural] = MANAGED_SELECTOR
 
 
 def is_glob(namespace: str) -> bool:
@@ -126,7 +128,7 @@ async def prefill(context: OperatorContext) -> int:
     for namespace in context.prefill_scope:
         for *_resource, api_version, kind in CHILD_KINDS:
             try:
-                selector = reconcile.MANAGED_SELECTOR
+                selector = MANAGED_SELECTOR
                 items = await kube_apply.list_objects(api_version, kind, namespace, selector)
             except Exception as exc:  # only a head start: it must never keep the operator from starting
                 log.warning("listing %ss before start failed (the watch brings them): %s", kind, exc)
@@ -231,18 +233,18 @@ async def _reconcile_full(context: OperatorContext, key: ModelKey) -> None:
             reconciles.running[key] = essence
             started = loop.time()
             try:
-                outcome = await reconcile.reconcile(
+                outcome = await run.reconcile(
                     context.reconcile_parts,
                     body,
                     store.children_of(key),
                     store.settled.get(key),
                     verify_secret=True,
                 )
-            except reconcile.InvalidSpec as exc:
+            except InvalidSpec as exc:
                 reconciles.handled[key] = essence  # status says so; the next change of the spec reconciles
                 log.warning("%s/%s: not reconciled: %s", key[0], key[1], exc)
                 return
-            except reconcile.RetryLater as exc:
+            except RetryLater as exc:
                 log.warning("%s/%s: %s (retry in %.0fs)", key[0], key[1], exc, exc.delay)
                 _retry(context, key, exc.delay)
                 return
@@ -268,7 +270,7 @@ async def _reconcile_full(context: OperatorContext, key: ModelKey) -> None:
         reconciles.queued.discard(key)
 
 
-def _note(context: OperatorContext, key: ModelKey, outcome: reconcile.PassResult) -> None:
+def _note(context: OperatorContext, key: ModelKey, outcome: run.PassResult) -> None:
     """What a pass applied, whether it settled, and the status it wrote: known to the store now."""
     context.children.note_applied(key, outcome.applied)
     context.children.note_settled(key, outcome.settled)
@@ -315,12 +317,10 @@ async def _resync_one(context: OperatorContext, key: tuple[str, str], sem: async
             return
         children = store.children_of(key)
         try:
-            outcome = await reconcile.reconcile(
-                context.reconcile_parts, body, children, store.settled.get(key)
-            )
-        except reconcile.InvalidSpec:
+            outcome = await run.reconcile(context.reconcile_parts, body, children, store.settled.get(key))
+        except InvalidSpec:
             return  # status already says so; the next spec change reconciles
-        except reconcile.RetryLater as exc:
+        except RetryLater as exc:
             uid = str((body.get("metadata") or {}).get("uid") or "")
             if not await kube_model_status.still_exists(*key, uid):
                 # its deletion never came as an event (a deleted namespace kopf stopped watching)

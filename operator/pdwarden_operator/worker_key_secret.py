@@ -67,8 +67,9 @@ def rotation_of(name: str, model: str) -> int | None:
 
 
 def pending(model: str) -> str:
-    """A stand-in name for the dry-run before the Secret exists (never a generated name: those
-    end in five characters)."""
+    """The placeholder name of a Secret not created yet: the children are rendered and dry-run
+    over it, and `render.worker_key.bind_created_key` puts the created Secret's name in its
+    place (never a generated name: those end in five characters)."""
     return f"{generate_name(model)}pending"
 
 

@@ -13,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.reconcile import describe_validation_error
+from pdwarden_operator.reconcile.errors import describe_validation_error
 from pdwarden_operator.resource.rules import Part
 from pdwarden_testkit.kubectl import Kubectl
 

@@ -13,8 +13,10 @@ import kopf
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_operator import handlers, reconcile
+from pdwarden_operator import handlers
 from pdwarden_operator.context import OperatorContext
+from pdwarden_operator.reconcile import run
+from pdwarden_operator.reconcile.errors import InvalidSpec, RetryLater
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +35,7 @@ def _body(**meta: Any) -> dict[str, Any]:
 
 
 class Passes:
-    """reconcile.reconcile's stand-in: records each full pass, answers with `outcomes` in turn;
+    """run.reconcile's stand-in: records each full pass, answers with `outcomes` in turn;
     `context`: the operator's context the handlers get in kopf's memo."""
 
     def __init__(self, *outcomes: BaseException | None) -> None:
@@ -43,18 +45,18 @@ class Passes:
 
     async def __call__(
         self, parts: Any, body: Any, children: Any, settled: Any, *, verify_secret: bool = False
-    ) -> reconcile.PassResult:
+    ) -> run.PassResult:
         self.calls.append((int(body["metadata"]["generation"]), verify_secret))
         outcome = self.outcomes.pop(0) if self.outcomes else None
         if outcome is not None:
             raise outcome
-        return reconcile.PassResult(status={"observedGeneration": body["metadata"]["generation"]})
+        return run.PassResult(status={"observedGeneration": body["metadata"]["generation"]})
 
 
 @pytest.fixture
 def passes(monkeypatch: pytest.MonkeyPatch) -> Passes:
     fake = Passes()
-    monkeypatch.setattr(reconcile, "reconcile", fake)
+    monkeypatch.setattr(run, "reconcile", fake)
     return fake
 
 
@@ -104,7 +106,7 @@ def test_a_change_of_spec_labels_or_annotations_reconciles_again(
 
 
 def test_a_refused_spec_is_not_retried_until_it_changes(passes: Passes) -> None:
-    passes.outcomes = [reconcile.InvalidSpec("spec.model: Field required")]
+    passes.outcomes = [InvalidSpec("spec.model: Field required")]
     asyncio.run(
         _events(passes.context, ("ADDED", _body()), ("MODIFIED", _body()), ("MODIFIED", _body(generation=2)))
     )
@@ -112,7 +114,7 @@ def test_a_refused_spec_is_not_retried_until_it_changes(passes: Passes) -> None:
 
 
 def test_a_transient_failure_is_queued_again_after_its_delay(passes: Passes) -> None:
-    passes.outcomes = [reconcile.RetryLater("API unavailable", delay=0.05)]
+    passes.outcomes = [RetryLater("API unavailable", delay=0.05)]
     asyncio.run(_events(passes.context, ("ADDED", _body()), settle=0.2))
     assert passes.calls == [(1, True), (1, True)]
 

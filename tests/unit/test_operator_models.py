@@ -10,7 +10,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
-from pdwarden_operator.reconcile import describe_validation_error
+from pdwarden_operator.reconcile.errors import describe_validation_error
 from pdwarden_operator.resource.router import ROUTER_OWNED_ARGS
 from pdwarden_operator.resource.rules import Rule
 

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 import pdwarden_contract as contract
-from pdwarden_operator import handlers, reconcile
+from pdwarden_operator import handlers
 from pdwarden_operator.context import OperatorContext
+from pdwarden_operator.reconcile import run
 from pdwarden_operator.render.meta import Owner
 from pdwarden_operator.render.network import router_service
 
@@ -38,13 +39,13 @@ def test_a_resync_pass_names_first_children_created_and_replaced_ones_restored(
     seen: list[dict[str, Any]] = []
 
     async def one_pass(
-        parts: reconcile.ReconcileParts, body: Any, children: dict[Any, Any], settled: Any
-    ) -> reconcile.PassResult:
+        parts: run.ReconcileParts, body: Any, children: dict[Any, Any], settled: Any
+    ) -> run.PassResult:
         assert parts == context.reconcile_parts
         seen.append(children)
-        return reconcile.PassResult(status={}, applied=[ROUTER_SERVICE])
+        return run.PassResult(status={}, applied=[ROUTER_SERVICE])
 
-    monkeypatch.setattr(reconcile, "reconcile", one_pass)
+    monkeypatch.setattr(run, "reconcile", one_pass)
     with caplog.at_level(logging.INFO, logger="pdwarden.handlers"):
         asyncio.run(handlers._resync_one(context, ("team", "llama"), asyncio.Semaphore(1)))
 

@@ -12,7 +12,8 @@ import pytest
 
 from pdwarden_operator import plan
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.reconcile import Observation, plan_pass
+from pdwarden_operator.reconcile.observation import Observation
+from pdwarden_operator.reconcile.planner import plan_pass
 from pdwarden_operator.render.children import child_key, render_children
 from pdwarden_operator.render.meta import Owner
 from pdwarden_operator.worker_key_secret import KeyUse

@@ -63,6 +63,12 @@ def selector_labels(model: str, role: str) -> dict[str, str]:
     return {contract.LABEL_MODEL: model, contract.LABEL_ROLE: role}
 
 
+def role_of(obj: Mapping[str, Any]) -> str | None:
+    """The role a child's labels name (None: a child of no one role)."""
+    role: str | None = ((obj.get("metadata") or {}).get("labels") or {}).get(contract.LABEL_ROLE)
+    return role
+
+
 def labels(model: str, role: str) -> dict[str, str]:
     return {
         **selector_labels(model, role),

@@ -1,22 +1,26 @@
-"""The worker key in the children: which Secret each pod mounts, presents and accepts, and the
-Secret that holds a new key (the key's life: worker_key_secret.py)."""
+"""The worker key in the children: which Secret each pod mounts, presents and accepts, the
+Secret that holds a new key, and the name of one created after the render bound into it (the
+key's life: worker_key_secret.py)."""
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Iterable
+from typing import Any, Final
 
 import pdwarden_contract as contract
-from pdwarden_operator import worker_key_secret
+from pdwarden_operator import podtemplate, worker_key_secret
 from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.render.meta import Obj, Owner, child_metadata
 
 # The worker key's Secret: labelled as a part of the model of its own.
 WORKER_KEY_ROLE: Final = contract.WORKER_KEY_SECRET_INFIX
+# The volumes a pod mounts a key from (`worker_key_secret.volume`): where a Secret's name stands.
+KEY_VOLUMES: Final = frozenset({podtemplate.WORKER_KEY_VOLUME, podtemplate.WORKER_KEY_ACCEPT_VOLUME})
 
 
 def _key_use(owner: Owner, spec: DisaggregatedModelSpec) -> worker_key_secret.KeyUse | None:
-    """Reconcile's plan, or from the spec alone: everyone, under the stand-in name that reconcile
-    replaces before anything is applied."""
+    """Reconcile's plan, or from the spec alone: everyone, under the placeholder name that
+    reconcile binds to the created Secret (`bind_created_key`) before anything is applied."""
     if owner.worker_key is not None or not spec.worker_key.enabled:
         return owner.worker_key
     return worker_key_secret.KeyUse.final(worker_key_secret.pending(owner.name))
@@ -52,3 +56,29 @@ def worker_key_secret_object(owner: Owner, spec: DisaggregatedModelSpec, key: st
     del meta["name"]
     meta["generateName"] = worker_key_secret.generate_name(owner.name, spec.worker_key.rotation)
     return worker_key_secret.secret(meta, key)
+
+
+def bind_created_key(objs: Iterable[Obj], placeholder: str, secret_name: str) -> list[Obj]:
+    """`objs` as rendered over `secret_name`, from their render over `placeholder` (the name that
+    stands for a Secret not created yet, `worker_key_secret.pending`): the name is put in the key
+    volumes that mount the placeholder, nowhere else. Pure: a child it changes is a copy, the
+    others come back as they are; a child's digest is stamped anew by `plan.stamped`."""
+    return [_bound(obj, placeholder, secret_name) for obj in objs]
+
+
+def _bound(obj: Obj, placeholder: str, secret_name: str) -> Obj:
+    template = (obj.get("spec") or {}).get("template") or {}
+    pod = template.get("spec") or {}
+    volumes = pod.get("volumes") or []
+    if not any(_mounts(volume, placeholder) for volume in volumes):
+        return obj
+    bound = [
+        {**v, "secret": {**v["secret"], "secretName": secret_name}} if _mounts(v, placeholder) else v
+        for v in volumes
+    ]
+    return {**obj, "spec": {**obj["spec"], "template": {**template, "spec": {**pod, "volumes": bound}}}}
+
+
+def _mounts(volume: Any, placeholder: str) -> bool:
+    """Whether `volume` is a key volume that mounts the Secret named `placeholder`."""
+    return volume.get("name") in KEY_VOLUMES and (volume.get("secret") or {}).get("secretName") == placeholder
