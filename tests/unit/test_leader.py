@@ -6,7 +6,7 @@ import asyncio
 import copy
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -18,6 +18,17 @@ from pdwarden_operator.kube.client import KubeApiError
 from pdwarden_operator.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.unit
+
+
+S = TypeVar("S", bound="Store")
+
+
+def installed(monkeypatch: pytest.MonkeyPatch, store: S) -> S:
+    """`store` as the Lease API the elector calls."""
+    monkeypatch.setattr(kube_lease, "get_lease", store.get)
+    monkeypatch.setattr(kube_lease, "create_lease", store.create)
+    monkeypatch.setattr(kube_lease, "replace_lease", store.replace)
+    return store
 
 
 class Store:
@@ -50,11 +61,7 @@ class Store:
 
 @pytest.fixture
 def store(monkeypatch: pytest.MonkeyPatch) -> Store:
-    s = Store()
-    monkeypatch.setattr(kube_lease, "get_lease", s.get)
-    monkeypatch.setattr(kube_lease, "create_lease", s.create)
-    monkeypatch.setattr(kube_lease, "replace_lease", s.replace)
-    return s
+    return installed(monkeypatch, Store())
 
 
 def elector(identity: str, clock: list[float]) -> tuple[leader.Elector, OperatorMetrics]:
@@ -136,11 +143,7 @@ class CountingStore(Store):
 
 @pytest.fixture
 def counting(monkeypatch: pytest.MonkeyPatch) -> CountingStore:
-    s = CountingStore()
-    monkeypatch.setattr(kube_lease, "get_lease", s.get)
-    monkeypatch.setattr(kube_lease, "create_lease", s.create)
-    monkeypatch.setattr(kube_lease, "replace_lease", s.replace)
-    return s
+    return installed(monkeypatch, CountingStore())
 
 
 def test_a_leader_renews_with_one_request_and_reads_again_when_the_lease_changed(
@@ -238,11 +241,7 @@ class RecordingStore(Store):
 
 @pytest.fixture
 def recording(monkeypatch: pytest.MonkeyPatch) -> RecordingStore:
-    s = RecordingStore()
-    monkeypatch.setattr(kube_lease, "get_lease", s.get)
-    monkeypatch.setattr(kube_lease, "create_lease", s.create)
-    monkeypatch.setattr(kube_lease, "replace_lease", s.replace)
-    return s
+    return installed(monkeypatch, RecordingStore())
 
 
 # A deadline that passes quickly, for the tests of losing the lease; the others hold it with a
