@@ -329,7 +329,9 @@ async def _main(
         # The Lease is renewed on the elector's own thread, loop and connection: nothing the
         # handlers do on this loop (or with the main client's connections) can delay a renewal.
         timing = leader.Timing()
-        elector = leader.Elector(*lease, timing=timing, client=leader.lease_client(timing))
+        elector = leader.Elector(
+            *lease, timing=timing, metrics=context.metrics, client=leader.lease_client(timing)
+        )
         context.watchdog.leadership.elector = elector
         elector.start(on_lost=_step_down)
         await elector.wait_leading()  # a standby does nothing until it holds the Lease

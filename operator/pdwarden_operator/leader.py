@@ -85,11 +85,12 @@ class Elector:
         identity: str | None = None,
         timing: Timing = Timing(),
         clock: Callable[[], float] = time.monotonic,
-        metrics: OperatorMetrics | None = None,
+        *,
+        metrics: OperatorMetrics,
         client: KubeClient | None = None,
     ) -> None:
-        """`metrics`: the operator's (an elector built alone, as in a test, gets its own)."""
-        metrics = metrics if metrics is not None else OperatorMetrics()
+        """`metrics`: the operator's, whose leader gauge the operator serves (required: an
+        elector with metrics of its own would lead while the served gauge says it does not)."""
         self.namespace, self.name = namespace, name
         self.identity = identity or default_identity()
         self.timing = timing

@@ -10,6 +10,7 @@ builds a context of its own.
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 
 from pdwarden_operator.cache import ChildStore
@@ -27,6 +28,8 @@ from pdwarden_operator.watchdog.budget import ScrapeBudget
 from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.pod_cache import PodCache
 from pdwarden_operator.watchdog.role_load import RoleLoads
+
+log = logging.getLogger("pdwarden.watchdog")
 
 Key = tuple[str, str]  # (namespace, model name)
 
@@ -58,6 +61,7 @@ class Models:
         task = self.tasks.pop(key, None)
         if task is not None and task is not _current_task():
             task.cancel()
+            log.info("%s/%s: watchdog stopped", namespace, name)
 
     def in_namespace(self, namespace: str) -> list[Key]:
         return sorted(key for key in self.tasks if key[0] == namespace)
