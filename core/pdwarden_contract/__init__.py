@@ -108,6 +108,12 @@ LABEL_QUARANTINED_ROLE: Final = "pdwarden.io/quarantined-role"
 LABEL_QUARANTINE_REASON: Final = "pdwarden.io/quarantine-reason"
 QUARANTINE_REASON_WEDGED: Final = "wedged"
 ANNOTATION_QUARANTINED_AT: Final = "pdwarden.io/quarantined-at"
+# On every child: a digest of the child as rendered when it was last applied (the operator's
+# plan.py compares it).
+ANNOTATION_RENDERED_DIGEST: Final = "pdwarden.io/rendered-digest"
+# The leader operator's pod carries this label; the chart's Service for the external metrics
+# APIService selects it.
+LABEL_EXTERNAL_METRICS_SERVING: Final = "pdwarden.io/external-metrics"
 
 # --- Container ports (names and defaults) -------------------------------------------
 PORT_NAME_HTTP: Final = "http"

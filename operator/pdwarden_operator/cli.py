@@ -385,7 +385,7 @@ async def _serve_external_metrics(
         assert pod and namespace
         for attempt in range(60):
             try:
-                await pods.mark_only(namespace, pod, external_metrics.SERVING_LABEL)
+                await pods.mark_only(namespace, pod, contract.LABEL_EXTERNAL_METRICS_SERVING)
                 return
             except Exception as exc:  # the API may be briefly away; without the label no one reaches us
                 log.warning("cannot label pod %s/%s for the external metrics API (%s)", namespace, pod, exc)

@@ -40,8 +40,6 @@ GROUP_VERSION: Final = f"{GROUP}/{VERSION}"
 STALE_AFTER_S: Final = 60.0
 REVIEW_TTL_S: Final = 10.0  # how long a SubjectAccessReview's answer is reused
 REVIEW_CACHE_MAX: Final = 1024
-# The leader's pod carries this label; the chart's Service for the APIService selects it.
-SERVING_LABEL: Final = "pdwarden.io/external-metrics"
 
 
 @dataclass(frozen=True)

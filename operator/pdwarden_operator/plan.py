@@ -7,6 +7,7 @@ import json
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
+import pdwarden_contract as contract
 from pdwarden_operator.render.children import child_key
 from pdwarden_operator.render.kinds import OPTIONAL_KINDS, POD_MAKING_KINDS
 
@@ -36,19 +37,17 @@ def covers(observed: Any, desired: Any) -> bool:
     return bool(observed == desired)
 
 
-# On every child: a digest of the child as rendered when it was last applied. `covers` sees a
-# value that differs but not a field the spec no longer renders (an env var removed); a new
-# digest does, and applying the child without that field removes it (pdwarden owns it).
-ANNOTATION_RENDERED = "pdwarden.io/rendered-digest"
-
-
+# On every child, contract.ANNOTATION_RENDERED_DIGEST: a digest of the child as rendered when it
+# was last applied. `covers` sees a value that differs but not a field the spec no longer renders
+# (an env var removed); a new digest does, and applying the child without that field removes it
+# (pdwarden owns it).
 def rendered_digest(obj: Mapping[str, Any]) -> str:
     """The digest of `obj` without its own digest and without `spec.replicas` (an autoscaled
     role's count follows its Deployment, and `covers` compares a fixed one)."""
     body = dict(obj)  # shallow copies of the parts changed below: `obj` stays as it is
     meta = dict(body.get("metadata") or {})
     meta["annotations"] = {
-        k: v for k, v in (meta.get("annotations") or {}).items() if k != ANNOTATION_RENDERED
+        k: v for k, v in (meta.get("annotations") or {}).items() if k != contract.ANNOTATION_RENDERED_DIGEST
     }
     body["metadata"] = meta
     if isinstance(body.get("spec"), Mapping):
@@ -62,7 +61,10 @@ def stamped(objs: Iterable[Obj]) -> list[Obj]:
     out = []
     for obj in objs:
         meta = dict(obj["metadata"])
-        meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_RENDERED: rendered_digest(obj)}
+        meta["annotations"] = {
+            **(meta.get("annotations") or {}),
+            contract.ANNOTATION_RENDERED_DIGEST: rendered_digest(obj),
+        }
         out.append({**obj, "metadata": meta})
     return out
 

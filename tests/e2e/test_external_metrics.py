@@ -60,7 +60,7 @@ def _available(env: Env) -> bool:
 
 
 def _serving_pods(env: Env, release: str) -> list[dict[str, Any]]:
-    selector = f"app.kubernetes.io/instance={release},{external_metrics.SERVING_LABEL}=true"
+    selector = f"app.kubernetes.io/instance={release},{contract.LABEL_EXTERNAL_METRICS_SERVING}=true"
     return list(env.call("GET", f"/api/v1/namespaces/{env.namespace}/pods?labelSelector={selector}")["items"])
 
 

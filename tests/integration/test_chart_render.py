@@ -614,7 +614,7 @@ def test_the_external_metrics_api_reaches_the_leader_over_tls_the_apiservice_tru
     # the leader alone: the pods' labels plus the one the leading operator sets on its pod
     assert service["spec"]["selector"] == {
         **deployment["spec"]["selector"]["matchLabels"],
-        external_metrics.SERVING_LABEL: "true",
+        contract.LABEL_EXTERNAL_METRICS_SERVING: "true",
     }
     (container,) = pod["spec"]["containers"]
     port = next(p for p in container["ports"] if p["name"] == service["spec"]["ports"][0]["targetPort"])

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from pdwarden_operator.watchdog import scrape
 from pdwarden_operator.watchdog.budget import ScrapeBudget
-from pdwarden_operator.watchdog.scrape import Scraper, Target
+from pdwarden_operator.watchdog.scrape import Scraper, ScrapeTarget
 from pdwarden_testkit.ports import free_port
 
 pytestmark = pytest.mark.integration
@@ -102,7 +102,7 @@ async def scrape_models(budget: ScrapeBudget, paths: list[list[str]], server: Se
     try:
         return await asyncio.gather(
             *(
-                s.scrape([Target(f"m{m}-{i}", f"{server.url}/{p}") for i, p in enumerate(model)])
+                s.scrape([ScrapeTarget(f"m{m}-{i}", f"{server.url}/{p}") for i, p in enumerate(model)])
                 for m, (s, model) in enumerate(zip(scrapers, paths, strict=True))
             )
         )
@@ -156,9 +156,9 @@ async def test_a_busy_budget_makes_the_pod_unobserved_and_the_round_ends(server:
     slow_model = Scraper(timeout_seconds=10.0, budget=budget)
     other_model = Scraper(timeout_seconds=0.5, budget=budget)
     try:
-        holding = asyncio.create_task(slow_model.scrape([Target("slow", f"{server.url}/slow")]))
+        holding = asyncio.create_task(slow_model.scrape([ScrapeTarget("slow", f"{server.url}/slow")]))
         await asyncio.wait_for(server.slow_started.wait(), 10)
-        (waited,) = await other_model.scrape([Target("good", f"{server.url}/good")])
+        (waited,) = await other_model.scrape([ScrapeTarget("good", f"{server.url}/good")])
         (held,) = await holding
     finally:
         await slow_model.close()

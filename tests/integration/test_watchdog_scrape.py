@@ -13,7 +13,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 
 from pdwarden_operator.watchdog.parse import PodSample
-from pdwarden_operator.watchdog.scrape import Scraper, Target
+from pdwarden_operator.watchdog.scrape import Scraper, ScrapeTarget
 from pdwarden_testkit.ports import free_port
 from tests.unit.test_watchdog_fuzz import hostile
 
@@ -123,8 +123,8 @@ async def test_every_failure_is_reported_per_pod_and_the_round_completes(server:
             "redirect",
             "reset",
         ]
-        targets = [Target(n, f"{server}/{n}") for n in names]
-        targets.append(Target("closed", f"http://{HOST}:{free_port(HOST)}/metrics"))  # nobody listens
+        targets = [ScrapeTarget(n, f"{server}/{n}") for n in names]
+        targets.append(ScrapeTarget("closed", f"http://{HOST}:{free_port(HOST)}/metrics"))  # nobody listens
         results = await asyncio.wait_for(scraper.scrape(targets), timeout=20)
         by_key = {r.key: r for r in results}
         assert [r.key for r in results] == [*names, "closed"]
@@ -144,7 +144,7 @@ async def test_every_failure_is_reported_per_pod_and_the_round_completes(server:
         assert by_key["reset"].sample is None and by_key["reset"].error
         assert by_key["closed"].sample is None and "ClientConnectorError" in (by_key["closed"].error or "")
         # the session survives: a second round over the good endpoint reuses it
-        again = await scraper.scrape([Target("good", f"{server}/good")])
+        again = await scraper.scrape([ScrapeTarget("good", f"{server}/good")])
         assert again[0].sample == ok.sample
     finally:
         await scraper.close()
@@ -214,7 +214,7 @@ def test_hostile_bodies_over_http_never_escape_the_scraper(
     async def once() -> None:
         scraper = Scraper(concurrency=1, timeout_seconds=5.0, max_bytes=64 * 1024)
         try:
-            (result,) = await scraper.scrape([Target("p", hostile_server.url)])
+            (result,) = await scraper.scrape([ScrapeTarget("p", hostile_server.url)])
         finally:
             await scraper.close()
         if result.sample is None:
@@ -253,7 +253,7 @@ async def test_a_scrape_asks_the_runtime_for_what_the_watchdog_reads_and_reads_i
     await web.TCPSite(runner, HOST, port).start()
     scraper = Scraper(concurrency=1, timeout_seconds=5.0)
     try:
-        (result,) = await scraper.scrape([Target("p", f"http://{HOST}:{port}{METRICS_PATH}")])
+        (result,) = await scraper.scrape([ScrapeTarget("p", f"http://{HOST}:{port}{METRICS_PATH}")])
     finally:
         await scraper.close()
         await runner.cleanup()
@@ -295,7 +295,7 @@ async def test_a_body_that_reads_as_the_pods_last_is_not_parsed_again(
     peers = frozenset({"198.18.0.7"})
 
     async def scrape(*keys: str, with_peers: frozenset[str] | None = peers) -> list[PodSample | None]:
-        targets = [Target(k, f"http://{HOST}:{port}/{k}", with_peers) for k in keys]
+        targets = [ScrapeTarget(k, f"http://{HOST}:{port}/{k}", with_peers) for k in keys]
         return [r.sample for r in await scraper.scrape(targets)]
 
     try:

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
+import pdwarden_contract as contract
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.plan import (
-    ANNOTATION_RENDERED,
     POD_MAKERS,
     apply_waves,
     covers,
@@ -68,7 +68,7 @@ def test_a_field_the_spec_no_longer_renders_is_applied_away() -> None:
 
 def test_the_digest_ignores_itself_and_the_count_and_nothing_else() -> None:
     (child,) = [o for o in _render() if child_key(o) == ("Deployment", "m-prefill")]
-    assert child["metadata"]["annotations"][ANNOTATION_RENDERED] == rendered_digest(child)
+    assert child["metadata"]["annotations"][contract.ANNOTATION_RENDERED_DIGEST] == rendered_digest(child)
     scaled = {**child, "spec": {**child["spec"], "replicas": 9}}
     assert rendered_digest(scaled) == rendered_digest(child)  # an autoscaled count moves on its own
     labelled = {**child, "metadata": {**child["metadata"], "labels": {"x": "y"}}}

@@ -12,7 +12,7 @@ import pytest
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.watchdog import autoscale, ladder, remediate
-from pdwarden_operator.watchdog.executor import DONE, REPORT_ONLY, ModelRef
+from pdwarden_operator.watchdog.executor import DONE, REPORT_ONLY, ModelIdentity
 from pdwarden_operator.watchdog.history import Observation
 from pdwarden_operator.watchdog.observe import ModelObservation
 from pdwarden_operator.watchdog.outcome import Outcome
@@ -122,7 +122,7 @@ def _obs(histories: dict[str, tuple[Observation, ...]], views: list[PodView]) ->
     )
     objs = [{"metadata": {"name": v.name, "uid": v.uid, "labels": {}}} for v in views]
     return ModelObservation(
-        model=ModelRef("ns", "m", "uid-m"),
+        model=ModelIdentity("ns", "m", "uid-m"),
         spec=spec,
         body={},
         now=T0,

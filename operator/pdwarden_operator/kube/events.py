@@ -38,7 +38,7 @@ def event_body(
         "message": message[:MAX_MESSAGE],
         "type": event_type,
         "source": {"component": COMPONENT},
-        "reportingComponent": f"pdwarden.io/{COMPONENT}",
+        "reportingComponent": f"{contract.API_GROUP}/{COMPONENT}",
         "reportingInstance": os.environ.get(contract.ENV_POD_NAME) or socket.gethostname(),
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,

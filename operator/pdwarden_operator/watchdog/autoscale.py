@@ -103,7 +103,7 @@ class RoleDecision:
 
 
 @dataclass(frozen=True)
-class Plan:
+class ScalingPlan:
     decisions: dict[str, RoleDecision]  # only roles that autoscale
     memory: dict[str, RoleMemory]  # memory to keep for next round
     ratio_unkeepable: bool  # the band could not be kept within the roles' bounds
@@ -173,7 +173,7 @@ def plan(
     memory: Mapping[str, RoleMemory],
     ratio: RatioBand | None,
     now: float,
-) -> Plan:
+) -> ScalingPlan:
     """Desired replicas for each role in `roles` (those pdwarden scales).
 
     `current` holds every runtime role's replicas, fixed roles too (the band needs them);
@@ -196,7 +196,7 @@ def plan(
             load=None if w.load is None else w.load.ratio,
         )
         memories[role] = _prune(remember(w.memory, now, w.desired - w.current), w.scaling, now)
-    return Plan(decisions, memories, unkeepable, ratio_message)
+    return ScalingPlan(decisions, memories, unkeepable, ratio_message)
 
 
 def _wants_more(w: _Role, hi: int) -> bool:

@@ -38,7 +38,7 @@ REPORT_ONLY: frozenset[ActionKind] = frozenset({"alert"})
 
 
 @dataclass(frozen=True)
-class ModelRef:
+class ModelIdentity:
     namespace: str
     name: str
     uid: str
@@ -51,7 +51,7 @@ class NotLeading(Exception):
 class Executor:
     def __init__(
         self,
-        model: ModelRef,
+        model: ModelIdentity,
         metrics: OperatorMetrics,
         may_act: Callable[[], Awaitable[bool]],
     ) -> None:

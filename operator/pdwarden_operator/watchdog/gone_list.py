@@ -17,14 +17,14 @@ from typing import Any
 from pdwarden_operator.kube import configmaps as kube_configmaps
 from pdwarden_operator.render.gone_pods import gone_pods_configmap, gone_pods_name
 from pdwarden_operator.render.meta import Owner
-from pdwarden_operator.watchdog.executor import ModelRef
+from pdwarden_operator.watchdog.executor import ModelIdentity
 from pdwarden_operator.watchdog.gone_pods import GonePods, from_json, published, seen, to_json
 
 log = logging.getLogger("pdwarden.watchdog")
 
 
 class GoneList:
-    def __init__(self, model: ModelRef) -> None:
+    def __init__(self, model: ModelIdentity) -> None:
         self.model = model
         self.gone: GonePods | None = None  # read back from its ConfigMap on the first round
         self._unwritten = False

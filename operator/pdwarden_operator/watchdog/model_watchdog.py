@@ -34,7 +34,7 @@ from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
 from pdwarden_operator.resource.status_parts import FleetBrakeStatus
 from pdwarden_operator.watchdog import group_health, ladder
 from pdwarden_operator.watchdog.context import Key, WatchdogContext
-from pdwarden_operator.watchdog.executor import ModelRef
+from pdwarden_operator.watchdog.executor import ModelIdentity
 from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.observe import ModelObservation, Observer
 from pdwarden_operator.watchdog.remediate import Judgement, WatchdogController
@@ -99,7 +99,7 @@ class ModelWatchdog:
         gets one of its own); `metrics` defaults to the context's."""
         if context is None:
             context = WatchdogContext.build(metrics)
-        self.model = ModelRef(namespace, name, uid)
+        self.model = ModelIdentity(namespace, name, uid)
         self.metrics = metrics if metrics is not None else context.metrics
         self.brakes = context.brakes
         self.writer = context.writer

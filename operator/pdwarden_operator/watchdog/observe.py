@@ -25,13 +25,13 @@ from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.render.meta import child_name
 from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.watchdog.budget import ScrapeBudget
-from pdwarden_operator.watchdog.executor import ModelRef
+from pdwarden_operator.watchdog.executor import ModelIdentity
 from pdwarden_operator.watchdog.gone_list import GoneList
 from pdwarden_operator.watchdog.history import Histories, Observation
 from pdwarden_operator.watchdog.ownership import Owners
 from pdwarden_operator.watchdog.parse import PodSample
 from pdwarden_operator.watchdog.pod_cache import PodCache
-from pdwarden_operator.watchdog.scrape import Scraper, ScrapeResult, Target
+from pdwarden_operator.watchdog.scrape import Scraper, ScrapeResult, ScrapeTarget
 from pdwarden_operator.watchdog.targets import metrics_url, peer_addresses, pod_view
 from pdwarden_operator.watchdog.verdict import PodView
 
@@ -47,7 +47,7 @@ Obj = Mapping[str, Any]
 class ModelObservation:
     """What one round saw of one model."""
 
-    model: ModelRef
+    model: ModelIdentity
     spec: DisaggregatedModelSpec  # parsed once, this round
     body: Mapping[str, Any]  # the model as the round read it (status, resourceVersion)
     now: float  # wall clock, once the scrapes were in
@@ -83,7 +83,7 @@ class Observer:
 
     def __init__(
         self,
-        model: ModelRef,
+        model: ModelIdentity,
         pods: PodCache,
         budget: ScrapeBudget,
         metrics: OperatorMetrics,
@@ -162,7 +162,7 @@ class Observer:
             )
         return self.scraper
 
-    def _targets(self, pod_objs: Sequence[Obj]) -> tuple[list[tuple[PodView, Obj]], list[Target]]:
+    def _targets(self, pod_objs: Sequence[Obj]) -> tuple[list[tuple[PodView, Obj]], list[ScrapeTarget]]:
         """Each runtime pod's view, and what to scrape: a pod that has never been Ready nor
         answered is starting, not unobserved."""
         # a `peer` label may name only the model's own pods (listed, or gone lately)
@@ -175,7 +175,7 @@ class Observer:
             paired.append((view, obj))
             url = metrics_url(obj)
             if url is not None and (view.ready or self.seen(view.uid)):
-                targets.append(Target(view.uid, url, peers))
+                targets.append(ScrapeTarget(view.uid, url, peers))
         return paired, targets
 
     def _record(self, results: Sequence[ScrapeResult], at: float, roles: Mapping[str, str]) -> None:

@@ -19,7 +19,7 @@ from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import blame, group_health, ladder
 from pdwarden_operator.watchdog.brake import Brakes, BrakeState
 from pdwarden_operator.watchdog.drain import healthy_requests_done
-from pdwarden_operator.watchdog.executor import Executor, ModelRef, NotLeading
+from pdwarden_operator.watchdog.executor import Executor, ModelIdentity, NotLeading
 from pdwarden_operator.watchdog.observe import ModelObservation
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.rule import judge as judge_pod
@@ -69,7 +69,7 @@ class WatchdogController:
 
     def __init__(
         self,
-        model: ModelRef,
+        model: ModelIdentity,
         brakes: Brakes,
         metrics: OperatorMetrics,
         may_act: Callable[[], Awaitable[bool]],

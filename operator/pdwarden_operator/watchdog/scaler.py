@@ -31,7 +31,7 @@ from pdwarden_operator.resource.autoscaling import AutoscalingSpec, ScalePolicy
 from pdwarden_operator.resource.status_parts import RoleAutoscalingStatus
 from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog import autoscale
-from pdwarden_operator.watchdog.executor import ModelRef
+from pdwarden_operator.watchdog.executor import ModelIdentity
 from pdwarden_operator.watchdog.observe import ModelObservation
 from pdwarden_operator.watchdog.parse import PodSample
 from pdwarden_operator.watchdog.role_load import RoleLoads, summarise
@@ -172,7 +172,7 @@ def aim(
 class ScalePlan:
     """A round's scaling, planned: the planner's plan and each pdwarden-scaled role's aim."""
 
-    plan: autoscale.Plan
+    plan: autoscale.ScalingPlan
     aims: Mapping[str, RoleAim]
     band: autoscale.RatioBand | None
 
@@ -214,7 +214,7 @@ class ModelScaler:
 
     def __init__(
         self,
-        model: ModelRef,
+        model: ModelIdentity,
         metrics: OperatorMetrics,
         post_event: EventPoster,
         may_act: Callable[[], Awaitable[bool]],
@@ -401,7 +401,7 @@ class ModelScaler:
             await self.post_event("AutoscaleSaturated", decision.message, "Warning")
         (self._saturated.add if decision.saturated else self._saturated.discard)(role)
 
-    async def _report_band(self, plan: autoscale.Plan) -> None:
+    async def _report_band(self, plan: autoscale.ScalingPlan) -> None:
         self.metrics.ratio_unkeepable.labels(self.model.namespace, self.model.name).set(
             1.0 if plan.ratio_unkeepable else 0.0
         )

@@ -42,7 +42,7 @@ READ_QUERY: Final = urlencode([(contract.METRICS_NAME_PARAM, name) for name in M
 
 
 @dataclass(frozen=True)
-class Target:
+class ScrapeTarget:
     key: str  # the pod's UID
     url: str  # http://<pod ip>:<metrics port>/metrics
     # The addresses its `peer` labels may name (the model's pods); None: unchecked.
@@ -136,7 +136,7 @@ class Scraper:
             self._own_budget.close()
             self._own_budget = None
 
-    async def scrape(self, targets: Sequence[Target]) -> list[ScrapeResult]:
+    async def scrape(self, targets: Sequence[ScrapeTarget]) -> list[ScrapeResult]:
         """Scrape all targets; results in the targets' order."""
         session = self._ensure_session()
         budget = self.budget
@@ -158,7 +158,7 @@ class Scraper:
         session: aiohttp.ClientSession,
         budget: ScrapeBudget,
         own: asyncio.Semaphore,
-        target: Target,
+        target: ScrapeTarget,
         url: URL,
     ) -> ScrapeResult:
         async with own:
@@ -193,7 +193,7 @@ class Scraper:
                 reservation.release()  # a no-op once the parse worker released it
             return ScrapeResult(target.key, sample, error, time.perf_counter() - started)
 
-    def _unchanged(self, target: Target, digest: bytes | None) -> PodSample | None:
+    def _unchanged(self, target: ScrapeTarget, digest: bytes | None) -> PodSample | None:
         """The pod's last sample if this body reads as the last one that parsed, checked
         against the same peers (None: parse it)."""
         last = self._parsed.get(target.key)
