@@ -122,17 +122,14 @@ def to_delete(desired: Iterable[Obj], observed: Mapping[tuple[str, str], Obj]) -
     return [obj for key, obj in sorted(observed.items()) if key[0] in OPTIONAL_KINDS and key not in wanted]
 
 
-# The children that make pods. Everything their pods name or are covered by (ServiceAccounts,
-# RBAC, Services, disruption budgets, NetworkPolicies) goes first: a pod created before its
-# ServiceAccount exists is refused (the ReplicaSet reports ReplicaFailure and backs off), and
-# one created before its NetworkPolicy would run unprotected for a moment.
-POD_MAKERS = POD_MAKING_KINDS
-
-
+# The children that make pods (POD_MAKING_KINDS) go last. Everything their pods name or are
+# covered by (ServiceAccounts, RBAC, Services, disruption budgets, NetworkPolicies) goes first: a
+# pod created before its ServiceAccount exists is refused (the ReplicaSet reports ReplicaFailure
+# and backs off), and one created before its NetworkPolicy would run unprotected for a moment.
 def apply_waves(objs: Iterable[Obj]) -> tuple[list[Obj], list[Obj]]:
     """`objs` split in the order they are applied: what pods depend on, then what makes pods."""
     first: list[Obj] = []
     then: list[Obj] = []
     for obj in objs:
-        (then if obj["kind"] in POD_MAKERS else first).append(obj)
+        (then if obj["kind"] in POD_MAKING_KINDS else first).append(obj)
     return first, then

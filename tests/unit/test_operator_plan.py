@@ -9,7 +9,6 @@ import pytest
 import pdwarden_contract as contract
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.plan import (
-    POD_MAKERS,
     apply_waves,
     covers,
     rendered_digest,
@@ -18,6 +17,7 @@ from pdwarden_operator.plan import (
     to_apply,
 )
 from pdwarden_operator.render.children import child_key, render_children
+from pdwarden_operator.render.kinds import POD_MAKING_KINDS
 from pdwarden_operator.render.meta import Owner
 
 pytestmark = pytest.mark.unit
@@ -114,8 +114,8 @@ def test_what_pods_depend_on_is_applied_before_what_makes_pods(nodes: int) -> No
     children = render_children(owner, spec)
     first, then = apply_waves(children)
     assert sorted(map(child_key, first + then)) == sorted(map(child_key, children))  # nothing lost
-    assert then and {o["kind"] for o in then} <= POD_MAKERS
-    assert not {o["kind"] for o in first} & POD_MAKERS
+    assert then and {o["kind"] for o in then} <= POD_MAKING_KINDS
+    assert not {o["kind"] for o in first} & POD_MAKING_KINDS
     accounts = {o["metadata"]["name"] for o in first if o["kind"] == "ServiceAccount"}
     for maker in then:
         # every pod's ServiceAccount exists before the pod is made (else the pod is refused)
