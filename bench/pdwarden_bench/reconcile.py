@@ -434,7 +434,7 @@ async def _floor(kube: Any, models: int, kubeconfig: str) -> dict[str, Any]:
             use = worker_key_secret.plan_use([], owner.name, spec.worker_key.enabled)
             owner = replace(owner, worker_key=use)
             rendered = plan.stamped(render_children(owner, spec))
-            objs, secret = await with_worker_key(spec, owner, rendered)
+            _, objs, secret = await with_worker_key(spec, owner, rendered)
             for wave in plan.apply_waves(objs):
                 await asyncio.gather(*(kube.apply(o) for o in wave))
             return len(objs) + (secret is not None)

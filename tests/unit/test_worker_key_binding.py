@@ -104,6 +104,6 @@ def test_a_pass_that_creates_the_secret_applies_the_render_over_its_name(
 
     monkeypatch.setattr(kube_apply, "create", create)
     owner = replace(OWNER, worker_key=use)
-    objs, secret = asyncio.run(with_worker_key(parse_spec(spec), owner, _render(use, spec)))
+    _, objs, secret = asyncio.run(with_worker_key(parse_spec(spec), owner, _render(use, spec)))
     assert objs == _render(use.renamed(PLACEHOLDER, CREATED), spec)
     assert secret is not None and secret["metadata"]["name"] == CREATED and len(created) == 1

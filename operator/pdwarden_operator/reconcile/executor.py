@@ -158,14 +158,15 @@ def _controller(obj: Mapping[str, Any]) -> str:
 
 async def with_worker_key(
     spec: DisaggregatedModelSpec, owner: Owner, desired: list[Obj]
-) -> tuple[list[Obj], Obj | None]:
-    """`desired` (every child, as rendered), or, when the model has no worker key's Secret yet
-    (the render mounts the placeholder, `worker_key_secret.pending`), every child bound to one
-    created now (`bind_created_key`: no second render), and that Secret."""
+) -> tuple[Owner, list[Obj], Obj | None]:
+    """`owner` and `desired` (every child, as rendered), or, when the model has no worker key's
+    Secret yet (the render mounts the placeholder, `worker_key_secret.pending`), the owner and
+    every child bound to one created now (`bind_created_key`: no second render), and that
+    Secret."""
     use = owner.worker_key
     pending = worker_key_secret.pending(owner.name)
     if use is None or pending not in use.secrets:
-        return desired, None
+        return owner, desired, None
     secret = worker_key_secret_object(owner, spec, worker_key_secret.new_key())
     try:
         created = await kube_apply.create(secret)
@@ -173,14 +174,8 @@ async def with_worker_key(
         raise worker_key_failed(spec, exc) from exc
     name = created["metadata"]["name"]
     log.info("%s/%s: created the worker key's Secret %s", owner.namespace, owner.name, name)
-    return plan.stamped(bind_created_key(desired, pending, name)), created
-
-
-def with_created_key(owner: Owner, secret_name: str) -> Owner:
-    """`owner` with the created Secret's name wherever its key use names the stand-in."""
-    assert owner.worker_key is not None
-    renamed = owner.worker_key.renamed(worker_key_secret.pending(owner.name), secret_name)
-    return replace(owner, worker_key=renamed)
+    bound_owner = replace(owner, worker_key=use.renamed(pending, name))
+    return bound_owner, plan.stamped(bind_created_key(desired, pending, name)), created
 
 
 async def _apply(
@@ -200,9 +195,9 @@ async def _apply(
     fresh = not known and not existing and not obs.refused_before
     if not fresh:
         await _dry_run(spec, objs)
-    bound, secret = await with_worker_key(spec, owner, desired)
+    owner, bound, secret = await with_worker_key(spec, owner, desired)
     if secret is not None:  # every child is applied, bound to the created Secret
-        owner, objs = with_created_key(owner, secret["metadata"]["name"]), bound
+        objs = bound
     objs = await _fresh_replicas(spec, objs)
     made: list[Obj] = []
     for wave in plan.apply_waves(objs):
