@@ -129,6 +129,9 @@ ROUTER_HTTP_PORT: Final = 8000
 ROUTER_METRICS_PORT: Final = 29000
 # With the model's worker key, smg listens on loopback here behind the router pod's gate.
 ROUTER_LOOPBACK_PORT: Final = 28000
+# smg's circuit breaker keeps a worker out this long after it opens (--cb-timeout-duration-secs,
+# whole seconds); the router pod's gate waits out an open breaker by it.
+ROUTER_BREAKER_OPEN_S: Final = 1
 METRICS_PATH: Final = "/metrics"
 # A query parameter of METRICS_PATH, repeated, as prometheus_client's own handlers take it: only
 # the metric families with these sample names (the watchdog asks for the few it reads).

@@ -23,6 +23,11 @@ smg switches on its multi-model mode under discovery and there refuses a native 
 names no model; with the model's served name (`--served-model-name`) the gate adds `"model"` to
 such a JSON body as it streams through (`gate_model`). A model smg does not serve is smg's 404.
 
+smg answers 503 `no_available_workers` without retrying while its circuit breakers hold every
+worker of a role out (a burst of failures through one wedged pod can open them all for a
+second); no worker saw such a request, so the gate sends it again once a breaker lets one
+through (`gate_replay`), when its body was small enough to keep.
+
 A client that disconnects ends its upstream request at once (the handler is cancelled and the
 upstream connection closed), so a cancellation still reaches smg and both legs. A stop (SIGTERM)
 drains: the gate answers its readiness 503 and closes each connection after its answer, serves
@@ -51,6 +56,13 @@ from yarl import URL
 
 import pdwarden_contract as c
 from pdwarden_runtime.gate_model import ModelFill, wants_model
+from pdwarden_runtime.gate_replay import (
+    NO_WORKERS_RETRY_DELAYS_S,
+    REPLAYABLE_BODY_BYTES,
+    Replay,
+    is_no_workers_answer,
+    may_be_no_workers_answer,
+)
 from pdwarden_runtime.worker_key import bearer
 
 log = logging.getLogger(__name__)
@@ -104,8 +116,9 @@ _RESPONSE_DROP: Final = frozenset(
 # What a worker takes, less room for what smg adds to a body it passes on (the bootstrap
 # fields): a body the gate lets through is one the workers take.
 MAX_BODY_BYTES: Final = c.MAX_REQUEST_BODY_BYTES - 1024 * 1024
-# smg holds each request's body whole (and more while it parses it): the bodies the gate lets
-# through at once stay within a fraction of the router's memory limit (contract's 2 GiB).
+# smg holds each request's body whole (and more while it parses it), and the gate keeps a copy
+# of a small one to send again: the bodies the gate lets through at once stay within a fraction
+# of the router's memory limit (contract's 2 GiB).
 MAX_BODY_BYTES_IN_FLIGHT: Final = 160 * 1024 * 1024
 # A body waits this long for room under that bound before it is refused (503, Retry-After).
 BODY_BUDGET_WAIT_S: Final = 10.0
@@ -208,6 +221,12 @@ class ByteBudget:
             self._freed.notify_all()
 
 
+def held_for(size: int) -> int:
+    """Bytes a body of `size` holds while it passes: smg's copy, and the gate's of a small one
+    (only a body up to REPLAYABLE_BODY_BYTES is kept; a larger one holds that much at most)."""
+    return size + min(size, REPLAYABLE_BODY_BYTES)
+
+
 @dataclass
 class _Reservation:
     budget: ByteBudget
@@ -283,12 +302,18 @@ class Gate:
         assert self._session is not None, "Gate.start() first"
         reservation = _Reservation(self.body_budget)
         try:
-            body = await self._body(request, reservation) if request.body_exists else None
-            if body is not None and self.model is not None:
+            body: AsyncIterator[bytes] | None = None
+            replay = Replay.empty()
+            if request.body_exists:
+                body = await self._body(request, reservation)
                 encoding = request.headers.get("Content-Encoding")
-                if wants_model(request.method, request.path, request.content_type, encoding):
+                if self.model is not None and wants_model(
+                    request.method, request.path, request.content_type, encoding
+                ):
                     body = _named(body, ModelFill(self.model))
-            return await self._forward(request, body)
+                replay = Replay()
+                body = replay.tee(body)
+            return await self._forward(request, body, replay)
         except BodyTooLarge:
             return error_response(413, f"the request body is over {MAX_BODY_BYTES} bytes", "body_too_large")
         except NoRoom:
@@ -307,7 +332,7 @@ class Gate:
         if declared is not None:
             if declared > MAX_BODY_BYTES:
                 raise BodyTooLarge
-            await reservation.grow_to(declared)
+            await reservation.grow_to(held_for(declared))
         return self._stream(request, reservation)
 
     async def _stream(self, request: web.Request, reservation: _Reservation) -> AsyncIterator[bytes]:
@@ -322,37 +347,63 @@ class Gate:
             seen += len(chunk)
             if seen > MAX_BODY_BYTES:
                 raise BodyTooLarge
-            await reservation.grow_to(seen, _CHUNKED_STEP)
+            await reservation.grow_to(held_for(seen), _CHUNKED_STEP)
             yield chunk
 
-    async def _forward(self, request: web.Request, body: AsyncIterator[bytes] | None) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.Request, body: AsyncIterator[bytes] | None, replay: Replay
+    ) -> web.StreamResponse:
+        """smg's answer to the request, sent again (from `replay`) while smg answers that no
+        worker is available, at most once per NO_WORKERS_RETRY_DELAYS_S."""
         assert self._session is not None
         url = self.upstream.join(URL(request.raw_path, encoded=True))
         headers = upstream_headers(request.headers, self.key)
-        try:
-            upstream = await self._session.request(
-                request.method, url, headers=headers, data=body, allow_redirects=False
-            )
-        except aiohttp.ClientError as err:
-            cause = err.__cause__ or err.__context__
-            if isinstance(cause, BodyTooLarge | BodyStalled | NoRoom):
-                raise cause from None
-            return error_response(502, f"the router is not answering yet: {err}", "router_unavailable")
-        try:
-            response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-            response.headers.extend(downstream_headers(upstream.headers))
-            if self.draining:
-                response.force_close()  # the client's next request opens a connection elsewhere
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            return response
-        except BaseException:
-            upstream.close()  # a cancelled or failed pass-through ends smg's request too
-            raise
-        finally:
-            upstream.release()
+        waits = iter(NO_WORKERS_RETRY_DELAYS_S)
+        data: AsyncIterator[bytes] | bytes | None = body
+        while True:
+            try:
+                upstream = await self._session.request(
+                    request.method, url, headers=headers, data=data, allow_redirects=False
+                )
+            except aiohttp.ClientError as err:
+                cause = err.__cause__ or err.__context__
+                if isinstance(cause, BodyTooLarge | BodyStalled | NoRoom):
+                    raise cause from None
+                return error_response(502, f"the router is not answering yet: {err}", "router_unavailable")
+            try:
+                head = b""
+                if may_be_no_workers_answer(upstream.status, upstream.headers):
+                    head = await upstream.read()
+                    again = replay.body()
+                    wait = next(waits, None) if again is not None and is_no_workers_answer(head) else None
+                    if wait is not None:
+                        log.info("smg has no worker for %s; sending it again in %.2f s", request.path, wait)
+                        await asyncio.sleep(wait)
+                        data = again
+                        continue
+                return await self._relay(request, upstream, head)
+            except BaseException:
+                upstream.close()  # a cancelled or failed pass-through ends smg's request too
+                raise
+            finally:
+                upstream.release()
+
+    async def _relay(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, head: bytes
+    ) -> web.StreamResponse:
+        """smg's answer to the client as it comes: `head` (what was read of it already), then
+        the rest."""
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        response.headers.extend(downstream_headers(upstream.headers))
+        if self.draining:
+            response.force_close()  # the client's next request opens a connection elsewhere
+        await response.prepare(request)
+        if head:
+            await response.write(head)
+        async for chunk in upstream.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
 
     @web.middleware
     async def _close_while_draining(self, request: web.Request, handler: Handler) -> web.StreamResponse:

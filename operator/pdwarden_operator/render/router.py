@@ -54,9 +54,10 @@ ROUTER_MODULE: Final = "smg.launch_router"
 # one trial request either closes the breaker (a healthy partner blamed with the wedged pod) or
 # opens it again (the wedged pod; that trial is retried the same way). One failure does not
 # open it: with every decode blamed at once (a burst of failures through one wedged prefill)
-# smg answers 503 "no available workers" at once, without retrying. Five attempts with backoff
-# (100 ms doubling, at most 1 s) give a retry room to find another pair (docs/wedges.md, "What
-# a client still sees").
+# smg answers 503 "no available workers" at once, without retrying (the router pod's gate sends
+# such a request again once the breaker lets one through: gate_replay.py). Five attempts with
+# backoff (100 ms doubling, at most 1 s) give a retry room to find another pair (docs/wedges.md,
+# "What a client still sees").
 ROUTER_RESILIENCE_ARGS: Final = (
     "--retry-max-retries",
     "5",
@@ -73,7 +74,7 @@ ROUTER_RESILIENCE_ARGS: Final = (
     "--cb-success-threshold",
     "1",
     "--cb-timeout-duration-secs",
-    "1",
+    str(contract.ROUTER_BREAKER_OPEN_S),
     "--cb-window-duration-secs",
     "10",
 )
