@@ -60,7 +60,7 @@ from pdwarden_bench import streams
 from pdwarden_bench.arms import round_order
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator.render.router import ROUTER_MODULE
-from pdwarden_operator.watchdog.history import Histories, Observation
+from pdwarden_operator.watchdog.history import Histories, PodScrape
 from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
 from pdwarden_operator.watchdog.rule import judge
 from pdwarden_testkit.promtext import samples
@@ -347,11 +347,11 @@ class WedgeWatch:
             try:
                 async with session.get(url) as resp:
                     sample = parse_metrics(await resp.read())
-                observation = Observation(at, sample)
+                observation = PodScrape(at, sample)
                 abandoned += sample.abandoned or 0.0
                 waiting += sample.bootstrapping or 0.0
             except (aiohttp.ClientError, TimeoutError, ParseError) as err:
-                observation = Observation(at, None, str(err))
+                observation = PodScrape(at, None, str(err))
             verdict = judge(self.histories.add(pod, observation).observations(), self.stuck_after)
             if verdict.wedged and pod not in self.wedged:
                 self.wedged[pod] = verdict.reason

@@ -8,6 +8,8 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -17,10 +19,11 @@ import uvloop
 
 import pdwarden_contract as contract
 from pdwarden_operator import podpolicy
-from pdwarden_operator.watchdog.brake import DEFAULT_FLEET, DEFAULT_NAMESPACE
+from pdwarden_operator.watchdog.brake import DEFAULT_FLEET, DEFAULT_NAMESPACE, BrakeLimits, FleetLimits
 
 if TYPE_CHECKING:
     from pdwarden_operator.context import OperatorContext
+    from pdwarden_operator.kube.client import KubeClient
     from pdwarden_operator.watchdog.role_load import RoleLoads
 
 log = logging.getLogger("pdwarden.operator")
@@ -180,50 +183,27 @@ def run(
     verbose: bool,
 ) -> None:
     """Run the operator until interrupted."""
-    if namespaces and all_namespaces:
-        raise click.UsageError("--namespace and --all-namespaces exclude each other")
-    if external_metrics_port and external_metrics_tls_dir is None:
-        raise click.UsageError("--external-metrics-port needs --external-metrics-tls-dir (tls.crt, tls.key)")
-    if external_metrics_tls_dir is not None:
-        missing = [f for f in ("tls.crt", "tls.key") if not (external_metrics_tls_dir / f).is_file()]
-        if missing:
-            raise click.BadParameter(
-                f"{external_metrics_tls_dir} has no {' or '.join(missing)}",
-                param_hint="--external-metrics-tls-dir",
-            )
+    _check_options(namespaces, all_namespaces, external_metrics_port, external_metrics_tls_dir)
     pod_policy = _pod_policy(allowances)
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    if not verbose:
-        # kopf logs every watch-event handler call at INFO; probes log every request.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    import kopf
-
-    from pdwarden_operator.context import OperatorContext
+    _configure_logging(verbose)
     from pdwarden_operator.metrics import serve as serve_metrics
-    from pdwarden_operator.watchdog import brake
 
-    try:
-        # everything the operator keeps, built once (kopf hands it on as its memo)
-        context = OperatorContext.build(
-            pod_policy=pod_policy,
-            fleet=brake.FleetLimits(
-                max_remediations_per_hour=brake_max_remediations_per_hour,
-                max_wedged_models=brake_max_wedged_models,
-                max_wedged_pods=brake_max_wedged_pods,
-                min_other_troubled_namespaces=brake_min_other_troubled_namespaces,
-            ),
-            namespace=brake.BrakeLimits(
-                max_remediations_per_hour=namespace_brake_max_remediations_per_hour,
-                max_wedged_models=namespace_brake_max_wedged_models,
-                max_wedged_pods=namespace_brake_max_wedged_pods,
-            ),
-        )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
+    context = _operator_context(
+        pod_policy,
+        partial(
+            FleetLimits,
+            max_remediations_per_hour=brake_max_remediations_per_hour,
+            max_wedged_models=brake_max_wedged_models,
+            max_wedged_pods=brake_max_wedged_pods,
+            min_other_troubled_namespaces=brake_min_other_troubled_namespaces,
+        ),
+        partial(
+            BrakeLimits,
+            max_remediations_per_hour=namespace_brake_max_remediations_per_hour,
+            max_wedged_models=namespace_brake_max_wedged_models,
+            max_wedged_pods=namespace_brake_max_wedged_pods,
+        ),
+    )
     handlers = importlib.import_module("pdwarden_operator.handlers")  # registers the reconcile handlers
     handlers.watch_scope(context, list(namespaces))
     if _optional_module("pdwarden_operator.watchdog.kopf_handlers") is None:
@@ -231,14 +211,9 @@ def run(
     if metrics_port:
         serve_metrics(context.metrics, metrics_port, bind_host)
     if namespaces and not any(handlers.is_glob(ns) for ns in namespaces):
-        # Namespace mode runs on namespaced RBAC (the chart's operator.scope=namespace): tell
-        # kopf not to list namespaces and CRDs cluster-wide (it retries those 403s for about
-        # a minute before falling back). Not with globs
-        # (`-n 'team-*'`): kopf must list namespaces to resolve them, else it never starts.
-        @kopf.on.startup(id="pdwarden-namespace-mode")
-        def _namespace_mode(settings: kopf.OperatorSettings, **_: object) -> None:
-            settings.scanning.disabled = True
-
+        # Not with globs (`-n 'team-*'`): kopf must list namespaces to resolve them, else it
+        # never starts.
+        _register_namespace_mode()
     lease_ns = (
         leader_election_namespace
         or os.environ.get(contract.ENV_POD_NAMESPACE)
@@ -261,6 +236,64 @@ def run(
             ),
         )
     )
+
+
+def _check_options(
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    external_metrics_port: int,
+    external_metrics_tls_dir: Path | None,
+) -> None:
+    """Refuse options that exclude or need each other, before anything starts."""
+    if namespaces and all_namespaces:
+        raise click.UsageError("--namespace and --all-namespaces exclude each other")
+    if external_metrics_port and external_metrics_tls_dir is None:
+        raise click.UsageError("--external-metrics-port needs --external-metrics-tls-dir (tls.crt, tls.key)")
+    if external_metrics_tls_dir is not None:
+        missing = [f for f in ("tls.crt", "tls.key") if not (external_metrics_tls_dir / f).is_file()]
+        if missing:
+            raise click.BadParameter(
+                f"{external_metrics_tls_dir} has no {' or '.join(missing)}",
+                param_hint="--external-metrics-tls-dir",
+            )
+
+
+def _configure_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not verbose:
+        # kopf logs every watch-event handler call at INFO; probes log every request.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def _operator_context(
+    pod_policy: podpolicy.PodPolicy, fleet: Callable[[], FleetLimits], namespace: Callable[[], BrakeLimits]
+) -> OperatorContext:
+    """Everything the operator keeps, built once (kopf hands it on as its memo), with the one
+    API client connected here. The brakes' limits are built here: limits they or the context
+    refuse are a usage error."""
+    from pdwarden_operator.context import OperatorContext
+    from pdwarden_operator.kube.client import connect
+
+    kube = connect()  # before the try: credentials that cannot be used are no usage error
+    try:
+        return OperatorContext.build(kube=kube, pod_policy=pod_policy, fleet=fleet(), namespace=namespace())
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _register_namespace_mode() -> None:
+    """Namespace mode runs on namespaced RBAC (the chart's operator.scope=namespace): tell kopf
+    not to list namespaces and CRDs cluster-wide (it retries those 403s for about a minute
+    before falling back)."""
+    import kopf
+
+    @kopf.on.startup(id="pdwarden-namespace-mode")
+    def _namespace_mode(settings: kopf.OperatorSettings, **_: object) -> None:
+        settings.scanning.disabled = True
 
 
 # Allocations between two young-generation collections of the cyclic garbage collector
@@ -348,7 +381,9 @@ async def _main(
     )
     background: set[asyncio.Task[None]] = set()  # held here: the loop keeps only weak references
     metrics_api = (
-        await _serve_external_metrics(*external_metrics, context.watchdog.role_loads, background)
+        await _serve_external_metrics(
+            context.kube, *external_metrics, context.watchdog.role_loads, background
+        )
         if external_metrics
         else None
     )
@@ -366,7 +401,12 @@ async def _main(
 
 
 async def _serve_external_metrics(
-    host: str, port: int, tls_dir: Path, loads: RoleLoads, background: set[asyncio.Task[None]]
+    kube: KubeClient,
+    host: str,
+    port: int,
+    tls_dir: Path,
+    loads: RoleLoads,
+    background: set[asyncio.Task[None]],
 ) -> Any:
     """The leader's external metrics API, and its pod marked as the one the API's Service
     reaches (a replica that led before keeps the label until this one takes it; the marking
@@ -375,7 +415,7 @@ async def _serve_external_metrics(
     from pdwarden_operator.kube import pods
 
     try:
-        runner = await external_metrics.serve(host, port, tls_dir, loads)
+        runner = await external_metrics.serve(kube, host, port, tls_dir, loads)
     except Exception:  # the operator's other work goes on without it
         log.exception("external metrics API not served")
         return None
@@ -385,7 +425,7 @@ async def _serve_external_metrics(
         assert pod and namespace
         for attempt in range(60):
             try:
-                await pods.mark_only(namespace, pod, contract.LABEL_EXTERNAL_METRICS_SERVING)
+                await pods.mark_only(kube, namespace, pod, contract.LABEL_EXTERNAL_METRICS_SERVING)
                 return
             except Exception as exc:  # the API may be briefly away; without the label no one reaches us
                 log.warning("cannot label pod %s/%s for the external metrics API (%s)", namespace, pod, exc)
@@ -442,17 +482,15 @@ def crd(write: bool, check: bool, apply_: bool, timeout: float) -> None:
 
 def _apply_crd(timeout: float) -> None:
     from pdwarden_operator.crd_install import CrdNotServed, apply_crd
-    from pdwarden_operator.kube.client import KubeApiError, connect, set_client
+    from pdwarden_operator.kube.client import KubeApiError, connect
     from pdwarden_operator.kube.credentials import KubeconfigError
 
     async def run() -> str:
         client = connect()
-        set_client(client)
         try:
-            return (await apply_crd(timeout)).summary()
+            return (await apply_crd(client, timeout)).summary()
         finally:
             await client.aclose()
-            set_client(None)
 
     try:
         click.echo(asyncio.run(run()))

@@ -4,8 +4,8 @@
 memo (`memo.operator`, copied into every object's memo); the handlers (handlers.py, the
 watchdog's kopf_handlers.py, namespace_deletions.py) take it from there and pass its parts
 down as parameters: the reconciler gets `reconcile_parts`, each model's watchdog the
-`watchdog` context. No module of the operator holds a mutable instance of its own: a test
-builds a context of its own.
+`watchdog` context, both with the one API client (`kube`). No module of the operator holds a
+mutable instance of its own: a test builds a context of its own.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from functools import cached_property
 from typing import Any
 
 from pdwarden_operator.cache import ChildStore, ModelKey, ResyncQueue
+from pdwarden_operator.kube.client import KubeClient
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.model_registry import ModelRegistry
 from pdwarden_operator.podpolicy import PodPolicy
 from pdwarden_operator.reconcile.observe import Baseline
 from pdwarden_operator.reconcile.run import ReconcileParts
-from pdwarden_operator.status_writer import StatusWriter
+from pdwarden_operator.status_writer import StatusWriter, patching_through
 from pdwarden_operator.watchdog.brake import DEFAULT_FLEET, DEFAULT_NAMESPACE, BrakeLimits, FleetLimits
 from pdwarden_operator.watchdog.context import WatchdogContext
 
@@ -56,12 +57,14 @@ class Reconciles:
 
 @dataclass
 class OperatorContext:
-    """One operator process: the metrics, the status writer, the child store and its resync
-    queue, the full reconciles' bookkeeping, the namespace baseline, the installation's pod
-    policy, the watchdogs' context (sharing the same writer and store), and the registry of
-    every per-model store. Also what handlers.py lists before start (`prefill_scope`: None for
+    """One operator process: its API client (`kube`: the operator's requests and kopf's
+    credentials), the metrics, the status writer, the child store and its resync queue, the
+    full reconciles' bookkeeping, the namespace baseline, the installation's pod policy, the
+    watchdogs' context (sharing the same client, writer and store), and the registry of every
+    per-model store. Also what handlers.py lists before start (`prefill_scope`: None for
     every namespace) and the namespaces being deleted (namespace_deletions.py)."""
 
+    kube: KubeClient
     metrics: OperatorMetrics
     writer: StatusWriter
     children: ChildStore
@@ -79,16 +82,20 @@ class OperatorContext:
         cls,
         metrics: OperatorMetrics | None = None,
         *,
+        kube: KubeClient,
         pod_policy: PodPolicy | None = None,
         fleet: FleetLimits = DEFAULT_FLEET,
         namespace: BrakeLimits = DEFAULT_NAMESPACE,
     ) -> OperatorContext:
-        """A context with the brakes' limits (ValueError when they do not fit together) and the
-        pod policy (the default allows nothing)."""
+        """A context whose requests go through `kube`, with the brakes' limits (ValueError
+        when they do not fit together) and the pod policy (the default allows nothing)."""
         metrics = metrics if metrics is not None else OperatorMetrics()
-        writer, children = StatusWriter(), ChildStore()
-        watchdog = WatchdogContext.build(metrics, fleet, namespace, writer=writer, children=children)
+        writer, children = StatusWriter(patching_through(kube)), ChildStore()
+        watchdog = WatchdogContext.build(
+            metrics, fleet, namespace, kube=kube, writer=writer, children=children
+        )
         context = cls(
+            kube=kube,
             metrics=metrics,
             writer=writer,
             children=children,
@@ -113,7 +120,7 @@ class OperatorContext:
 
     @cached_property
     def reconcile_parts(self) -> ReconcileParts:
-        return ReconcileParts(self.writer, self.baseline, self.pod_policy)
+        return ReconcileParts(self.kube, self.writer, self.baseline, self.pod_policy)
 
     def model_event(self, event_type: str | None, body: Mapping[str, Any]) -> ModelKey | None:
         """A model's watch event as every handler of it takes it: its key, or None when the model

@@ -14,7 +14,7 @@ from typing import Any, Final, Literal
 
 from pdwarden_operator.crd import CRD_NAME, build_crd
 from pdwarden_operator.kube import apply as kube_apply
-from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.client import KubeApiError, KubeClient
 
 CRD_API: Final = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 Change = Literal["created", "updated", "unchanged"]
@@ -71,17 +71,17 @@ def _desired(before: dict[str, Any] | None) -> dict[str, Any]:
     return crd
 
 
-async def apply_crd(timeout: float = 60.0, poll: float = 0.5) -> Applied:
+async def apply_crd(client: KubeClient, timeout: float = 60.0, poll: float = 0.5) -> Applied:
     """Write the CRD generated from this package's models (create, or replace what is there),
     then wait until the API server serves it. Raises KubeApiError (a refusal: the RBAC, a
     stored version dropped) or CrdNotServed."""
     for attempt in range(3):
-        before = await kube_apply.get(*CRD_API, None, CRD_NAME)
+        before = await kube_apply.get(client, *CRD_API, None, CRD_NAME)
         try:
             if before is None:
-                crd = await kube_apply.create(_desired(None))
+                crd = await kube_apply.create(client, _desired(None))
             else:
-                crd = await kube_apply.replace(_desired(before))
+                crd = await kube_apply.replace(client, _desired(before))
             break
         except KubeApiError as exc:
             if exc.status != 409 or attempt == 2:  # 409: changed (or created) since read: again
@@ -98,6 +98,6 @@ async def apply_crd(timeout: float = 60.0, poll: float = 0.5) -> Applied:
         if loop.time() >= deadline:
             raise CrdNotServed(f"{CRD_NAME}: not Established within {timeout:g}s: {_conditions(crd)}")
         await asyncio.sleep(poll)
-        crd = await kube_apply.get(*CRD_API, None, CRD_NAME) or crd
+        crd = await kube_apply.get(client, *CRD_API, None, CRD_NAME) or crd
     stored = tuple((crd.get("status") or {}).get("storedVersions") or ())
     return Applied(CRD_NAME, change, served, stored)

@@ -27,7 +27,7 @@ from multidict import MultiMapping
 
 import pdwarden_contract as contract
 from pdwarden_operator.kube import access
-from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.client import KubeApiError, KubeClient
 from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog.role_load import RoleLoad, RoleLoads
 
@@ -257,7 +257,9 @@ def _peer_common_name(request: web.Request) -> str | None:
 
 
 class ExternalMetricsApi:
-    def __init__(self, front: access.FrontProxy, loads: RoleLoads | None = None) -> None:
+    def __init__(self, kube: KubeClient, front: access.FrontProxy, loads: RoleLoads | None = None) -> None:
+        """`kube`: the client the access reviews are asked with."""
+        self.kube = kube
         self.front = front
         self.loads = loads if loads is not None else RoleLoads()  # the watchdog context's, when served
         self._reviews: OrderedDict[tuple[Caller, str, str], tuple[bool, str, float]] = OrderedDict()
@@ -337,7 +339,9 @@ class ExternalMetricsApi:
             "resource": metric,
         }
         try:
-            allowed, reason = await access.may(caller.user, caller.groups, dict(caller.extra), attributes)
+            allowed, reason = await access.may(
+                self.kube, caller.user, caller.groups, dict(caller.extra), attributes
+            )
         except KubeApiError as exc:
             return False, f"the access review failed: {exc}"
         self._reviews[key] = (allowed, reason, now + REVIEW_TTL_S)
@@ -358,9 +362,12 @@ def tls_context(tls_dir: Path, front: access.FrontProxy) -> ssl.SSLContext:
     return ctx
 
 
-async def serve(host: str, port: int, tls_dir: Path, loads: RoleLoads) -> web.AppRunner | None:
-    """Start the API; None (logged) when the cluster has no aggregation layer to reach it."""
-    front = await access.read_front_proxy()
+async def serve(
+    kube: KubeClient, host: str, port: int, tls_dir: Path, loads: RoleLoads
+) -> web.AppRunner | None:
+    """Start the API, its reads and reviews sent with `kube`; None (logged) when the cluster has
+    no aggregation layer to reach it."""
+    front = await access.read_front_proxy(kube)
     if front is None:
         log.error(
             "external metrics API not served: the cluster publishes no front-proxy CA "
@@ -369,7 +376,7 @@ async def serve(host: str, port: int, tls_dir: Path, loads: RoleLoads) -> web.Ap
             *access.AUTH_CONFIGMAP,
         )
         return None
-    runner = web.AppRunner(ExternalMetricsApi(front, loads).app(), access_log=None)
+    runner = web.AppRunner(ExternalMetricsApi(kube, front, loads).app(), access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port, ssl_context=tls_context(tls_dir, front)).start()
     log.info("external metrics API (%s) on https://%s:%d", GROUP_VERSION, host, port)

@@ -1,6 +1,7 @@
 """kopf handlers: thin adapters from kopf's causes to a reconcile pass (reconcile/run.py).
 
-- login -> the credentials of the operator's own client (kube/credentials.py);
+- login -> the credentials of the operator's own client (the context's `kube`, whose
+  credentials kube/credentials.py found);
 - watch events of DisaggregatedModels and their children feed `cache.ChildStore`;
 - a model this process has not handled yet (created, or found at start) or whose generation,
   labels or annotations changed -> a full `reconcile` (what differs is applied), queued in
@@ -34,7 +35,7 @@ from pdwarden_operator.cache import MANAGED_SELECTOR, ModelKey
 from pdwarden_operator.context import OperatorContext, context_of
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube import model_status as kube_model_status
-from pdwarden_operator.kube.client import get_client, group_version_plural
+from pdwarden_operator.kube.client import group_version_plural
 from pdwarden_operator.reconcile import run
 from pdwarden_operator.reconcile.errors import InvalidSpec, RetryLater
 from pdwarden_operator.render import kinds
@@ -129,7 +130,7 @@ async def prefill(context: OperatorContext) -> int:
         for *_resource, api_version, kind in CHILD_KINDS:
             try:
                 selector = MANAGED_SELECTOR
-                items = await kube_apply.list_objects(api_version, kind, namespace, selector)
+                items = await kube_apply.list_objects(context.kube, api_version, kind, namespace, selector)
             except Exception as exc:  # only a head start: it must never keep the operator from starting
                 log.warning("listing %ss before start failed (the watch brings them): %s", kind, exc)
                 continue
@@ -139,11 +140,11 @@ async def prefill(context: OperatorContext) -> int:
 
 
 @kopf.on.login()
-async def login(**_: Any) -> kopf.ConnectionInfo:
+async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
     """kopf's watches and patches use the credentials the operator's own client found (one
     reader of the kubeconfig or the service account); asked again after a 401, so a rotated
     service account token is read anew."""
-    creds = get_client().creds
+    creds = context_of(memo).kube.creds
     return kopf.ConnectionInfo(
         server=creds.server,
         ca_path=str(creds.ca_file),
@@ -157,14 +158,14 @@ async def login(**_: Any) -> kopf.ConnectionInfo:
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     context = context_of(memo)
     apply_settings(settings)
-    get_client()  # fail at start, not at the first resource, when there is no cluster access
     log.info("%d children known before the first handler", await prefill(context))
     context.reconciles.resync_loop = asyncio.create_task(_resync_loop(context), name="pdwarden-resync")
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    reconciles = context_of(memo).reconciles
+    context = context_of(memo)
+    reconciles = context.reconciles
     if reconciles.resync_loop is not None:
         reconciles.resync_loop.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -172,7 +173,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     for task in list(reconciles.tasks):  # queued full reconciles: the next leader resumes every model
         task.cancel()
     await asyncio.gather(*reconciles.tasks, return_exceptions=True)
-    await get_client().aclose()
+    await context.kube.aclose()
 
 
 def _essence(body: Mapping[str, Any]) -> Hashable:
@@ -322,7 +323,7 @@ async def _resync_one(context: OperatorContext, key: tuple[str, str], sem: async
             return  # status already says so; the next spec change reconciles
         except RetryLater as exc:
             uid = str((body.get("metadata") or {}).get("uid") or "")
-            if not await kube_model_status.still_exists(*key, uid):
+            if not await kube_model_status.still_exists(context.kube, *key, uid):
                 # its deletion never came as an event (a deleted namespace kopf stopped watching)
                 log.info("%s/%s: forgotten: the model is gone", *key)
                 context.registry.forget(*key)

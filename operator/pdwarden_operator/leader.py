@@ -1,8 +1,9 @@
 """Leader election on a coordination.k8s.io Lease: one replica acts, the others stand by.
 
 The protocol is client-go's (and controller-runtime's timings): the leader renews the Lease
-every `retry_period`; it counts as leader only while its last successful renewal is younger
-than `renew_deadline`, and steps down (the process exits) once it is older. A standby takes
+`renew_period` after its last renewal (a failed try again every `retry_period`); it counts as
+leader only while its last successful renewal is younger than `renew_deadline`, and steps down
+(the process exits) once it is older. A standby takes
 the Lease over when the record it last saw has not changed for `lease_duration`, measured on
 ITS OWN monotonic clock from when it saw that record (no comparison of clocks across nodes).
 Every write is a compare-and-swap on the Lease's resourceVersion, so two standbys cannot
@@ -53,6 +54,17 @@ class Timing:
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+    # A leader's renewal every retry period was most of an idle operator's CPU (a TLS request
+    # on the elector's thread every 2 s). Every 5 s still leaves three tries (5, 7, 9 s) before
+    # the deadline, and the standby's takeover still waits the whole lease_duration.
+    renew_period: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry_period <= self.renew_period < self.renew_deadline < self.lease_duration:
+            raise ValueError(
+                "leader timing needs 0 < retry_period <= renew_period < renew_deadline < lease_duration, "
+                f"not {self}"
+            )
 
 
 def default_identity() -> str:
@@ -87,20 +99,22 @@ class Elector:
         clock: Callable[[], float] = time.monotonic,
         *,
         metrics: OperatorMetrics,
-        client: KubeClient | None = None,
+        client: KubeClient,
     ) -> None:
         """`metrics`: the operator's, whose leader gauge the operator serves (required: an
-        elector with metrics of its own would lead while the served gauge says it does not)."""
+        elector with metrics of its own would lead while the served gauge says it does not).
+        `client`: the elector's own connection (`lease_client`), closed when its thread ends."""
         self.namespace, self.name = namespace, name
         self.identity = identity or default_identity()
         self.timing = timing
         self._clock = clock
         self._metrics = metrics
-        self._client = client  # None: the process's client (tests; an elector without a thread)
+        self._client = client
         self._observed: tuple[Any, ...] | None = None
         self._observed_at = 0.0
         self._lock = threading.Lock()  # guards _renewed_at: renewed on the elector's thread, read anywhere
         self._renewed_at: float | None = None
+        self._tried_at: float | None = None  # when the last renewal was sent (the elector's thread)
         self.renewals = 0  # successful writes of the Lease
         self._written: dict[str, Any] | None = None  # the Lease as this replica last wrote it
         # the elector's own thread and loop (start)
@@ -119,6 +133,7 @@ class Elector:
 
     async def try_acquire_or_renew(self) -> bool:
         started = self._clock()  # a renewal counts from when it was sent, never later
+        self._tried_at = started
         try:
             written = await self._renew_written() if self.is_leader() else None
             if written is None:
@@ -150,7 +165,7 @@ class Elector:
         if not rv or spec is None:
             return None
         try:
-            return await kube_lease.replace_lease(self.namespace, self.name, rv, spec, client=self._client)
+            return await kube_lease.replace_lease(self._client, self.namespace, self.name, rv, spec)
         except KubeApiError as exc:
             if exc.status != 409:
                 raise
@@ -158,14 +173,14 @@ class Elector:
 
     async def _read_and_write(self) -> dict[str, Any] | None:
         """Read the Lease and write it when this replica may: the Lease written, or None."""
-        current = await kube_lease.get_lease(self.namespace, self.name, client=self._client)
+        current = await kube_lease.get_lease(self._client, self.namespace, self.name)
         spec = self._spec(current)
         if spec is None:
             return None
         if current is None:
-            return await kube_lease.create_lease(self.namespace, self.name, spec, client=self._client)
+            return await kube_lease.create_lease(self._client, self.namespace, self.name, spec)
         rv = str((current.get("metadata") or {}).get("resourceVersion") or "")
-        return await kube_lease.replace_lease(self.namespace, self.name, rv, spec, client=self._client)
+        return await kube_lease.replace_lease(self._client, self.namespace, self.name, rv, spec)
 
     def _spec(self, current: dict[str, Any] | None) -> dict[str, Any] | None:
         """The spec to write, or None when another holder's lease is still valid."""
@@ -193,10 +208,20 @@ class Elector:
         while not await self.try_acquire_or_renew():
             await asyncio.sleep(self.timing.retry_period)
 
+    def until_next_try(self) -> float:
+        """Seconds until the leader's next renewal: `renew_period` after its last one, a failed
+        try again `retry_period` after it."""
+        with self._lock:
+            renewed = self._renewed_at
+        due = [self._tried_at + self.timing.retry_period] if self._tried_at is not None else []
+        if renewed is not None:
+            due.append(renewed + self.timing.renew_period)
+        return max(0.0, max(due, default=0.0) - self._clock())
+
     async def hold(self) -> None:
-        """Renew every retry period; return when leadership is lost (the caller must stop acting)."""
+        """Renew (`until_next_try`); return when leadership is lost (the caller must stop acting)."""
         while True:
-            await asyncio.sleep(self.timing.retry_period)
+            await asyncio.sleep(self.until_next_try())
             if not self.is_leader():
                 break  # paused or partitioned past the deadline: never renew a lapsed term
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
@@ -214,9 +239,7 @@ class Elector:
         if not self.is_leader():
             return False
         try:
-            current = await self._on_own_loop(
-                kube_lease.get_lease(self.namespace, self.name, client=self._client)
-            )
+            current = await self._on_own_loop(kube_lease.get_lease(self._client, self.namespace, self.name))
         except KubeApiError:
             return False
         holder = ((current or {}).get("spec") or {}).get("holderIdentity")
@@ -231,12 +254,12 @@ class Elector:
         self._written = None
         self._metrics.leader.set(0)
         try:
-            current = await kube_lease.get_lease(self.namespace, self.name, client=self._client)
+            current = await kube_lease.get_lease(self._client, self.namespace, self.name)
             if current is None or (current.get("spec") or {}).get("holderIdentity") != self.identity:
                 return
             spec = {**current["spec"], "holderIdentity": None, "leaseDurationSeconds": 1}
             rv = str(current["metadata"]["resourceVersion"])
-            await kube_lease.replace_lease(self.namespace, self.name, rv, spec, client=self._client)
+            await kube_lease.replace_lease(self._client, self.namespace, self.name, rv, spec)
         except KubeApiError as exc:
             log.warning("lease %s/%s: not released: %s", self.namespace, self.name, exc)
 
@@ -299,8 +322,7 @@ class Elector:
             return await self._unless_stopped(self.hold(), stopping)
         finally:
             stopping.cancel()
-            if self._client is not None:
-                await self._client.aclose()  # its session belongs to this loop, which ends here
+            await self._client.aclose()  # its session belongs to this loop, which ends here
 
     async def _unless_stopped(self, phase: Coroutine[Any, Any, None], stopping: asyncio.Task[Any]) -> bool:
         """Run `phase` to its end (True) or until stopped (False: the Lease is handed back). An

@@ -50,6 +50,9 @@ def _base(name: str) -> str:
 
 
 class OperatorMetrics:
+    """Every metric family of the operator, one registry; each family is an attribute, built
+    by concern below."""
+
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
@@ -57,6 +60,29 @@ class OperatorMetrics:
         # collections per generation (`python_gc_*`): what a fleet's size costs the operator.
         ProcessCollector(registry=r)
         GCCollector(registry=r)
+        # The page lists the families in the order they were registered.
+        self._add_pod_health(r)
+        self._add_watchdog_rounds(r)
+        self._add_leadership_and_brakes(r)
+        self._add_autoscaling(r)
+        # every metric labelled with a model: dropped together when the model is gone
+        self.per_model: tuple[Counter | Gauge | Histogram, ...] = (
+            self.wedged_pods,
+            self.unobserved_pods,
+            self.abandoned_rooms,
+            self.remediations,
+            self.scrape_errors,
+            self.scrape_duration,
+            self.budget_exhausted,
+            self.autoscale_replicas,
+            self.autoscale_recommended,
+            self.autoscale_saturated,
+            self.autoscale_decisions,
+            self.ratio_unkeepable,
+        )
+
+    def _add_pod_health(self, r: CollectorRegistry) -> None:
+        """What the watchdog finds on the runtime pods, and what it does about it."""
         self.wedged_pods = Gauge(
             METRIC_OPERATOR_WEDGED_PODS,
             "Runtime pods the watchdog judges wedged now",
@@ -94,6 +120,9 @@ class OperatorMetrics:
             registry=r,
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
+
+    def _add_watchdog_rounds(self, r: CollectorRegistry) -> None:
+        """How the watchdog's rounds keep time, and a model's remediation budget."""
         # operator-wide, not per model: a thousand models must not mean a thousand histograms
         self.round_seconds = Histogram(
             METRIC_OPERATOR_ROUND_SECONDS,
@@ -112,6 +141,9 @@ class OperatorMetrics:
             list(_MODEL),
             registry=r,
         )
+
+    def _add_leadership_and_brakes(self, r: CollectorRegistry) -> None:
+        """Whether this replica acts at all, and whether a brake holds remediation."""
         self.leader = Gauge(
             METRIC_OPERATOR_LEADER,
             "1 while this replica holds the leader Lease (only the leader acts)",
@@ -130,6 +162,9 @@ class OperatorMetrics:
             ["namespace"],
             registry=r,
         )
+
+    def _add_autoscaling(self, r: CollectorRegistry) -> None:
+        """The autoscaler's view of each role it scales, and of the prefill:decode band."""
         self.autoscale_replicas = Gauge(
             METRIC_OPERATOR_AUTOSCALE_REPLICAS,
             "An autoscaled role's replicas as its Deployment holds them",
@@ -159,21 +194,6 @@ class OperatorMetrics:
             "1 while spec.prefillDecodeRatio cannot be kept within the roles' bounds",
             list(_MODEL),
             registry=r,
-        )
-        # every metric labelled with a model: dropped together when the model is gone
-        self.per_model: tuple[Counter | Gauge | Histogram, ...] = (
-            self.wedged_pods,
-            self.unobserved_pods,
-            self.abandoned_rooms,
-            self.remediations,
-            self.scrape_errors,
-            self.scrape_duration,
-            self.budget_exhausted,
-            self.autoscale_replicas,
-            self.autoscale_recommended,
-            self.autoscale_saturated,
-            self.autoscale_decisions,
-            self.ratio_unkeepable,
         )
 
     def forget(self, namespace: str, model: str) -> None:

@@ -7,7 +7,7 @@ calls it for every write, whichever of the two triggered it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -15,7 +15,7 @@ from typing import Any
 from pdwarden_contract import ROLES
 from pdwarden_operator import replicas
 from pdwarden_operator.models import DisaggregatedModelSpec
-from pdwarden_operator.resource.status_parts import CONDITION_TYPES
+from pdwarden_operator.resource.status_parts import CONDITION_TYPES, ConditionType
 from pdwarden_operator.timestamps import format_time
 
 
@@ -154,6 +154,131 @@ def _budget_exhausted(spec: DisaggregatedModelSpec, watchdog: Mapping[str, Any] 
     return bool(_wedged_pods(watchdog)) and used >= spec.watchdog.max_remediations
 
 
+# A condition's (status, reason, message), judged from the facts below.
+_Judgement = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class _ConditionFacts:
+    """What the conditions are judged from, computed once per status."""
+
+    spec: DisaggregatedModelSpec
+    observed: Observed
+    watchdog: Mapping[str, Any] | None
+    unsettled: tuple[str, ...]  # roles whose Deployment does not match the spec yet
+    missing: tuple[str, ...]  # roles with no Deployment
+    stalled: tuple[str, ...]  # unsettled roles whose Deployment controller gave up
+    summary: str
+    wedged: tuple[str, ...]  # the watchdog's wedged pods
+
+    @property
+    def error(self) -> str | None:
+        return self.observed.error_reason
+
+
+def _condition_facts(
+    spec: DisaggregatedModelSpec, observed: Observed, watchdog: Mapping[str, Any] | None
+) -> _ConditionFacts:
+    unsettled = tuple(
+        r for r in ROLES if not _settled(observed.workload(r), desired_replicas(spec, r, observed))
+    )
+    return _ConditionFacts(
+        spec=spec,
+        observed=observed,
+        watchdog=watchdog,
+        unsettled=unsettled,
+        missing=tuple(r for r in ROLES if not observed.workload(r).present),
+        stalled=tuple(r for r in ROLES if observed.workload(r).stalled and r in unsettled),
+        summary=_roles_summary(spec, observed),
+        wedged=tuple(_wedged_pods(watchdog)),
+    )
+
+
+def _ready_condition(f: _ConditionFacts) -> _Judgement:
+    if f.error:
+        return ("False", f.error, f.observed.error_message or f.error)
+    if f.unsettled and f.observed.blocked:
+        why = "; ".join(f"{role}: {msg}" for role, msg in sorted(f.observed.blocked.items()))
+        return ("False", "PodsBlocked", f"Waiting: {f.summary}. {why}")
+    if f.unsettled:
+        reason = "ChildrenMissing" if f.missing else "ReplicasNotReady"
+        return ("False", reason, f"Waiting: {f.summary}.")
+    return ("True", "AllReplicasReady", f"All replicas ready: {f.summary}.")
+
+
+def _progressing_condition(f: _ConditionFacts) -> _Judgement:
+    if f.error:
+        return ("False", f.error, "Not rolling out until the error is fixed.")
+    if f.missing:
+        return ("True", "CreatingChildren", f"Creating {', '.join(f.missing)}: {f.summary}.")
+    if f.unsettled:
+        return ("True", "RollingOut", f"Rolling out {', '.join(f.unsettled)}: {f.summary}.")
+    return ("False", "RolloutComplete", f"Every role matches the spec: {f.summary}.")
+
+
+def _degraded_condition(f: _ConditionFacts) -> _Judgement:
+    watchdog = f.spec.watchdog
+    if f.error:
+        return ("True", f.error, f.observed.error_message or f.error)
+    if _budget_exhausted(f.spec, f.watchdog):
+        return (
+            "True",
+            "RemediationBudgetExhausted",
+            f"{len(f.wedged)} wedged pod(s) and the remediation budget "
+            f"({watchdog.max_remediations} per {watchdog.budget_window_seconds}s) is spent; "
+            f"a person must look: {', '.join(f.wedged)}.",
+        )
+    if f.wedged and watchdog.action == "alert":
+        return (
+            "True",
+            "WedgedPods",
+            f"Wedged pod(s) and watchdog.action is alert (no automatic remediation): {', '.join(f.wedged)}.",
+        )
+    if f.stalled:
+        return (
+            "True",
+            "RolloutStalled",
+            f"The Deployment controller reports no progress for {', '.join(f.stalled)}: {f.summary}.",
+        )
+    return ("False", "AsExpected", "No errors, no wedged pods beyond what the watchdog handles.")
+
+
+def _wedged_condition(f: _ConditionFacts) -> _Judgement:
+    if f.wedged:
+        return (
+            "True",
+            "InflightQueueStuck",
+            f"{len(f.wedged)} pod(s) hold KV transfers with no progress for at least "
+            f"{f.spec.watchdog.stuck_after_seconds}s: {', '.join(f.wedged)}.",
+        )
+    if f.watchdog and f.watchdog.get("lastScrape"):
+        return ("False", "NoWedgedPods", "Every scraped pod finishes its KV transfers.")
+    return ("Unknown", "NotScrapedYet", "The watchdog has not scraped the pods yet.")
+
+
+def _fleet_brake_condition(f: _ConditionFacts) -> _Judgement:
+    """Whether the fleet's or the namespace's brake held this model's remediation (watchdog/brake.py)."""
+    brake = (f.watchdog or {}).get("fleetBrake") or {}
+    if brake.get("engaged") and brake.get("scope") == "namespace":
+        return (
+            "True",
+            "NamespaceBrakeEngaged",
+            f"No remediation on this namespace's models: {brake.get('reason', '')}.",
+        )
+    if brake.get("engaged"):
+        return ("True", "FleetBrakeEngaged", f"No remediation on any model: {brake.get('reason', '')}.")
+    return ("False", "NotEngaged", "The operator-wide limits allow remediation.")
+
+
+_JUDGES: Mapping[ConditionType, Callable[[_ConditionFacts], _Judgement]] = {
+    "Ready": _ready_condition,
+    "Progressing": _progressing_condition,
+    "Degraded": _degraded_condition,
+    "Wedged": _wedged_condition,
+    "FleetBrake": _fleet_brake_condition,
+}
+
+
 def compute_conditions(
     spec: DisaggregatedModelSpec,
     observed: Observed,
@@ -161,90 +286,10 @@ def compute_conditions(
     *,
     now: datetime | None = None,
 ) -> list[dict[str, Any]]:
-    """Ready, Progressing, Degraded and Wedged, keeping lastTransitionTime when unchanged."""
-    unsettled = [r for r in ROLES if not _settled(observed.workload(r), desired_replicas(spec, r, observed))]
-    missing = [r for r in ROLES if not observed.workload(r).present]
-    stalled = [r for r in ROLES if observed.workload(r).stalled and r in unsettled]
-    summary = _roles_summary(spec, observed)
-    wedged = _wedged_pods(watchdog)
-    error = observed.error_reason
-
-    # Ready
-    if error:
-        ready = ("False", error, observed.error_message or error)
-    elif unsettled and observed.blocked:
-        why = "; ".join(f"{role}: {msg}" for role, msg in sorted(observed.blocked.items()))
-        ready = ("False", "PodsBlocked", f"Waiting: {summary}. {why}")
-    elif unsettled:
-        reason = "ChildrenMissing" if missing else "ReplicasNotReady"
-        ready = ("False", reason, f"Waiting: {summary}.")
-    else:
-        ready = ("True", "AllReplicasReady", f"All replicas ready: {summary}.")
-
-    # Progressing
-    if error:
-        progressing = ("False", error, "Not rolling out until the error is fixed.")
-    elif missing:
-        progressing = ("True", "CreatingChildren", f"Creating {', '.join(missing)}: {summary}.")
-    elif unsettled:
-        progressing = ("True", "RollingOut", f"Rolling out {', '.join(unsettled)}: {summary}.")
-    else:
-        progressing = ("False", "RolloutComplete", f"Every role matches the spec: {summary}.")
-
-    # Degraded
-    if error:
-        degraded = ("True", error, observed.error_message or error)
-    elif _budget_exhausted(spec, watchdog):
-        degraded = (
-            "True",
-            "RemediationBudgetExhausted",
-            f"{len(wedged)} wedged pod(s) and the remediation budget "
-            f"({spec.watchdog.max_remediations} per {spec.watchdog.budget_window_seconds}s) is spent; "
-            f"a person must look: {', '.join(wedged)}.",
-        )
-    elif wedged and spec.watchdog.action == "alert":
-        degraded = (
-            "True",
-            "WedgedPods",
-            f"Wedged pod(s) and watchdog.action is alert (no automatic remediation): {', '.join(wedged)}.",
-        )
-    elif stalled:
-        degraded = (
-            "True",
-            "RolloutStalled",
-            f"The Deployment controller reports no progress for {', '.join(stalled)}: {summary}.",
-        )
-    else:
-        degraded = ("False", "AsExpected", "No errors, no wedged pods beyond what the watchdog handles.")
-
-    # Wedged
-    if wedged:
-        wedge = (
-            "True",
-            "InflightQueueStuck",
-            f"{len(wedged)} pod(s) hold KV transfers with no progress for at least "
-            f"{spec.watchdog.stuck_after_seconds}s: {', '.join(wedged)}.",
-        )
-    elif watchdog and watchdog.get("lastScrape"):
-        wedge = ("False", "NoWedgedPods", "Every scraped pod finishes its KV transfers.")
-    else:
-        wedge = ("Unknown", "NotScrapedYet", "The watchdog has not scraped the pods yet.")
-
-    # FleetBrake: the fleet's or the namespace's brake held this model's remediation (watchdog/brake.py)
-    brake = (watchdog or {}).get("fleetBrake") or {}
-    if brake.get("engaged") and brake.get("scope") == "namespace":
-        fleet = (
-            "True",
-            "NamespaceBrakeEngaged",
-            f"No remediation on this namespace's models: {brake.get('reason', '')}.",
-        )
-    elif brake.get("engaged"):
-        fleet = ("True", "FleetBrakeEngaged", f"No remediation on any model: {brake.get('reason', '')}.")
-    else:
-        fleet = ("False", "NotEngaged", "The operator-wide limits allow remediation.")
-
-    rows = zip(CONDITION_TYPES, (ready, progressing, degraded, wedge, fleet), strict=True)
-    return _conditions([(ctype, *row) for ctype, row in rows], observed, now)
+    """Ready, Progressing, Degraded, Wedged and FleetBrake, keeping lastTransitionTime when unchanged."""
+    facts = _condition_facts(spec, observed, watchdog)
+    rows = [(ctype, *_JUDGES[ctype](facts)) for ctype in CONDITION_TYPES]
+    return _conditions(rows, observed, now)
 
 
 def _conditions(

@@ -10,8 +10,9 @@ stable set of conditions), and no write carries a key its writer did not compute
 reconciler has observed a model in this process, a watchdog write leaves conditions, phase
 and replica counts as they are.
 
-The patch itself goes through `kube.model_status.patch_status`; a watchdog intent may carry the
-resourceVersion it read, so a concurrent writer makes it fail with 409 instead of acting.
+The patch itself goes through `kube.model_status.patch_status` (`patching_through` the operator's
+client); a watchdog intent may carry the resourceVersion it read, so a concurrent writer makes
+it fail with 409 instead of acting.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from pdwarden_operator.kube.client import KubeClient
 from pdwarden_operator.kube.model_status import patch_status
 from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.status import Observed, compose, invalid_spec_status
@@ -32,8 +34,13 @@ Patcher = Callable[[str, str, dict[str, Any], str | None], Awaitable[None]]
 WATCHDOG_KEYS = ("watchdog", "remediations", "autoscaling")
 
 
-async def _patch(namespace: str, name: str, patch: dict[str, Any], resource_version: str | None) -> None:
-    await patch_status(namespace, name, patch, resource_version=resource_version)
+def patching_through(client: KubeClient) -> Patcher:
+    """The status writer's patches, sent with `client`."""
+
+    async def patch(namespace: str, name: str, status: dict[str, Any], resource_version: str | None) -> None:
+        await patch_status(client, namespace, name, status, resource_version=resource_version)
+
+    return patch
 
 
 @dataclass
@@ -50,7 +57,7 @@ class StatusWriter:
     """One per process (the operator's context, context.py): the reconciler and every
     model's watchdog write through the same one."""
 
-    def __init__(self, patch: Patcher = _patch, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(self, patch: Patcher, clock: Callable[[], datetime] | None = None) -> None:
         self._patch = patch
         self._clock = clock
         self._models: dict[Key, _Model] = {}

@@ -210,7 +210,7 @@ def rolled_out(workload: Mapping[str, Any]) -> bool:
 
 
 @dataclass(frozen=True)
-class Observed:
+class ObservedKeyUses:
     """The key uses the model's workloads' templates show (one, or two while an apply was cut
     short between them; none for a model without workloads), and whether every pod runs its
     workload's template."""
@@ -233,11 +233,11 @@ class Observed:
         return later
 
 
-def observed(children: Iterable[Mapping[str, Any]], model: str) -> Observed:
+def observed(children: Iterable[Mapping[str, Any]], model: str) -> ObservedKeyUses:
     """What the model's Deployments and StatefulSets show now."""
     workloads = [c for c in children if c.get("kind") in WORKLOAD_KINDS]
     if not workloads:
-        return Observed((), True)
+        return ObservedKeyUses((), True)
     routers = [w for w in workloads if _role(w) == contract.ROLE_ROUTER]
     runtime = [w for w in workloads if _role(w) in contract.RUNTIME_ROLES]
     router = next((n for r in routers if (n := mounted_by(_template_spec(r), model))), None)
@@ -249,7 +249,7 @@ def observed(children: Iterable[Mapping[str, Any]], model: str) -> Observed:
         use = KeyUse(router, sign, accept, sign is not None and _is_lenient(pod))
         if use not in uses:
             uses.append(use)
-    return Observed(tuple(uses) or (KeyUse(router),), all(rolled_out(w) for w in workloads))
+    return ObservedKeyUses(tuple(uses) or (KeyUse(router),), all(rolled_out(w) for w in workloads))
 
 
 def in_use(children: Iterable[Mapping[str, Any]], model: str) -> str | None:
@@ -262,7 +262,7 @@ def _reached(current: str | None, model: str, rotation: int) -> bool:
     return current is not None and (rotation_of(current, model) or 0) >= rotation
 
 
-def _newest_in(seen: Observed, model: str) -> str | None:
+def _newest_in(seen: ObservedKeyUses, model: str) -> str | None:
     return newest({name for use in seen.uses for name in use.secrets}, model)
 
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.e2e
 
 LEASE = "pdwarden-blocked-loop"
 # shorter than the operator's (15/10/2 s) so the test is short; the same protocol
-TIMING = leader.Timing(lease_duration=6.0, renew_deadline=4.0, retry_period=1.0)
+TIMING = leader.Timing(lease_duration=6.0, renew_deadline=4.0, retry_period=1.0, renew_period=2.0)
 
 
 @pytest.fixture
@@ -68,8 +68,8 @@ async def test_the_lease_stays_held_while_the_main_loop_is_blocked(
         time.sleep(2 * TIMING.renew_deadline)  # blocks this loop: nothing on it runs meanwhile
 
         assert a.is_leader(), "leadership lapsed while the main loop was blocked"
-        assert a.renewals >= renewals + 3  # one renewal per retry period went on
-        lease = await kube_lease.get_lease(namespace, LEASE, client=reader)
+        assert a.renewals >= renewals + 3  # one renewal per renew period went on
+        lease = await kube_lease.get_lease(reader, namespace, LEASE)
         assert lease is not None and lease["spec"]["holderIdentity"] == "replica-a"
         assert renew_time(lease) > blocked_at + dt.timedelta(seconds=TIMING.renew_deadline)
         assert not b.is_leader() and not a_lost.is_set() and not b_lost.is_set()
@@ -78,5 +78,5 @@ async def test_the_lease_stays_held_while_the_main_loop_is_blocked(
         if b is not None:
             await b.stop()
         await a.stop()
-    lease = await kube_lease.get_lease(namespace, LEASE, client=reader)
+    lease = await kube_lease.get_lease(reader, namespace, LEASE)
     assert lease is not None and lease["spec"].get("holderIdentity") is None  # handed back on stop

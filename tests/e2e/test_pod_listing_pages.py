@@ -11,7 +11,7 @@ import pytest
 import pdwarden_contract as contract
 from pdwarden_localcluster.cluster import ClusterInfo
 from pdwarden_operator.kube import pods as kube_pods
-from pdwarden_operator.kube.client import connect, set_client
+from pdwarden_operator.kube.client import KubeClient, connect
 from pdwarden_testkit.kubectl import Kubectl
 
 pytestmark = pytest.mark.e2e
@@ -32,18 +32,16 @@ def _pending_pod(name: str, labels: dict[str, str]) -> dict[str, object]:
 
 
 @pytest.fixture
-async def api_client(cluster: ClusterInfo) -> AsyncIterator[None]:
+async def api_client(cluster: ClusterInfo) -> AsyncIterator[KubeClient]:
     client = connect(str(cluster.kubeconfig), max_connections=2)
-    set_client(client)
     try:
-        yield
+        yield client
     finally:
         await client.aclose()
-        set_client(None)
 
 
 async def test_a_namespace_listed_in_pages_yields_every_runtime_pod_once(
-    kubectl: Kubectl, namespace: str, api_client: None
+    kubectl: Kubectl, namespace: str, api_client: KubeClient
 ) -> None:
     runtime = [f"m-{role}-{i}" for role in contract.RUNTIME_ROLES for i in range(3)]
     items = [
@@ -60,7 +58,7 @@ async def test_a_namespace_listed_in_pages_yields_every_runtime_pod_once(
         stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
     )
 
-    pages = [page async for page in kube_pods.list_namespace_runtime_pods(namespace, page_size=4)]
+    pages = [page async for page in kube_pods.list_namespace_runtime_pods(api_client, namespace, page_size=4)]
 
     assert [len(page) for page in pages] == [4, 2]
     listed = [p["metadata"]["name"] for page in pages for p in page]

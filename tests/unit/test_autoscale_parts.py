@@ -16,7 +16,7 @@ from pdwarden_operator.render.children import render_children
 from pdwarden_operator.render.meta import Owner
 from pdwarden_operator.status import Observed, Workload, compose
 from pdwarden_operator.watchdog.parse import PodSample, parse_metrics
-from pdwarden_operator.watchdog.scaler import RolePod, pod_load, scale_in_victim, scaling_of
+from pdwarden_operator.watchdog.scaler import RolePod, driven_roles, pod_load, scale_in_victim
 from pdwarden_operator.watchdog.state import status_write_due
 from pdwarden_operator.watchdog.verdict import PodView, Verdict
 from pdwarden_runtime.kvpoll import KVPoll
@@ -109,7 +109,7 @@ def test_the_planner_sees_the_specs_policies() -> None:
         }
     )
     assert s.prefill.autoscaling is not None
-    scaling = scaling_of(s.prefill.autoscaling)
+    scaling = driven_roles(s)["prefill"]
     assert (scaling.min_replicas, scaling.max_replicas, scaling.target.inflight_per_pod) == (1, 6, 8.0)
     assert (scaling.scale_down.stabilization_seconds, scaling.scale_down.max_step) == (5.0, 2)
     assert scaling.scale_up.stabilization_seconds == 30.0  # the default

@@ -10,14 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdwarden_contract import RUNTIME_ROLES
+from pdwarden_operator.resource.autoscaling import AutoscalingSpec, AutoscalingTarget, RatioBand, ScalePolicy
 from pdwarden_operator.watchdog.autoscale import (
     PodLoad,
-    Policy,
-    RatioBand,
     Reason,
     RoleMemory,
-    RoleScaling,
-    Target,
     fresh,
     plan,
     recommend,
@@ -46,6 +43,36 @@ def inflights(*values: float) -> list[PodLoad]:
     return [pod(v, name=f"p{i}") for i, v in enumerate(values)]
 
 
+# The spec's parts built without their validation: the planner must hold up for figures the
+# spec's rules refuse (no target, a zero one, a zero step or period, a band from 0).
+
+
+def load_target(
+    inflight: float | None = None, age: float | None = None, pages: float | None = None
+) -> AutoscalingTarget:
+    return AutoscalingTarget.model_construct(
+        inflight_per_pod=inflight, queue_age_seconds=age, kv_pages_in_use=pages
+    )
+
+
+def policy(stabilization: float, step: int, period: float) -> ScalePolicy:
+    return ScalePolicy.model_construct(
+        stabilization_seconds=stabilization, max_step=step, period_seconds=period
+    )
+
+
+def role_scaling(
+    lo: int, hi: int, target: AutoscalingTarget, up: ScalePolicy, down: ScalePolicy
+) -> AutoscalingSpec:
+    return AutoscalingSpec.model_construct(
+        min_replicas=lo, max_replicas=hi, target=target, scale_up=up, scale_down=down
+    )
+
+
+def ratio_band(least: float, most: float) -> RatioBand:
+    return RatioBand.model_construct(min=least, max=most)
+
+
 def scaling(
     lo: int = 1,
     hi: int = 10,
@@ -54,8 +81,8 @@ def scaling(
     pages: float | None = None,
     up: tuple[float, int, float] = (0.0, 100, 60.0),
     down: tuple[float, int, float] = (0.0, 100, 60.0),
-) -> RoleScaling:
-    return RoleScaling(lo, hi, Target(inflight, age, pages), Policy(*up), Policy(*down))
+) -> AutoscalingSpec:
+    return role_scaling(lo, hi, load_target(inflight, age, pages), policy(*up), policy(*down))
 
 
 def mem(
@@ -69,7 +96,7 @@ def mem(
 @dataclass(frozen=True)
 class Case:
     id: str
-    roles: dict[str, RoleScaling]
+    roles: dict[str, AutoscalingSpec]
     current: dict[str, int]
     loads: dict[str, list[PodLoad]]
     expect: dict[str, tuple[int, Reason]]  # role -> (desired, reason)
@@ -81,7 +108,7 @@ class Case:
     fresh_roles: tuple[str, ...] = ()
 
 
-BAND = RatioBand(0.5, 2.0)
+BAND = ratio_band(0.5, 2.0)
 SLOW_DOWN = (300.0, 100, 60.0)
 
 CASES = [
@@ -552,7 +579,7 @@ CASES = [
         {"prefill": 20, "decode": 100},
         {"prefill": inflights(*[8] * 20)},
         {"prefill": (29, Reason.RATIO_BAND)},
-        ratio=RatioBand(0.1, 0.29),
+        ratio=ratio_band(0.1, 0.29),
     ),
     Case(
         "band-ceil-float",
@@ -560,7 +587,7 @@ CASES = [
         {"prefill": 29, "decode": 100},
         {"decode": inflights(*[2] * 100)},
         {"decode": (100, Reason.RATIO_BAND)},
-        ratio=RatioBand(0.1, 0.29),
+        ratio=ratio_band(0.1, 0.29),
     ),
     Case(
         "band-narrow",
@@ -568,7 +595,7 @@ CASES = [
         {"prefill": 4, "decode": 2},
         {"prefill": inflights(4, 4, 4, 4), "decode": inflights(4, 4)},
         {"prefill": (6, Reason.RATIO_BAND), "decode": (4, Reason.RATIO_BAND)},
-        ratio=RatioBand(1.5, 1.5),
+        ratio=ratio_band(1.5, 1.5),
         says={"prefill": ("4 -> 6", "6:4")},
     ),
     Case(
@@ -577,7 +604,7 @@ CASES = [
         {"prefill": 4, "decode": 2},
         {"prefill": inflights(4, 4, 4, 4), "decode": inflights(4, 4)},
         {"prefill": (3, Reason.RATIO_BAND), "decode": (2, Reason.STEADY)},
-        ratio=RatioBand(1.5, 1.5),
+        ratio=ratio_band(1.5, 1.5),
     ),
     Case(
         "band-bypasses-windows",
@@ -594,7 +621,7 @@ CASES = [
         {"prefill": 2, "decode": 2},
         {"prefill": inflights(4, 4), "decode": inflights(4, 4)},
         {"prefill": (1, Reason.RATIO_BAND), "decode": (10, Reason.RATIO_BAND)},
-        ratio=RatioBand(0.0, 2e-9),
+        ratio=ratio_band(0.0, 2e-9),
         unkeepable=True,
     ),
     Case(
@@ -651,27 +678,27 @@ def test_plan(case: Case) -> None:
 @pytest.mark.parametrize(
     ("target", "current", "pods", "expected"),
     [
-        pytest.param(Target(4.0), 3, inflights(8, 8, 8), (6, 2.0), id="double"),
-        pytest.param(Target(4.0), 3, inflights(4.4, 4.4, 4.4), (3, 1.1), id="tolerance"),
-        pytest.param(Target(4.0), 4, inflights(0, 0, 0, 0), (0, 0.0), id="idle-to-zero"),
-        pytest.param(Target(4.0), 5, inflights(12), (5, 3.0), id="never-down-when-above"),
-        pytest.param(Target(4.0), 2, inflights(1, 1, 1, 1), (1, 0.25), id="extra-pods-counted"),
-        pytest.param(Target(4.0), 1, inflights(2, 2, 2), (1, 0.5), id="never-up-when-below"),
-        pytest.param(Target(None, 5.0), 2, inflights(8, 8), (None, None), id="no-data"),
-        pytest.param(Target(), 2, inflights(8, 8), (None, None), id="no-target"),
-        pytest.param(Target(0.0), 2, inflights(8, 8), (None, None), id="zero-target-unset"),
-        pytest.param(Target(4.0), 2, [], (None, None), id="no-pods"),
-        pytest.param(Target(4.0), 2, [pod(8, wedged=True)], (None, None), id="wedged-only"),
+        pytest.param(load_target(4.0), 3, inflights(8, 8, 8), (6, 2.0), id="double"),
+        pytest.param(load_target(4.0), 3, inflights(4.4, 4.4, 4.4), (3, 1.1), id="tolerance"),
+        pytest.param(load_target(4.0), 4, inflights(0, 0, 0, 0), (0, 0.0), id="idle-to-zero"),
+        pytest.param(load_target(4.0), 5, inflights(12), (5, 3.0), id="never-down-when-above"),
+        pytest.param(load_target(4.0), 2, inflights(1, 1, 1, 1), (1, 0.25), id="extra-pods-counted"),
+        pytest.param(load_target(4.0), 1, inflights(2, 2, 2), (1, 0.5), id="never-up-when-below"),
+        pytest.param(load_target(None, 5.0), 2, inflights(8, 8), (None, None), id="no-data"),
+        pytest.param(load_target(), 2, inflights(8, 8), (None, None), id="no-target"),
+        pytest.param(load_target(0.0), 2, inflights(8, 8), (None, None), id="zero-target-unset"),
+        pytest.param(load_target(4.0), 2, [], (None, None), id="no-pods"),
+        pytest.param(load_target(4.0), 2, [pod(8, wedged=True)], (None, None), id="wedged-only"),
         pytest.param(
-            Target(4.0, 5.0), 2, [pod(4, age=20), pod(4, age=None)], (8, 4.0), id="age-over-one-pod"
+            load_target(4.0, 5.0), 2, [pod(4, age=20), pod(4, age=None)], (8, 4.0), id="age-over-one-pod"
         ),
-        pytest.param(Target(None, None, 100.0), 3, [pod(pages=120)] * 3, (4, 1.2), id="pages"),
+        pytest.param(load_target(None, None, 100.0), 3, [pod(pages=120)] * 3, (4, 1.2), id="pages"),
     ],
 )
 def test_recommend(
-    target: Target, current: int, pods: list[PodLoad], expected: tuple[int | None, float | None]
+    target: AutoscalingTarget, current: int, pods: list[PodLoad], expected: tuple[int | None, float | None]
 ):
-    raw, load = recommend(RoleScaling(1, 10, target, Policy(0, 1, 1), Policy(0, 1, 1)), current, pods)
+    raw, load = recommend(role_scaling(1, 10, target, policy(0, 1, 1), policy(0, 1, 1)), current, pods)
     assert raw == expected[0]
     assert load == (None if expected[1] is None else pytest.approx(expected[1]))
 
@@ -749,7 +776,7 @@ loads = st.lists(
     max_size=12,
 )
 policies = st.builds(
-    Policy, st.sampled_from([0.0, 60.0, 300.0]), st.integers(0, 4), st.sampled_from([0.0, 60.0])
+    policy, st.sampled_from([0.0, 60.0, 300.0]), st.integers(0, 4), st.sampled_from([0.0, 60.0])
 )
 history = st.lists(st.tuples(st.floats(600, NOW), st.integers(0, 16)), max_size=4).map(tuple)
 role_setup = st.tuples(
@@ -763,7 +790,7 @@ role_setup = st.tuples(
     history.map(lambda h: tuple((t, n - 8) for t, n in h if n != 8)),
     st.floats(0, NOW),
 )
-bands = st.tuples(st.floats(0, 4), st.floats(0, 2)).map(lambda t: RatioBand(t[0], t[0] + t[1]))
+bands = st.tuples(st.floats(0, 4), st.floats(0, 2)).map(lambda t: ratio_band(t[0], t[0] + t[1]))
 
 
 @settings(max_examples=150, deadline=None)
@@ -774,7 +801,7 @@ def test_property_bounds_and_band(prefill, decode, band) -> None:
         RUNTIME_ROLES, (prefill, decode), strict=True
     ):
         if scaled:
-            roles[role] = RoleScaling(lo, hi, Target(4.0, 5.0, 1000.0), up, down)
+            roles[role] = role_scaling(lo, hi, load_target(4.0, 5.0, 1000.0), up, down)
             memory[role] = RoleMemory(started, recs, changes)
             span[role] = range(lo, hi + 1)
         else:
@@ -806,7 +833,7 @@ def test_property_bounds_and_band(prefill, decode, band) -> None:
 
 # --- the order of the writes --------------------------------------------------------------
 
-WIDE = RatioBand(0.5, 2.0)
+WIDE = ratio_band(0.5, 2.0)
 
 
 @pytest.mark.parametrize(
@@ -826,7 +853,7 @@ WIDE = RatioBand(0.5, 2.0)
         ((1, 1), (1, 3), WIDE, [("decode", 3)]),
         ((1, 1), (3, 3), None, [("prefill", 3), ("decode", 3)]),
         # a band no single pod fits between: the writes still reach the targets
-        ((1, 1), (2, 2), RatioBand(1.0, 1.0), [("prefill", 2), ("decode", 2)]),
+        ((1, 1), (2, 2), ratio_band(1.0, 1.0), [("prefill", 2), ("decode", 2)]),
         ((2, 2), (2, 2), WIDE, []),
     ],
 )
@@ -846,7 +873,7 @@ def test_writes_keep_the_band_between_them(
     st.integers(1, 12),
     st.integers(1, 12),
     st.integers(1, 12),
-    st.sampled_from([WIDE, RatioBand(0.25, 1.0), RatioBand(1.0, 3.0), RatioBand(0.5, 1.5)]),
+    st.sampled_from([WIDE, ratio_band(0.25, 1.0), ratio_band(1.0, 3.0), ratio_band(0.5, 1.5)]),
 )
 def test_every_state_on_the_way_is_inside_a_band_both_ends_are_in(
     p0: int, d0: int, p1: int, d1: int, band: RatioBand

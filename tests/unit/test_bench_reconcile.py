@@ -22,6 +22,7 @@ from pdwarden_bench.reconcile import (
     idle_cpu_s_per_min,
     ratio,
     requests_per_model,
+    with_goals,
 )
 
 pytestmark = pytest.mark.unit
@@ -151,3 +152,34 @@ def test_requests_per_model_are_the_difference_of_two_readings_by_verb() -> None
         "POST": 1.0,
     }  # watches are long-running: not counted
     assert requests_per_model(None, after, 20) is None
+
+
+def _run_figures(**extra: float | None) -> dict[str, Any]:
+    return {
+        "models": 200,
+        "children_complete": 200,
+        "p50_s": 1.7,
+        "p99_s": 2.8,
+        "operator_peak_rss_mib": 123.0,
+        "all_reconciled_s": 13.0,
+        "floor_all_written_s": 5.0,
+        "idle_cpu_s_per_min": 0.04,
+        "full_resync_over_model_passes": 0.7,
+        **extra,
+    }
+
+
+def test_the_arrivals_floor_is_the_same_clocks_ratio_beside_the_issues_own() -> None:
+    result = with_goals(_run_figures(floor_arrivals_all_written_s=11.0), rate=None)
+    assert result["all_reconciled_over_floor"] == 2.6
+    assert result["all_reconciled_over_arrivals_floor"] == 1.182
+    assert result["goal_met_burst_over_arrivals"] is True
+    # informative: the run's goal stays the one over the floor without arrivals
+    assert result["goal_met_burst"] is False and result["goal_met"] is False
+    slow = with_goals(_run_figures(floor_arrivals_all_written_s=9.0), rate=None)
+    assert slow["goal_met_burst_over_arrivals"] is False
+    assert with_goals(_run_figures(), rate=None)["goal_met_burst_over_arrivals"] is None
+    assert (
+        with_goals(_run_figures(floor_arrivals_all_written_s=11.0), rate=10.0)["goal_met_burst_over_arrivals"]
+        is None
+    )

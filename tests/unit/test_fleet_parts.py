@@ -11,7 +11,7 @@ import pytest
 import pdwarden_contract as contract
 from pdwarden_localcluster.network import plan
 from pdwarden_operator.models import parse_spec
-from pdwarden_operator.watchdog.history import Observation
+from pdwarden_operator.watchdog.history import PodScrape
 from pdwarden_operator.watchdog.parse import parse_metrics
 from pdwarden_operator.watchdog.rule import judge
 from pdwarden_operator.watchdog.targets import metrics_url, pod_view
@@ -101,13 +101,13 @@ def test_a_pods_mode_comes_from_its_annotation_and_anything_else_serves() -> Non
 def test_the_watchdog_judges_a_serving_body_healthy_and_a_wedged_one_wedged(role: str) -> None:
     fleet = FleetRuntimes().start()
     try:
-        history: dict[str, list[Observation]] = {"serving": [], "wedged": [], "idle": []}
+        history: dict[str, list[PodScrape]] = {"serving": [], "wedged": [], "idle": []}
         idle_bodies = set()
         for step in range(3):
             for mode in history:
                 body, ctype = fleet.body(role, mode)  # type: ignore[arg-type]
                 assert ctype.startswith("text/plain")
-                history[mode].append(Observation(10.0 * step, parse_metrics(body)))
+                history[mode].append(PodScrape(10.0 * step, parse_metrics(body)))
                 if mode == "idle":
                     idle_bodies.add(body)
             time.sleep(0.3)  # past the body's lifetime: the serving state moved on

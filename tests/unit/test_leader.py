@@ -14,8 +14,9 @@ from prometheus_client import CollectorRegistry
 from pdwarden_localcluster.waits import wait_for
 from pdwarden_operator import leader
 from pdwarden_operator.kube import lease as kube_lease
-from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.client import KubeApiError, KubeClient
 from pdwarden_operator.metrics import OperatorMetrics
+from tests.support.kube_client import unreachable_client
 
 pytestmark = pytest.mark.unit
 
@@ -38,16 +39,16 @@ class Store:
         self.obj: dict[str, Any] | None = None
         self.version = 0
 
-    async def get(self, ns: str, name: str, client: Any = None) -> dict[str, Any] | None:
+    async def get(self, client: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.obj)
 
-    async def create(self, ns: str, name: str, spec: dict[str, Any], client: Any = None) -> dict[str, Any]:
+    async def create(self, client: KubeClient, ns: str, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         if self.obj is not None:
             raise KubeApiError(409, "AlreadyExists", "exists")
         return self._put(spec)
 
     async def replace(
-        self, ns: str, name: str, rv: str, spec: dict[str, Any], client: Any = None
+        self, client: KubeClient, ns: str, name: str, rv: str, spec: dict[str, Any]
     ) -> dict[str, Any]:
         if self.obj is None or self.obj["metadata"]["resourceVersion"] != rv:
             raise KubeApiError(409, "Conflict", "the object has been modified")
@@ -66,7 +67,10 @@ def store(monkeypatch: pytest.MonkeyPatch) -> Store:
 
 def elector(identity: str, clock: list[float]) -> tuple[leader.Elector, OperatorMetrics]:
     metrics = OperatorMetrics(CollectorRegistry())
-    return leader.Elector("ns", "lease", identity, clock=lambda: clock[0], metrics=metrics), metrics
+    client = unreachable_client()  # the Lease calls are the store's
+    return leader.Elector(
+        "ns", "lease", identity, clock=lambda: clock[0], metrics=metrics, client=client
+    ), metrics
 
 
 def gauge(metrics: OperatorMetrics) -> float | None:
@@ -130,15 +134,15 @@ class CountingStore(Store):
         super().__init__()
         self.calls: list[str] = []
 
-    async def get(self, ns: str, name: str, client: Any = None) -> dict[str, Any] | None:
+    async def get(self, client: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
         self.calls.append("GET")
-        return await super().get(ns, name, client)
+        return await super().get(client, ns, name)
 
     async def replace(
-        self, ns: str, name: str, rv: str, spec: dict[str, Any], client: Any = None
+        self, client: KubeClient, ns: str, name: str, rv: str, spec: dict[str, Any]
     ) -> dict[str, Any]:
         self.calls.append("PUT")
-        return await super().replace(ns, name, rv, spec, client)
+        return await super().replace(client, ns, name, rv, spec)
 
 
 @pytest.fixture
@@ -225,18 +229,18 @@ class RecordingStore(Store):
         self.read_on: list[str] = []
         self.down = False
 
-    async def get(self, ns: str, name: str, client: Any = None) -> dict[str, Any] | None:
+    async def get(self, client: KubeClient, ns: str, name: str) -> dict[str, Any] | None:
         self.read_on.append(threading.current_thread().name)
         if self.down:
             raise KubeApiError(0, "ConnectionRefusedError", "down")
-        return await super().get(ns, name, client)
+        return await super().get(client, ns, name)
 
     async def replace(
-        self, ns: str, name: str, rv: str, spec: dict[str, Any], client: Any = None
+        self, client: KubeClient, ns: str, name: str, rv: str, spec: dict[str, Any]
     ) -> dict[str, Any]:
         if self.down:
             raise KubeApiError(0, "ConnectionRefusedError", "down")
-        return await super().replace(ns, name, rv, spec, client)
+        return await super().replace(client, ns, name, rv, spec)
 
 
 @pytest.fixture
@@ -247,13 +251,20 @@ def recording(monkeypatch: pytest.MonkeyPatch) -> RecordingStore:
 # A deadline that passes quickly, for the tests of losing the lease; the others hold it with a
 # deadline no starved thread misses (a loaded machine can hold a thread off the GIL for
 # seconds, and an elector then rightly gives up a term it could not renew).
-FAST = leader.Timing(lease_duration=3.0, renew_deadline=2.0, retry_period=0.05)
-ROOMY = leader.Timing(lease_duration=60.0, renew_deadline=40.0, retry_period=0.05)
+FAST = leader.Timing(lease_duration=3.0, renew_deadline=2.0, retry_period=0.05, renew_period=0.05)
+ROOMY = leader.Timing(lease_duration=60.0, renew_deadline=40.0, retry_period=0.05, renew_period=0.05)
 
 
 def threaded(identity: str, timing: leader.Timing = ROOMY) -> tuple[leader.Elector, threading.Event]:
     lost = threading.Event()
-    e = leader.Elector("ns", "lease", identity, timing=timing, metrics=OperatorMetrics(CollectorRegistry()))
+    e = leader.Elector(
+        "ns",
+        "lease",
+        identity,
+        timing=timing,
+        metrics=OperatorMetrics(CollectorRegistry()),
+        client=unreachable_client(),  # the Lease calls are the store's
+    )
     e.start(on_lost=lost.set)
     return e, lost
 
@@ -302,3 +313,42 @@ def test_renewals_that_keep_failing_end_leadership_on_the_elector_thread(recordi
     wait_until(a_lost.is_set, "on_lost called once the renew deadline passed")
     assert not a.is_leader()
     assert recording.obj is not None and recording.obj["spec"]["holderIdentity"] == "a"  # never released
+
+
+def test_the_leader_renews_each_renew_period_and_retries_a_failure_each_retry_period() -> None:
+    now = [100.0]
+    e = leader.Elector(
+        "ns",
+        "lease",
+        "a",
+        timing=leader.Timing(),  # 15 s lease, 10 s deadline, 2 s retries, 5 s renewals
+        clock=lambda: now[0],
+        metrics=OperatorMetrics(CollectorRegistry()),
+        client=unreachable_client(),
+    )
+    assert e.until_next_try() == 0.0  # never tried: at once
+    e._tried_at = e._renewed_at = 100.0  # a renewal sent at 100 s succeeded
+    now[0] = 101.0
+    assert e.until_next_try() == 4.0
+    now[0] = 105.0
+    e._tried_at = 105.0  # the renewal at 105 s failed
+    assert e.until_next_try() == 2.0
+    now[0] = 109.0
+    e._tried_at = 109.0  # and the one at 107 s, and at 109 s: still leading, one more try
+    assert e.is_leader() and e.until_next_try() == 2.0
+    now[0] = 110.0
+    assert not e.is_leader()  # the deadline passed: the hold loop ends before another try
+
+
+@pytest.mark.parametrize(
+    "timing",
+    [
+        {"renew_period": 1.0},  # under the retry period
+        {"renew_period": 10.0},  # not under the deadline: no try could beat it
+        {"renew_deadline": 15.0},  # the standby could take over while it still leads
+        {"retry_period": 0.0},
+    ],
+)
+def test_a_timing_that_could_lose_the_lease_unseen_is_refused(timing: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="leader timing"):
+        leader.Timing(**timing)

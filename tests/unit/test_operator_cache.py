@@ -9,6 +9,7 @@ from pdwarden_operator import handlers
 from pdwarden_operator.cache import ChildStore, ResyncQueue, owner_model
 from pdwarden_operator.context import OperatorContext
 from pdwarden_operator.kube.client import KubeApiError, resource_path
+from tests.support.kube_client import unreachable_client
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +23,7 @@ class Watched:
     model event without its full reconcile)."""
 
     def __init__(self) -> None:
-        self.context = OperatorContext.build()
+        self.context = OperatorContext.build(kube=unreachable_client())
         self.store: ChildStore = self.context.children
         self.queue: ResyncQueue = self.context.resync
 

@@ -12,6 +12,7 @@ from pdwarden_operator import handlers
 from pdwarden_operator.context import MEMO_KEY, OperatorContext, context_of
 from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.role_load import RoleLoad
+from tests.support.kube_client import unreachable_client
 
 pytestmark = pytest.mark.unit
 
@@ -79,7 +80,7 @@ def _kept_anywhere(context: OperatorContext) -> list[str]:
     ids=["deleted", "being-deleted"],
 )
 async def test_a_model_gone_is_forgotten_by_every_store_in_one_call(event: tuple[str, dict]) -> None:
-    context = OperatorContext.build()
+    context = OperatorContext.build(kube=unreachable_client())
     task = await _known_everywhere(context)
     assert len(_kept_anywhere(context)) == 7  # the test sees each store keep it first
     assert context.model_event(*event) is None
@@ -89,7 +90,7 @@ async def test_a_model_gone_is_forgotten_by_every_store_in_one_call(event: tuple
 
 
 async def test_a_model_replaced_under_its_name_leaves_nothing_of_the_old_one() -> None:
-    context = OperatorContext.build()
+    context = OperatorContext.build(kube=unreachable_client())
     await _known_everywhere(context, uid="u-1")
     assert context.model_event("ADDED", _body(uid="u-2")) == KEY
     assert _kept_anywhere(context) == []
@@ -100,7 +101,7 @@ async def test_a_model_replaced_under_its_name_leaves_nothing_of_the_old_one() -
 
 
 async def test_a_namespace_being_deleted_forgets_its_models_only() -> None:
-    context = OperatorContext.build()
+    context = OperatorContext.build(kube=unreachable_client())
     await _known_everywhere(context)
     context.children.record(_body(uid="u-9", namespace="kept", name="other"))
     assert context.forget_namespace(KEY[0]) == [KEY]
@@ -108,7 +109,10 @@ async def test_a_namespace_being_deleted_forgets_its_models_only() -> None:
 
 
 def test_two_contexts_share_nothing() -> None:
-    one, two = OperatorContext.build(), OperatorContext.build()
+    one, two = (
+        OperatorContext.build(kube=unreachable_client()),
+        OperatorContext.build(kube=unreachable_client()),
+    )
     one.children.record(_body())
     one.reconciles.handled[KEY] = ("essence",)
     assert two.children.models == {} and two.reconciles.handled == {}
@@ -117,10 +121,12 @@ def test_two_contexts_share_nothing() -> None:
     # the watchdogs write status through, and read the Deployments from, the reconciler's own
     assert one.watchdog.writer is one.writer and one.watchdog.children is one.children
     assert one.reconcile_parts.writer is one.writer
+    # one API client for the whole process: the reconciler's and the watchdogs'
+    assert one.watchdog.kube is one.kube and one.reconcile_parts.kube is one.kube
 
 
 def test_the_handlers_find_the_context_in_kopfs_memo_or_say_it_is_missing() -> None:
-    context = OperatorContext.build()
+    context = OperatorContext.build(kube=unreachable_client())
     assert context_of({MEMO_KEY: context}) is context
     with pytest.raises(RuntimeError, match="no operator context"):
         context_of({})

@@ -15,8 +15,10 @@ from multidict import CIMultiDict
 import pdwarden_contract as contract
 from pdwarden_operator import external_metrics as em
 from pdwarden_operator.kube.access import FrontProxy, front_proxy_of
+from pdwarden_operator.kube.client import KubeClient
 from pdwarden_operator.watchdog.autoscale import PodLoad
 from pdwarden_operator.watchdog.role_load import RoleLoad, RoleLoads, summarise
+from tests.support.kube_client import unreachable_client
 
 pytestmark = pytest.mark.unit
 
@@ -236,13 +238,15 @@ def _api_counting_reviews(monkeypatch: pytest.MonkeyPatch) -> tuple[em.ExternalM
     review's own call is the cluster's; what is tested here is when it is made)."""
     asked: list[str] = []
 
-    async def may(user: str, groups: object, extra: object, attributes: dict[str, str]) -> tuple[bool, str]:
+    async def may(
+        client: KubeClient, user: str, groups: object, extra: object, attributes: dict[str, str]
+    ) -> tuple[bool, str]:
         asked.append(f"{user}/{attributes['namespace']}/{attributes['resource']}")
         return True, ""
 
     monkeypatch.setattr(em.access, "may", may)
     front = FrontProxy("", (), ("X-Remote-User",), ("X-Remote-Group",), ())
-    return em.ExternalMetricsApi(front), asked
+    return em.ExternalMetricsApi(unreachable_client(), front), asked
 
 
 def test_a_made_up_metric_is_refused_before_any_access_review(monkeypatch: pytest.MonkeyPatch) -> None:

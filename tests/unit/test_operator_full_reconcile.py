@@ -17,6 +17,7 @@ from pdwarden_operator import handlers
 from pdwarden_operator.context import OperatorContext
 from pdwarden_operator.reconcile import run
 from pdwarden_operator.reconcile.errors import InvalidSpec, RetryLater
+from tests.support.kube_client import unreachable_client
 
 pytestmark = pytest.mark.unit
 
@@ -39,7 +40,7 @@ class Passes:
     `context`: the operator's context the handlers get in kopf's memo."""
 
     def __init__(self, *outcomes: BaseException | None) -> None:
-        self.context = OperatorContext.build()
+        self.context = OperatorContext.build(kube=unreachable_client())
         self.calls: list[tuple[int, bool]] = []
         self.outcomes = list(outcomes)
 

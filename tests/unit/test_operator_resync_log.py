@@ -15,6 +15,7 @@ from pdwarden_operator.context import OperatorContext
 from pdwarden_operator.reconcile import run
 from pdwarden_operator.render.meta import Owner
 from pdwarden_operator.render.network import router_service
+from tests.support.kube_client import unreachable_client
 
 pytestmark = pytest.mark.unit
 
@@ -32,7 +33,7 @@ ROUTER_SERVICE = router_service(Owner.from_body(MODEL))
 def test_a_resync_pass_names_first_children_created_and_replaced_ones_restored(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, children_known: bool, verb: str
 ) -> None:
-    context = OperatorContext.build()
+    context = OperatorContext.build(kube=unreachable_client())
     context.children.record(MODEL)
     if children_known:
         handlers.child_event(context, "v1", "Service", "ADDED", ROUTER_SERVICE)

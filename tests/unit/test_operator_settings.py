@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Coroutine
 from typing import Any, cast
 
 import kopf
@@ -9,7 +11,8 @@ import pytest
 
 import pdwarden_contract as contract
 from pdwarden_operator import handlers
-from pdwarden_operator.context import OperatorContext
+from pdwarden_operator.context import MEMO_KEY, OperatorContext
+from tests.support.kube_client import UNREACHABLE_SERVER, unreachable_client
 
 pytestmark = pytest.mark.unit
 
@@ -62,7 +65,7 @@ def test_children_are_listed_before_start_where_the_operator_watches(
     namespaces: list[str], scope: list[str | None]
 ) -> None:
     # every namespace: one cluster-wide list per kind; globs: kopf resolves them, the watches fill
-    context = OperatorContext.build()
+    context = OperatorContext.build(kube=unreachable_client())
     handlers.watch_scope(context, namespaces)
     assert context.prefill_scope == scope
 
@@ -99,3 +102,12 @@ def test_kopf_builds_no_diff_base_while_no_changing_handler_is_registered() -> N
     assert storage.build(body=body)["spec"] == {"x": 1}
     assert isinstance(_settings().persistence.diffbase_storage, handlers.DiffBaseWhenChanging)
     assert not kopf.get_default_registry()._changing.get_all_handlers()  # the operator's: none
+
+
+def test_kopf_logs_in_with_the_credentials_of_the_contexts_client() -> None:
+    # one reader of the kubeconfig: kopf's watches and the operator's requests prove the same user
+    context = OperatorContext.build(kube=unreachable_client())
+    login = cast(Callable[..., Coroutine[Any, Any, kopf.ConnectionInfo]], handlers.login)
+    info = asyncio.run(login(memo=kopf.Memo({MEMO_KEY: context})))
+    assert info.server == context.kube.creds.server == UNREACHABLE_SERVER
+    assert info.ca_path == str(context.kube.creds.ca_file)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import pdwarden_contract as c
 from pdwarden_operator.watchdog.blame import attribute
-from pdwarden_operator.watchdog.history import Observation
+from pdwarden_operator.watchdog.history import PodScrape
 from pdwarden_operator.watchdog.parse import PeerFigures, PodSample, parse_metrics
 from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
 
@@ -42,9 +42,9 @@ def figures(step: int, per_peer: dict[str, tuple[int, int, int]]) -> PeerFigures
 
 def history(
     per_peer: dict[str, tuple[int, int, int]], scrapes: int = 6, every: float = 5.0, peers: bool = True
-) -> tuple[Observation, ...]:
+) -> tuple[PodScrape, ...]:
     return tuple(
-        Observation(
+        PodScrape(
             100.0 + i * every,
             PodSample(
                 inflight=1, oldest_age=1, transfers=float(i), peers=figures(i, per_peer) if peers else None
@@ -59,7 +59,7 @@ HEALTHY = {D0.ip: (4, 0, 1), D1.ip: (4, 0, 1)}
 
 
 def run(
-    obs: dict[str, tuple[Observation, ...]],
+    obs: dict[str, tuple[PodScrape, ...]],
     verdicts: dict[str, Verdict] | None = None,
     pods: list[PodView] | None = None,
 ):  # type: ignore[no-untyped-def]
@@ -124,7 +124,7 @@ def test_too_short_a_span_is_not_evidence() -> None:
 
 def test_a_counter_that_went_down_ends_the_evidence() -> None:
     reset = list(history(STALLED_D0))
-    reset[-1] = Observation(reset[-1].at, PodSample(1, 1, 1, peers=figures(0, STALLED_D0)))
+    reset[-1] = PodScrape(reset[-1].at, PodSample(1, 1, 1, peers=figures(0, STALLED_D0)))
     result = run({P0.uid: tuple(reset), P1.uid: history(STALLED_D0)})
     assert result.blames == ()
 
@@ -168,7 +168,7 @@ peer_figs = st.builds(
 )
 observations = st.lists(st.one_of(st.none(), peer_figs), min_size=0, max_size=8).map(
     lambda figs: tuple(
-        Observation(100.0 + 10 * i, PodSample(1, 1, float(i), peers=f)) for i, f in enumerate(figs)
+        PodScrape(100.0 + 10 * i, PodSample(1, 1, float(i), peers=f)) for i, f in enumerate(figs)
     )
 )
 
@@ -176,7 +176,7 @@ observations = st.lists(st.one_of(st.none(), peer_figs), min_size=0, max_size=8)
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from([p.uid for p in PODS]), observations))
 def test_any_figures_only_blame_with_a_strict_majority_of_two_or_more(
-    obs: dict[str, tuple[Observation, ...]],
+    obs: dict[str, tuple[PodScrape, ...]],
 ) -> None:
     result = run(obs)
     uids = {p.uid for p in PODS}
@@ -228,11 +228,11 @@ def test_garbage_per_peer_figures_leave_the_pod_observed_without_peer_evidence(j
 
 def scripted(
     steps: list[tuple[int, int, int]], peer: str = D0.ip, every: float = 5.0
-) -> tuple[Observation, ...]:
+) -> tuple[PodScrape, ...]:
     """Observations whose figures for `peer` move by (successes, bad, in flight) per interval;
     the other decode keeps succeeding."""
     good = bad = 0.0
-    out = [Observation(100.0, PodSample(1, 1, 0, peers=figures(0, {peer: (0, 0, 0), D1.ip: (1, 0, 0)})))]
+    out = [PodScrape(100.0, PodSample(1, 1, 0, peers=figures(0, {peer: (0, 0, 0), D1.ip: (1, 0, 0)})))]
     for i, (g, b, inflight) in enumerate(steps, start=1):
         good, bad = good + g, bad + b
         peers = PeerFigures(
@@ -242,7 +242,7 @@ def scripted(
                 D1.ip: {c.OUTCOME_SUCCESS: float(i)},
             },
         )
-        out.append(Observation(100.0 + i * every, PodSample(1, 1, float(i), peers=peers)))
+        out.append(PodScrape(100.0 + i * every, PodSample(1, 1, float(i), peers=peers)))
     return tuple(out)
 
 
@@ -282,7 +282,7 @@ def held_history(held: dict[str, float], good: dict[str, int], scrapes: int = 6,
             held=dict(held),
             held_seconds=dict.fromkeys(held, 60.0 + i * every),
         )
-        out.append(Observation(100.0 + i * every, PodSample(0, 0, float(i), peers=fig, pool_pages=64)))
+        out.append(PodScrape(100.0 + i * every, PodSample(0, 0, float(i), peers=fig, pool_pages=64)))
     return tuple(out)
 
 

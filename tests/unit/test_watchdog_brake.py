@@ -20,7 +20,7 @@ from pdwarden_operator.watchdog.brake import (
     judge,
     judge_all,
 )
-from pdwarden_operator.watchdog.history import Observation
+from pdwarden_operator.watchdog.history import PodScrape
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.parse import PodSample
 from pdwarden_operator.watchdog.rule import judge as judge_pod
@@ -217,17 +217,17 @@ def test_an_engaged_brake_touches_no_pod_and_holds_open_remediations() -> None:
 
 def test_a_stalling_pod_counts_before_it_is_wedged() -> None:
     # busy without progress for half of stuckAfterSeconds: troubled, not yet wedged
-    obs = [Observation(T0 + 10 * i, PodSample(3, 5 + 10 * i, 7)) for i in range(5)]
+    obs = [PodScrape(T0 + 10 * i, PodSample(3, 5 + 10 * i, 7)) for i in range(5)]
     verdict: Verdict = judge_pod(obs, 60)
     assert verdict.state == "ok" and verdict.stalling and verdict.troubled
-    progressing = [Observation(T0 + 10 * i, PodSample(3, 5, 7 + i)) for i in range(5)]
+    progressing = [PodScrape(T0 + 10 * i, PodSample(3, 5, 7 + i)) for i in range(5)]
     assert not judge_pod(progressing, 60).troubled
 
 
 def test_a_pod_stalled_after_earlier_progress_counts_too() -> None:
     # one room finished long ago (counter 0 -> 1), then the queue stalled for half the threshold
-    obs = [Observation(T0, PodSample(1, 1, 0))] + [
-        Observation(T0 + 10 * i, PodSample(1, 10 * i, 1)) for i in range(1, 5)
+    obs = [PodScrape(T0, PodSample(1, 1, 0))] + [
+        PodScrape(T0 + 10 * i, PodSample(1, 10 * i, 1)) for i in range(1, 5)
     ]
     verdict = judge_pod(obs, 60)
     assert verdict.state == "ok" and verdict.troubled

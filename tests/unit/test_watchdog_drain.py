@@ -14,7 +14,7 @@ from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog import ladder
 from pdwarden_operator.watchdog.drain import healthy_requests_done
-from pdwarden_operator.watchdog.history import Observation
+from pdwarden_operator.watchdog.history import PodScrape
 from pdwarden_operator.watchdog.ladder import ActionResult, plan
 from pdwarden_operator.watchdog.outcome import (
     CHARGED,
@@ -176,22 +176,20 @@ def sample(inflight: float, transfers: float) -> PodSample:
 
 def test_healthy_requests_done_only_when_nothing_moves_or_nothing_is_held() -> None:
     since = 100.0
-    before = Observation(99.0, sample(5, 10))
+    before = PodScrape(99.0, sample(5, 10))
     assert not healthy_requests_done([before], since)  # nothing seen since the quarantine
-    assert healthy_requests_done([before, Observation(101.0, sample(0, 15))], since)
-    assert not healthy_requests_done([before, Observation(101.0, sample(1, 14))], since)
+    assert healthy_requests_done([before, PodScrape(101.0, sample(0, 15))], since)
+    assert not healthy_requests_done([before, PodScrape(101.0, sample(1, 14))], since)
     # the same rooms held and nothing finished between two scrapes: what remains is stuck
-    assert healthy_requests_done(
-        [Observation(101.0, sample(1, 14)), Observation(111.0, sample(1, 14))], since
-    )
+    assert healthy_requests_done([PodScrape(101.0, sample(1, 14)), PodScrape(111.0, sample(1, 14))], since)
     assert not healthy_requests_done(
-        [Observation(101.0, sample(2, 13)), Observation(111.0, sample(1, 14))], since
+        [PodScrape(101.0, sample(2, 13)), PodScrape(111.0, sample(1, 14))], since
     )
     # a failed scrape in between breaks the run
     broken = [
-        Observation(101.0, sample(1, 14)),
-        Observation(106.0, None, "timeout"),
-        Observation(111.0, sample(1, 14)),
+        PodScrape(101.0, sample(1, 14)),
+        PodScrape(106.0, None, "timeout"),
+        PodScrape(111.0, sample(1, 14)),
     ]
     assert not healthy_requests_done(broken, since)
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.watchdog import ladder
-from pdwarden_operator.watchdog.history import Observation, PodHistory
+from pdwarden_operator.watchdog.history import PodHistory, PodScrape
 from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
 from pdwarden_operator.watchdog.rule import judge
 from pdwarden_operator.watchdog.state import WatchdogState
@@ -165,9 +165,9 @@ def test_hostile_bodies_between_healthy_scrapes_cause_no_action(
         for text in (valid(queue, 2.0, transfers), body):
             at += 10
             try:
-                history.add(Observation(at, parse_metrics(text, max_bytes=MAX_BYTES)))
+                history.add(PodScrape(at, parse_metrics(text, max_bytes=MAX_BYTES)))
             except ParseError as exc:
-                history.add(Observation(at, None, str(exc)))
+                history.add(PodScrape(at, None, str(exc)))
             verdict = judge(history.observations(), WATCHDOG.stuck_after_seconds)
             assert verdict.state != "wedged", verdict.reason
             p = ladder.plan(

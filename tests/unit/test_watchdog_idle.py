@@ -15,8 +15,10 @@ import pytest
 import pdwarden_contract as contract
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import model_watchdog
+from pdwarden_operator.watchdog.context import WatchdogContext
 from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.model_watchdog import ModelWatchdog
+from tests.support.kube_client import unreachable_client
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +49,8 @@ class _Running:
     def __init__(self, latest: LatestBody) -> None:
         self.latest = latest
         self.metrics = OperatorMetrics()
-        self.task = asyncio.create_task(ModelWatchdog(*KEY, "uid-1", self.metrics).run(latest))
+        context = WatchdogContext.build(self.metrics, kube=unreachable_client())
+        self.task = asyncio.create_task(ModelWatchdog(*KEY, "uid-1", context=context).run(latest))
 
     def rounds(self) -> float:
         return self.metrics.registry.get_sample_value(ROUNDS) or 0.0

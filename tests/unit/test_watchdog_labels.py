@@ -12,7 +12,7 @@ import pytest
 import pdwarden_contract as c
 from pdwarden_operator.watchdog import parse
 from pdwarden_operator.watchdog.blame import attribute
-from pdwarden_operator.watchdog.history import Observation
+from pdwarden_operator.watchdog.history import PodScrape
 from pdwarden_operator.watchdog.parse import ParseError, PeerFigures, PodSample, parse_metrics
 from pdwarden_operator.watchdog.targets import peer_addresses
 from pdwarden_operator.watchdog.verdict import PodView, Verdict, VerdictState
@@ -206,10 +206,10 @@ D0 = PodView("m-decode-0", "u-d0", c.ROLE_DECODE, True, False, ip=DECODE_IP)
 OK = Verdict(VerdictState.OK, "progressing", cleared=True)
 
 
-def stalled_on(*peers: str) -> tuple[Observation, ...]:
+def stalled_on(*peers: str) -> tuple[PodScrape, ...]:
     """Six scrapes in which every room with `peers` hit its deadline, none succeeded."""
     return tuple(
-        Observation(
+        PodScrape(
             100.0 + 5 * i,
             PodSample(
                 1,

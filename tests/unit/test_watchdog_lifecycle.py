@@ -18,11 +18,13 @@ import pdwarden_contract as contract
 from pdwarden_operator import handlers, namespace_deletions
 from pdwarden_operator.context import OperatorContext
 from pdwarden_operator.kube import model_status
-from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.client import KubeApiError, KubeClient
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import kopf_handlers, model_watchdog
+from pdwarden_operator.watchdog.context import WatchdogContext
 from pdwarden_operator.watchdog.latest_body import LatestBody
 from pdwarden_operator.watchdog.model_watchdog import ModelWatchdog
+from tests.support.kube_client import unreachable_client
 
 pytestmark = pytest.mark.unit
 OWNER_API = "pdwarden.io/v1alpha1"
@@ -65,7 +67,7 @@ class _Watchdogs:
 @pytest.fixture
 def context() -> OperatorContext:
     """The operator's context, as kopf's memo carries it to the handlers."""
-    return OperatorContext.build(OperatorMetrics())
+    return OperatorContext.build(OperatorMetrics(), kube=unreachable_client())
 
 
 @pytest.fixture
@@ -155,7 +157,7 @@ def test_what_counts_as_a_namespace_being_deleted() -> None:
 
 
 def test_the_reconcilers_store_forgets_a_namespace_being_deleted() -> None:
-    context = OperatorContext.build(OperatorMetrics())
+    context = OperatorContext.build(OperatorMetrics(), kube=unreachable_client())
     cache, queue = context.children, context.resync
     for ns, name in (("doomed", "a"), ("kept", "b")):
         body = {"metadata": {"namespace": ns, "name": name, "uid": name}}
@@ -191,7 +193,7 @@ async def test_a_round_that_finds_its_model_gone_ends_the_watchdog(
     monkeypatch.setattr(model_watchdog, "FIRST_ROUND_MAX_S", 0.0)
     asked: list[tuple[str, str, str]] = []
 
-    async def still_exists(namespace: str, name: str, uid: str) -> bool:
+    async def still_exists(client: KubeClient, namespace: str, name: str, uid: str) -> bool:
         asked.append((namespace, name, uid))
         return exists
 
@@ -201,7 +203,7 @@ async def test_a_round_that_finds_its_model_gone_ends_the_watchdog(
         raise KubeApiError(404, "NotFound", "not found", method="PATCH", path="/status")
 
     monkeypatch.setattr(ModelWatchdog, "round", round_)
-    watchdog = ModelWatchdog("ns", "m", "uid-1")
+    watchdog = ModelWatchdog("ns", "m", "uid-1", context=WatchdogContext.build(kube=unreachable_client()))
     task = asyncio.create_task(watchdog.run(LatestBody({"metadata": {}})))
     await asyncio.sleep(0.2)  # one round (a failed round waits its interval before the next)
     ended = task.done()
@@ -229,7 +231,9 @@ async def test_each_round_is_timed_and_a_round_longer_than_its_interval_counts_l
 
     monkeypatch.setattr(ModelWatchdog, "round", round_)
     metrics = OperatorMetrics()
-    watchdog = ModelWatchdog("ns", "m", "uid-1", metrics)
+    watchdog = ModelWatchdog(
+        "ns", "m", "uid-1", context=WatchdogContext.build(metrics, kube=unreachable_client())
+    )
     task = asyncio.create_task(watchdog.run(LatestBody({"metadata": {}})))
     await asyncio.wait_for(second.wait(), 10)
     await asyncio.sleep(0)  # the second round's bookkeeping runs before its wait

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from pdwarden_operator.watchdog.history import Observation, PodHistory
+from pdwarden_operator.watchdog.history import PodHistory, PodScrape
 from pdwarden_operator.watchdog.parse import ParseError, parse_metrics
 from pdwarden_operator.watchdog.rule import judge
 from pdwarden_operator.watchdog.verdict import Verdict, VerdictState
@@ -73,12 +73,12 @@ def replay(bodies: Sequence[str | None], start: float = 1000.0, interval: float 
     for i, text in enumerate(bodies):
         at = start + i * interval
         if text is None:
-            history.add(Observation(at, None, "timeout after 5s"))
+            history.add(PodScrape(at, None, "timeout after 5s"))
         else:
             try:
-                history.add(Observation(at, parse_metrics(text)))
+                history.add(PodScrape(at, parse_metrics(text)))
             except ParseError as exc:
-                history.add(Observation(at, None, str(exc)))
+                history.add(PodScrape(at, None, str(exc)))
         verdicts.append(judge(history.observations(), STUCK))
     return verdicts
 
@@ -230,7 +230,7 @@ def test_no_history_is_unobserved() -> None:
 def test_history_keeps_only_what_the_rule_needs() -> None:
     history = PodHistory(keep_seconds=90)
     for i in range(1000):
-        history.add(Observation(float(i * 10), None, "x"))
+        history.add(PodScrape(float(i * 10), None, "x"))
     assert 3 <= len(history) <= 11
 
 

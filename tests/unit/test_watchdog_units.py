@@ -13,7 +13,7 @@ from pdwarden_operator.models import parse_spec
 from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.watchdog import autoscale, ladder, remediate
 from pdwarden_operator.watchdog.executor import DONE, REPORT_ONLY, ModelIdentity
-from pdwarden_operator.watchdog.history import Observation
+from pdwarden_operator.watchdog.history import PodScrape
 from pdwarden_operator.watchdog.observe import ModelObservation
 from pdwarden_operator.watchdog.outcome import Outcome
 from pdwarden_operator.watchdog.parse import PodSample
@@ -111,7 +111,7 @@ def test_an_alert_is_a_record_of_its_own_and_takes_no_remediation_slot() -> None
     assert later.state.alerts == () and later.actions == ()
 
 
-def _obs(histories: dict[str, tuple[Observation, ...]], views: list[PodView]) -> ModelObservation:
+def _obs(histories: dict[str, tuple[PodScrape, ...]], views: list[PodView]) -> ModelObservation:
     spec = parse_spec(
         {
             "model": {"path": "synthetic/bench"},
@@ -140,8 +140,8 @@ def _sample(inflight: float, transfers: float) -> PodSample:
 
 
 def test_the_judge_reads_only_the_frozen_observation() -> None:
-    stuck = tuple(Observation(1000.0 - 10 * i, _sample(3, 5)) for i in reversed(range(9)))
-    idle = tuple(Observation(1000.0 - 10 * i, _sample(0, 5)) for i in reversed(range(9)))
+    stuck = tuple(PodScrape(1000.0 - 10 * i, _sample(3, 5)) for i in reversed(range(9)))
+    idle = tuple(PodScrape(1000.0 - 10 * i, _sample(0, 5)) for i in reversed(range(9)))
     views = [_pod("d0"), _pod("d1"), _pod("d2")]  # d2 not scraped this round: no verdict
     judged = remediate.judge(_obs({"uid-d0": stuck, "uid-d1": idle}, views))
     assert judged.pods["uid-d0"].wedged and not judged.pods["uid-d1"].wedged

@@ -14,12 +14,14 @@ import pytest
 
 from pdwarden_operator import plan, podtemplate, worker_key_secret
 from pdwarden_operator.kube import apply as kube_apply
+from pdwarden_operator.kube.client import KubeClient
 from pdwarden_operator.models import parse_spec
 from pdwarden_operator.reconcile.executor import with_worker_key
 from pdwarden_operator.render.children import child_key, render_children
 from pdwarden_operator.render.meta import Owner
 from pdwarden_operator.render.worker_key import bind_created_key
 from pdwarden_operator.worker_key_secret import KeyUse
+from tests.support.kube_client import unreachable_client
 
 pytestmark = pytest.mark.unit
 
@@ -97,13 +99,14 @@ def test_a_pass_that_creates_the_secret_applies_the_render_over_its_name(
     second render over the created name would."""
     created: list[Obj] = []
 
-    async def create(obj: Obj, *, dry_run: bool = False) -> Obj:
+    async def create(client: KubeClient, obj: Obj, *, dry_run: bool = False) -> Obj:
         assert not dry_run
         created.append(obj)
         return {**obj, "metadata": {**obj["metadata"], "name": CREATED}}
 
     monkeypatch.setattr(kube_apply, "create", create)
     owner = replace(OWNER, worker_key=use)
-    _, objs, secret = asyncio.run(with_worker_key(parse_spec(spec), owner, _render(use, spec)))
+    kube = unreachable_client()  # its one call, the create, is the recorder's
+    _, objs, secret = asyncio.run(with_worker_key(kube, parse_spec(spec), owner, _render(use, spec)))
     assert objs == _render(use.renamed(PLACEHOLDER, CREATED), spec)
     assert secret is not None and secret["metadata"]["name"] == CREATED and len(created) == 1

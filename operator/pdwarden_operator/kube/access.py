@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdwarden_operator.kube import apply as kube_apply
-from pdwarden_operator.kube.client import get_client
+from pdwarden_operator.kube.client import KubeClient
 
 AUTH_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
 
@@ -51,12 +51,13 @@ def front_proxy_of(data: Mapping[str, str]) -> FrontProxy | None:
     )
 
 
-async def read_front_proxy() -> FrontProxy | None:
-    obj = await kube_apply.get("v1", "ConfigMap", *AUTH_CONFIGMAP)
+async def read_front_proxy(client: KubeClient) -> FrontProxy | None:
+    obj = await kube_apply.get(client, "v1", "ConfigMap", *AUTH_CONFIGMAP)
     return None if obj is None else front_proxy_of(obj.get("data") or {})
 
 
 async def may(
+    client: KubeClient,
     user: str,
     groups: Sequence[str],
     extra: Mapping[str, Sequence[str]],
@@ -73,8 +74,6 @@ async def may(
             "resourceAttributes": dict(resource),
         },
     }
-    review = await get_client().request(
-        "POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=body
-    )
+    review = await client.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", body=body)
     status = review.get("status") or {}
     return bool(status.get("allowed")), str(status.get("reason") or status.get("evaluationError") or "")

@@ -210,7 +210,7 @@ class KubeClient:
         return json.loads(raw) if raw else {}
 
     async def aclose(self) -> None:
-        """Close the session, from the loop that uses it (its owner's job: `set_client` does not)."""
+        """Close the session, from the loop that uses it (whoever connected the client does)."""
         if self._pool is not None and not self._pool.session.closed:
             await self._pool.session.close()
 
@@ -288,21 +288,3 @@ def connect(
     for directory in made:
         weakref.finalize(client, shutil.rmtree, directory, True)
     return client
-
-
-_client: KubeClient | None = None
-
-
-def get_client() -> KubeClient:
-    """The process-wide client, connected on first use."""
-    global _client
-    if _client is None:
-        _client = connect()
-    return _client
-
-
-def set_client(client: KubeClient | None) -> None:
-    """Make `client` the process-wide one; whoever made the one it replaces closes it
-    (`KubeClient.aclose`, on its loop)."""
-    global _client
-    _client = client

@@ -9,7 +9,7 @@ import socket
 from typing import Any, Literal
 
 import pdwarden_contract as contract
-from pdwarden_operator.kube.client import KubeApiError, get_client, resource_path
+from pdwarden_operator.kube.client import KubeApiError, KubeClient, resource_path
 from pdwarden_operator.timestamps import format_time
 
 log = logging.getLogger("pdwarden.events")
@@ -47,12 +47,16 @@ def event_body(
 
 
 async def post_event(
-    obj: dict[str, str], reason: str, message: str, event_type: Literal["Normal", "Warning"] = "Warning"
+    client: KubeClient,
+    obj: dict[str, str],
+    reason: str,
+    message: str,
+    event_type: Literal["Normal", "Warning"] = "Warning",
 ) -> bool:
     """Post one Event; False (and a log line) when the API refused it: events are best effort."""
     body = event_body(obj, reason, message, event_type, dt.datetime.now(dt.UTC))
     try:
-        await get_client().request("POST", resource_path("v1", "Event", obj["namespace"]), body=body)
+        await client.request("POST", resource_path("v1", "Event", obj["namespace"]), body=body)
     except KubeApiError as exc:
         log.warning("event %s on %s/%s not posted: %s", reason, obj["kind"], obj["name"], exc)
         return False

@@ -7,7 +7,7 @@ from typing import Any, Final, Literal
 
 import pdwarden_contract as contract
 from pdwarden_operator.kube import apply as kube_apply
-from pdwarden_operator.kube.client import KubeApiError, get_client, resource_path
+from pdwarden_operator.kube.client import KubeApiError, KubeClient, resource_path
 
 Obj = dict[str, Any]
 # What a delete or eviction came to.
@@ -37,15 +37,17 @@ RUNTIME_PODS_SELECTOR = (
 LIST_PAGE_PODS: Final = 500
 
 
-def list_namespace_runtime_pods(namespace: str, page_size: int = LIST_PAGE_PODS) -> AsyncIterator[list[Obj]]:
+def list_namespace_runtime_pods(
+    client: KubeClient, namespace: str, page_size: int = LIST_PAGE_PODS
+) -> AsyncIterator[list[Obj]]:
     """Every model's runtime pods in the namespace: one LIST, `page_size` a page."""
-    return kube_apply.list_pages("v1", "Pod", namespace, RUNTIME_PODS_SELECTOR, page_size=page_size)
+    return kube_apply.list_pages(client, "v1", "Pod", namespace, RUNTIME_PODS_SELECTOR, page_size=page_size)
 
 
-async def delete_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
+async def delete_pod(client: KubeClient, namespace: str, name: str, uid: str) -> PodActionOutcome:
     """Delete the pod if it is still the one with `uid` (its controller recreates it)."""
     try:
-        await get_client().request(
+        await client.request(
             "DELETE",
             resource_path("v1", "Pod", namespace, name),
             body={"preconditions": {"uid": uid}} if uid else {},
@@ -57,9 +59,9 @@ async def delete_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
     return "done"
 
 
-async def label_pod(namespace: str, name: str, uid: str, labels: dict[str, str]) -> None:
+async def label_pod(client: KubeClient, namespace: str, name: str, uid: str, labels: dict[str, str]) -> None:
     """Add labels to the pod if it is still the one with `uid` (a 409 otherwise)."""
-    await get_client().request(
+    await client.request(
         "PATCH",
         resource_path("v1", "Pod", namespace, name),
         body={"metadata": {"uid": uid, "labels": labels}},
@@ -68,18 +70,18 @@ async def label_pod(namespace: str, name: str, uid: str, labels: dict[str, str])
 
 
 async def quarantine_pod(
-    namespace: str, name: str, uid: str, owner: Obj, quarantined_at: str
+    client: KubeClient, namespace: str, name: str, uid: str, owner: Obj, quarantined_at: str
 ) -> PodActionOutcome:
     """Take the pod out of its Deployment's selector and the router's discovery (its role label
     becomes `quarantined`; the role it served and why are labels, when an annotation) and give
     it the model as owner: its ReplicaSet releases it, and garbage collection must still reach
     it. Idempotent; the uid in the patch is a precondition (409: another pod has the name)."""
     try:
-        pod = await get_client().request("GET", resource_path("v1", "Pod", namespace, name))
+        pod = await client.request("GET", resource_path("v1", "Pod", namespace, name))
         meta = pod.get("metadata") or {}
         if uid and meta.get("uid") != uid:
             return "gone"
-        await get_client().request(
+        await client.request(
             "PATCH",
             resource_path("v1", "Pod", namespace, name),
             body=quarantine_patch(meta, uid, owner, quarantined_at),
@@ -126,7 +128,7 @@ class EvictionRefused(Exception):
         self.retry_after = retry_after
 
 
-async def evict_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
+async def evict_pod(client: KubeClient, namespace: str, name: str, uid: str) -> PodActionOutcome:
     """Ask the Eviction API to evict the pod. A 429 (a PodDisruptionBudget's refusal, or
     throttling) raises EvictionRefused: it is retried later, never bypassed."""
     eviction = {
@@ -136,9 +138,7 @@ async def evict_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
         "deleteOptions": {"preconditions": {"uid": uid}} if uid else {},
     }
     try:
-        await get_client().request(
-            "POST", resource_path("v1", "Pod", namespace, name) + "/eviction", body=eviction
-        )
+        await client.request("POST", resource_path("v1", "Pod", namespace, name) + "/eviction", body=eviction)
     except KubeApiError as exc:
         refusal = eviction_refusal(exc)
         if refusal is not None:
@@ -149,10 +149,9 @@ async def evict_pod(namespace: str, name: str, uid: str) -> PodActionOutcome:
     return "done"
 
 
-async def mark_only(namespace: str, pod: str, label: str) -> None:
+async def mark_only(client: KubeClient, namespace: str, pod: str, label: str) -> None:
     """`label: "true"` on `pod` and on no other pod of the namespace (a Service that selects
     the label then reaches that pod alone: the leader, for the external metrics API)."""
-    client = get_client()
     marked = await client.request(
         "GET", resource_path("v1", "Pod", namespace), query=[("labelSelector", f"{label}=true")]
     )

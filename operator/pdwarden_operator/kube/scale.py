@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pdwarden_operator.kube.client import get_client, resource_path
+from pdwarden_operator.kube.client import KubeClient, resource_path
 
 # The ReplicaSet controller removes the pods of lowest cost first (among pods equally ready).
 POD_DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -30,24 +30,26 @@ def _path(namespace: str, deployment: str) -> str:
     return resource_path("apps/v1", "Deployment", namespace, deployment) + "/scale"
 
 
-async def read(namespace: str, deployment: str) -> Scale:
-    return Scale.of(await get_client().request("GET", _path(namespace, deployment)))
+async def read(client: KubeClient, namespace: str, deployment: str) -> Scale:
+    return Scale.of(await client.request("GET", _path(namespace, deployment)))
 
 
-async def write(namespace: str, deployment: str, replicas: int, resource_version: str) -> Scale:
+async def write(
+    client: KubeClient, namespace: str, deployment: str, replicas: int, resource_version: str
+) -> Scale:
     """Set the count if the Deployment is still at `resource_version` (409 otherwise: someone
     changed it since it was read, and the next round decides again)."""
     body = {"metadata": {"resourceVersion": resource_version}, "spec": {"replicas": replicas}}
-    answer = await get_client().request(
+    answer = await client.request(
         "PATCH", _path(namespace, deployment), body=body, content_type="application/merge-patch+json"
     )
     return Scale.of(answer)
 
 
-async def mark(namespace: str, pod: str, uid: str, cost: str | None) -> None:
+async def mark(client: KubeClient, namespace: str, pod: str, uid: str, cost: str | None) -> None:
     """Set the pod's deletion cost (None: remove it), if the name still has the pod `uid`
     (409 otherwise)."""
-    await get_client().request(
+    await client.request(
         "PATCH",
         resource_path("v1", "Pod", namespace, pod),
         body={"metadata": {"uid": uid, "annotations": {POD_DELETION_COST: cost}}},

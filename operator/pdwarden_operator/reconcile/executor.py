@@ -14,7 +14,7 @@ from typing import Any
 from pdwarden_operator import plan, replicas, worker_key_secret
 from pdwarden_operator.cache import controlled_by, controller_ref
 from pdwarden_operator.kube import apply as kube_apply
-from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.client import KubeApiError, KubeClient
 from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.reconcile.errors import Refused, RetryLater, worker_key_failed
 from pdwarden_operator.reconcile.observation import Observation
@@ -46,7 +46,7 @@ def names(objs: list[Obj]) -> list[str]:
     return [f"{o['kind']}/{o['metadata']['name']}" for o in objs]
 
 
-async def execute(obs: Observation, decided: PassPlan) -> Executed:
+async def execute(kube: KubeClient, obs: Observation, decided: PassPlan) -> Executed:
     """The plan carried out: every API write of a pass is here (and the reads that guard them:
     who holds a child's name, the autoscaled counts in effect). A refused child raises Refused
     with nothing half-applied; a transient failure raises RetryLater."""
@@ -58,7 +58,7 @@ async def execute(obs: Observation, decided: PassPlan) -> Executed:
         if obs.children:
             log.info("%s/%s: applying %s", owner.namespace, owner.name, ", ".join(names(list(decided.apply))))
         assert desired is not None  # something to apply: the planner rendered
-        applied, rendered_for, bound = await _apply(obs, list(decided.apply), list(desired))
+        applied, rendered_for, bound = await _apply(kube, obs, list(decided.apply), list(desired))
         desired = tuple(bound) if bound else desired
         children.update((child_key(o), o) for o in applied)
     for obj in decided.delete:
@@ -67,21 +67,21 @@ async def execute(obs: Observation, decided: PassPlan) -> Executed:
         )
         meta = obj["metadata"]
         try:
-            await kube_apply.delete(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+            await kube_apply.delete(kube, obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
         except KubeApiError as exc:
             raise RetryLater(f"deleting {child_key(obj)} failed: {exc}") from exc
         children.pop(child_key(obj), None)
     return Executed(tuple(applied), decided.delete, rendered_for, desired, children)
 
 
-async def _dry_run(spec: DisaggregatedModelSpec, objs: list[Obj]) -> None:
+async def _dry_run(kube: KubeClient, spec: DisaggregatedModelSpec, objs: list[Obj]) -> None:
     """Let the API server validate and admit the children the spec shapes freely (pod templates,
     NetworkPolicy peers) before anything is applied, so that a refused one leaves nothing
     half-applied. The refusal names the child, the spec field it came from and the API server's
     field path."""
     checked = [o for o in objs if o["kind"] in USER_SHAPED_KINDS]
     results = await asyncio.gather(
-        *(kube_apply.apply(o, dry_run=True) for o in checked), return_exceptions=True
+        *(kube_apply.apply(kube, o, dry_run=True) for o in checked), return_exceptions=True
     )
     for obj, result in zip(checked, results, strict=True):
         if not isinstance(result, BaseException):
@@ -104,6 +104,7 @@ def _refusal(obj: Obj, exc: KubeApiError, outcome: str) -> str:
 
 
 async def _refuse_foreign(
+    kube: KubeClient,
     body: Mapping[str, Any],
     spec: DisaggregatedModelSpec,
     objs: list[Obj],
@@ -122,6 +123,7 @@ async def _refuse_foreign(
     found = await asyncio.gather(
         *(
             kube_apply.get(
+                kube,
                 o["apiVersion"],
                 o["kind"],
                 o["metadata"]["namespace"],
@@ -157,7 +159,7 @@ def _controller(obj: Mapping[str, Any]) -> str:
 
 
 async def with_worker_key(
-    spec: DisaggregatedModelSpec, owner: Owner, desired: list[Obj]
+    kube: KubeClient, spec: DisaggregatedModelSpec, owner: Owner, desired: list[Obj]
 ) -> tuple[Owner, list[Obj], Obj | None]:
     """`owner` and `desired` (every child, as rendered), or, when the model has no worker key's
     Secret yet (the render mounts the placeholder, `worker_key_secret.pending`), the owner and
@@ -169,7 +171,7 @@ async def with_worker_key(
         return owner, desired, None
     secret = worker_key_secret_object(owner, spec, worker_key_secret.new_key())
     try:
-        created = await kube_apply.create(secret)
+        created = await kube_apply.create(kube, secret)
     except KubeApiError as exc:
         raise worker_key_failed(spec, exc) from exc
     name = created["metadata"]["name"]
@@ -179,7 +181,7 @@ async def with_worker_key(
 
 
 async def _apply(
-    obs: Observation, objs: list[Obj], desired: list[Obj]
+    kube: KubeClient, obs: Observation, objs: list[Obj], desired: list[Obj]
 ) -> tuple[list[Obj], Owner, list[Obj] | None]:
     """Apply `objs` (of the render `desired`) in waves; a refused child fails the pass with
     nothing half-applied. Returns what the API server answered, the owner the children were
@@ -191,17 +193,17 @@ async def _apply(
     (the status writer remembers it) dry-run first, so a model that stays refused creates and
     removes nothing again."""
     body, spec, owner, known = obs.body, obs.spec, obs.owner, obs.children
-    existing = await _refuse_foreign(body, spec, [*objs, gone_pods_configmap(owner, "")], known)
+    existing = await _refuse_foreign(kube, body, spec, [*objs, gone_pods_configmap(owner, "")], known)
     fresh = not known and not existing and not obs.refused_before
     if not fresh:
-        await _dry_run(spec, objs)
-    owner, bound, secret = await with_worker_key(spec, owner, desired)
+        await _dry_run(kube, spec, objs)
+    owner, bound, secret = await with_worker_key(kube, spec, owner, desired)
     if secret is not None:  # every child is applied, bound to the created Secret
         objs = bound
-    objs = await _fresh_replicas(spec, objs)
+    objs = await _fresh_replicas(kube, spec, objs)
     made: list[Obj] = []
     for wave in plan.apply_waves(objs):
-        results = await asyncio.gather(*(kube_apply.apply(o) for o in wave), return_exceptions=True)
+        results = await asyncio.gather(*(kube_apply.apply(kube, o) for o in wave), return_exceptions=True)
         made += [r for r in results if not isinstance(r, BaseException)]
         failed = [(o, r) for o, r in zip(wave, results, strict=True) if isinstance(r, BaseException)]
         if not failed:
@@ -215,25 +217,25 @@ async def _apply(
         # retrying will not help until the spec changes. Say so in status.
         outcome = ""
         if fresh:
-            await _undo(owner, [*made, *([secret] if secret is not None else [])])
+            await _undo(kube, owner, [*made, *([secret] if secret is not None else [])])
             outcome = "; nothing was applied (what this pass had created was deleted)"
         raise Refused(_refusal(obj, exc, outcome), reason="ApplyFailed", spec=spec) from exc
     return made, owner, bound if secret is not None else None
 
 
-async def _undo(owner: Owner, made: list[Obj]) -> None:
+async def _undo(kube: KubeClient, owner: Owner, made: list[Obj]) -> None:
     """Delete what a refused first pass created; one that cannot be deleted now stays (the model
     owns it, and the status already says the pass failed)."""
     for obj in reversed(made):
         meta = obj["metadata"]
         try:
-            await kube_apply.delete(obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
+            await kube_apply.delete(kube, obj["apiVersion"], obj["kind"], meta.get("namespace"), meta["name"])
         except KubeApiError as exc:
             where = f"{owner.namespace}/{owner.name}"
             log.warning("%s: could not delete %s %s: %s", where, *child_key(obj), exc)
 
 
-async def _fresh_replicas(spec: DisaggregatedModelSpec, objs: list[Obj]) -> list[Obj]:
+async def _fresh_replicas(kube: KubeClient, spec: DisaggregatedModelSpec, objs: list[Obj]) -> list[Obj]:
     """`objs`, an autoscaled role's Deployment carrying the count the API server holds now: the
     watch may not have brought the autoscaler's last step yet, and applying an older count would
     undo it."""
@@ -243,7 +245,7 @@ async def _fresh_replicas(spec: DisaggregatedModelSpec, objs: list[Obj]) -> list
         if obj["kind"] == "Deployment" and role in spec.autoscaled_roles:
             meta = obj["metadata"]
             try:
-                current = await kube_apply.get("apps/v1", "Deployment", meta["namespace"], meta["name"])
+                current = await kube_apply.get(kube, "apps/v1", "Deployment", meta["namespace"], meta["name"])
             except KubeApiError as exc:
                 raise RetryLater(f"reading Deployment {meta['name']}'s replicas failed: {exc}") from exc
             count = replicas.in_effect(spec.role(role), replicas.deployed(current))

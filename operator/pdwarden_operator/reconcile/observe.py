@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from pdwarden_operator import replicas, worker_key_secret
 from pdwarden_operator.cache import MANAGED_SELECTOR, controlled_by, controller_ref
 from pdwarden_operator.kube import apply as kube_apply
-from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.client import KubeApiError, KubeClient
 from pdwarden_operator.models import DisaggregatedModelSpec, parse_spec
 from pdwarden_operator.podpolicy import PodPolicy, violations
 from pdwarden_operator.reconcile.errors import (
@@ -34,6 +34,7 @@ log = logging.getLogger("pdwarden.reconcile")
 
 
 async def observe(
+    kube: KubeClient,
     body: Mapping[str, Any],
     children: Mapping[tuple[str, str], Obj],
     settled_before: Hashable | None,
@@ -46,7 +47,7 @@ async def observe(
     """The spec (Refused when it does not validate or the pod policy refuses it) and the owner
     (`verify_secret`: whether its worker key's Secret still exists, one dry-run)."""
     spec = _spec(pod_policy, body)
-    owner = await read_owner(baseline, body, spec, children, verify=verify_secret)
+    owner = await read_owner(kube, baseline, body, spec, children, verify=verify_secret)
     meta = body["metadata"]
     refused = writer.refused(meta["namespace"], meta["name"], generation(body))
     return Observation(body, spec, owner, children, settled_before, refused)
@@ -70,6 +71,7 @@ def _spec(pod_policy: PodPolicy, body: Mapping[str, Any]) -> DisaggregatedModelS
 
 
 async def read_owner(
+    kube: KubeClient,
     baseline: Baseline,
     body: Mapping[str, Any],
     spec: DisaggregatedModelSpec,
@@ -90,13 +92,13 @@ async def read_owner(
     if spec.worker_key.enabled and worker_key_secret.in_use(workloads, owner.name) is None:
         # None in the cache: a new model, or a cache not filled yet (the operator just started),
         # which must not make a second Secret and roll every pod onto it
-        workloads = await baseline.workloads(owner)
+        workloads = await baseline.workloads(kube, owner)
     key = spec.worker_key
     use = worker_key_secret.plan_use(workloads, owner.name, key.enabled, key.rotation)
     pending = worker_key_secret.pending(owner.name)
     newest = None if use is None else worker_key_secret.newest(use.secrets, owner.name)
     checked = verify and key.enabled and newest not in (None, pending)
-    if checked and newest is not None and not await _secret_exists(spec, owner, newest):
+    if checked and newest is not None and not await _secret_exists(kube, spec, owner, newest):
         # pods could not start on it: everyone moves to a new one at once
         log.warning("%s/%s: the worker key's Secret %s is gone", owner.namespace, owner.name, newest)
         use = worker_key_secret.KeyUse.final(pending)
@@ -124,20 +126,20 @@ class Baseline:
         self._by_namespace: dict[str, tuple[float, dict[str, list[Obj]]]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def workloads(self, owner: Owner) -> list[Obj]:
+    async def workloads(self, kube: KubeClient, owner: Owner) -> list[Obj]:
         now = asyncio.get_running_loop().time()
         async with self._locks.setdefault(owner.namespace, asyncio.Lock()):
             listed = self._by_namespace.get(owner.namespace)
             if listed is None or now - listed[0] > self.max_age_s:
-                listed = self._by_namespace[owner.namespace] = (now, await self._list(owner.namespace))
+                listed = self._by_namespace[owner.namespace] = (now, await self._list(kube, owner.namespace))
         return list(listed[1].get(owner.uid, []))
 
     @staticmethod
-    async def _list(namespace: str) -> dict[str, list[Obj]]:
+    async def _list(kube: KubeClient, namespace: str) -> dict[str, list[Obj]]:
         by_model: dict[str, list[Obj]] = {}
         for kind in worker_key_secret.WORKLOAD_KINDS:
             try:
-                items = await kube_apply.list_objects("apps/v1", kind, namespace, MANAGED_SELECTOR)
+                items = await kube_apply.list_objects(kube, "apps/v1", kind, namespace, MANAGED_SELECTOR)
             except KubeApiError as exc:
                 raise RetryLater(f"listing the namespace's {kind}s failed: {exc}") from exc
             for item in items:
@@ -148,13 +150,13 @@ class Baseline:
         return by_model
 
 
-async def _secret_exists(spec: DisaggregatedModelSpec, owner: Owner, name: str) -> bool:
+async def _secret_exists(kube: KubeClient, spec: DisaggregatedModelSpec, owner: Owner, name: str) -> bool:
     # With the model's labels and owner: the chart's admission policy admits the operator's
     # writes, dry runs included, only to objects it manages.
     probe = worker_key_secret_object(owner, spec, "")
     probe["metadata"] = {**{k: v for k, v in probe["metadata"].items() if k != "generateName"}, "name": name}
     try:
-        await kube_apply.create(probe, dry_run=True)
+        await kube_apply.create(kube, probe, dry_run=True)
     except KubeApiError as exc:
         if exc.status == 409:
             return True

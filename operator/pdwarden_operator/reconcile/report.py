@@ -14,7 +14,7 @@ from pdwarden_contract import LABEL_MODEL, ROLES, RUNTIME_ROLES
 from pdwarden_operator import scheduling, timestamps, worker_key_secret
 from pdwarden_operator.cache import controlled_by
 from pdwarden_operator.kube import apply as kube_apply
-from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.client import KubeApiError, KubeClient
 from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.reconcile.errors import InvalidSpec, Refused, RetryLater
 from pdwarden_operator.reconcile.executor import Executed
@@ -27,7 +27,7 @@ T = TypeVar("T")
 log = logging.getLogger("pdwarden.reconcile")
 
 
-async def report(writer: StatusWriter, obs: Observation, done: Executed) -> Obj:
+async def report(kube: KubeClient, writer: StatusWriter, obs: Observation, done: Executed) -> Obj:
     """Hand the observation of the children the pass left to the status writer (it writes when
     the status changed). When pods exist that have waited long to run, ask the scheduler's view
     why first (one pod list)."""
@@ -43,7 +43,7 @@ async def report(writer: StatusWriter, obs: Observation, done: Executed) -> Obj:
     )
     waiting = scheduling.pods_not_ready(observed.workloads.values())
     if waiting and _waiting_long(writer.preview(body, spec, observed)):
-        pods = await _pods(body)
+        pods = await _pods(kube, body)
         if pods is not None:
             observed = replace(observed, blocked={**scheduling.unschedulable(pods), **observed.blocked})
     done_status = await _guarded(writer.observed(body, spec, observed))
@@ -102,11 +102,11 @@ def _waiting_long(new: Obj) -> bool:
     return start is not None and time.time() - start >= scheduling.LOOK_AFTER_S
 
 
-async def _pods(body: Mapping[str, Any]) -> list[Obj] | None:
+async def _pods(kube: KubeClient, body: Mapping[str, Any]) -> list[Obj] | None:
     meta = body["metadata"]
     try:
         return await kube_apply.list_objects(
-            "v1", "Pod", meta["namespace"], f"{LABEL_MODEL}={meta['name']}", from_watch_cache=True
+            kube, "v1", "Pod", meta["namespace"], f"{LABEL_MODEL}={meta['name']}", from_watch_cache=True
         )
     except KubeApiError as exc:
         log.warning("%s/%s: listing pods failed: %s", meta["namespace"], meta["name"], exc)

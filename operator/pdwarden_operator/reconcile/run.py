@@ -1,7 +1,7 @@
 """One reconcile pass of a DisaggregatedModel, in a straight line (`reconcile`): observe
 (`observe.py`) -> plan (`planner.py`, pure) -> execute (`executor.py`, every API write) -> one
 status write (`report.py`). What a pass reads and writes besides the model and its children
-comes in `ReconcileParts` (the operator's context builds one)."""
+comes in `ReconcileParts` (the operator's context builds one), the API client included."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdwarden_operator import plan
+from pdwarden_operator.kube.client import KubeClient
 from pdwarden_operator.podpolicy import PodPolicy
 from pdwarden_operator.reconcile.errors import Refused
 from pdwarden_operator.reconcile.executor import Executed, execute, names
@@ -23,9 +24,10 @@ from pdwarden_operator.status_writer import StatusWriter
 
 @dataclass(frozen=True)
 class ReconcileParts:
-    """What a pass reads and writes besides the model and its children: the one status writer,
-    the namespaces' baseline of workloads and the installation's pod policy."""
+    """What a pass reads and writes besides the model and its children: the API client, the
+    one status writer, the namespaces' baseline of workloads and the installation's pod policy."""
 
+    kube: KubeClient
     writer: StatusWriter
     baseline: Baseline
     pod_policy: PodPolicy
@@ -56,7 +58,7 @@ async def reconcile(
 ) -> PassResult:
     """One straight line for every cause (create, resume, spec change, a child's event, the
     periodic resync): observe -> plan (pure) -> execute -> one status write. `parts`: the
-    writer, baseline and pod policy of the operator's context. `children`: what the watches hold
+    client, writer, baseline and pod policy of the operator's context. `children`: what the watches hold
     (ours for sure). `settled_before`: the last pass's `PassResult.settled`. `verify_secret`:
     make sure the worker key's Secret still exists (one dry-run). A refusal (the spec, or a
     child the API server refused) is written to status and raised as InvalidSpec (kopf is not
@@ -65,6 +67,7 @@ async def reconcile(
     render and compare only."""
     try:
         obs = await observe(
+            parts.kube,
             body,
             children,
             settled_before,
@@ -74,25 +77,27 @@ async def reconcile(
             verify_secret=verify_secret,
         )
         decided = plan_pass(obs)
-        done = await execute(obs, decided)
+        done = await execute(parts.kube, obs, decided)
     except Refused as refusal:
         raise await report_refusal(parts.writer, body, refusal) from (refusal.__cause__ or refusal)
-    status = await report(parts.writer, obs, done)
+    status = await report(parts.kube, parts.writer, obs, done)
     if done.applied or done.deleted:
         assert done.desired is not None
-        settled_now = await _settled_after(parts.baseline, obs, done)
+        settled_now = await _settled_after(parts.kube, parts.baseline, obs, done)
         return PassResult(status, list(done.applied), settled_now)
     matched = done.children.keys() == children.keys()  # the cluster matched the render
     return PassResult(status, list(done.applied), decided.settled if matched else None)
 
 
-async def _settled_after(baseline: Baseline, obs: Observation, done: Executed) -> Hashable | None:
+async def _settled_after(
+    kube: KubeClient, baseline: Baseline, obs: Observation, done: Executed
+) -> Hashable | None:
     """The `plan.settled_key` of the children as a pass that applied or deleted left them, when
     they cover its render and the next pass would render the same (its owner, computed from these
     children, has the same inputs); else None. The watch then brings back what the pass wrote at
     the same generations, and the controllers' status updates leave those alone: without this, each
     of them rendered and compared a new model again."""
-    after = await read_owner(baseline, obs.body, obs.spec, done.children, verify=False)
+    after = await read_owner(kube, baseline, obs.body, obs.spec, done.children, verify=False)
     inputs = render_inputs(obs.body, after)
     if inputs != render_inputs(obs.body, done.rendered_for):
         return None

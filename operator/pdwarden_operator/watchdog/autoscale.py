@@ -5,8 +5,9 @@ gives a recommendation, ignored within a tolerance; stabilisation windows (the l
 recent recommendation for a scale up, the highest for a scale down) and step limits (pods
 per period) damp it; a prefill:decode ratio band is then kept across both roles, and
 outranks the windows and the steps. Only ready, unwedged pods count: a wedged pod's queue is
-not demand. Pure; the executor (another module) reads the pods and writes the Deployment's
-scale, and keeps each role's `RoleMemory` between rounds.
+not demand. Pure, on the spec's own parts (`resource/autoscaling.py`); the executor (another
+module) reads the pods, writes the Deployment's scale, and keeps each role's `RoleMemory`
+between rounds.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from enum import StrEnum
 from typing import Final
 
 from pdwarden_contract import RUNTIME_ROLES
+from pdwarden_operator.resource.autoscaling import AutoscalingSpec, AutoscalingTarget, RatioBand
 
 TOLERANCE: Final = 0.1  # |load/target - 1| within this: no change (as HPA)
 EPSILON: Final = 1e-9  # float slack for the tolerance, the ceil/floor of counts and the band
@@ -49,35 +51,6 @@ class PodLoad:
     queue_age: float | None  # prefill: age in seconds of the oldest inflight room; None: not exported
     pages_in_use: float | None  # decode: KV pages in use; None when not exported
     transferring: float = 0.0  # rooms currently moving KV (the executor never removes such a pod)
-
-
-@dataclass(frozen=True)
-class Target:
-    inflight_per_pod: float | None = None
-    queue_age_seconds: float | None = None  # prefill only
-    kv_pages_in_use: float | None = None  # decode only (mean pages in use per pod)
-
-
-@dataclass(frozen=True)
-class Policy:
-    stabilization_seconds: float
-    max_step: int  # pods added (scale up) or removed (scale down) at most per period_seconds
-    period_seconds: float
-
-
-@dataclass(frozen=True)
-class RoleScaling:
-    min_replicas: int
-    max_replicas: int
-    target: Target
-    scale_up: Policy
-    scale_down: Policy
-
-
-@dataclass(frozen=True)
-class RatioBand:
-    min: float  # prefill replicas / decode replicas, inclusive bounds
-    max: float
 
 
 @dataclass(frozen=True)
@@ -127,7 +100,7 @@ class _Load:
 class _Role:
     """One autoscaled role while the plan is being made."""
 
-    scaling: RoleScaling
+    scaling: AutoscalingSpec
     current: int
     recommended: int
     raw: int | None
@@ -149,7 +122,9 @@ def remember(memory: RoleMemory, now: float, delta: int) -> RoleMemory:
     return replace(memory, changes=(*memory.changes, (now, delta)))
 
 
-def recommend(scaling: RoleScaling, current: int, pods: Sequence[PodLoad]) -> tuple[int | None, float | None]:
+def recommend(
+    scaling: AutoscalingSpec, current: int, pods: Sequence[PodLoad]
+) -> tuple[int | None, float | None]:
     """(unbounded recommendation, load ratio) from the pods.
 
     Only ready, unwedged pods count. For each set target (a non-positive one counts as unset)
@@ -167,14 +142,15 @@ def recommend(scaling: RoleScaling, current: int, pods: Sequence[PodLoad]) -> tu
 
 
 def plan(
-    roles: Mapping[str, RoleScaling],
+    roles: Mapping[str, AutoscalingSpec],
     current: Mapping[str, int],
     loads: Mapping[str, Sequence[PodLoad]],
     memory: Mapping[str, RoleMemory],
     ratio: RatioBand | None,
     now: float,
 ) -> ScalingPlan:
-    """Desired replicas for each role in `roles` (those pdwarden scales).
+    """Desired replicas for each role in `roles` (those pdwarden scales, each with its spec's
+    `autoscaling`).
 
     `current` holds every runtime role's replicas, fixed roles too (the band needs them);
     a role missing from `memory` starts a fresh one at `now`. See the module docstring.
@@ -211,7 +187,7 @@ def _wants_more(w: _Role, hi: int) -> bool:
 
 def _plan_role(
     role: str,
-    scaling: RoleScaling,
+    scaling: AutoscalingSpec,
     current: Mapping[str, int],
     loads: Mapping[str, Sequence[PodLoad]],
     memory: Mapping[str, RoleMemory],
@@ -264,7 +240,7 @@ def _plan_role(
     return _Role(scaling, cur, recommended, raw, load, desired, reason, f"{head}: {why}", mem)
 
 
-def _measure(target: Target, pods: Sequence[PodLoad]) -> _Load | None:
+def _measure(target: AutoscalingTarget, pods: Sequence[PodLoad]) -> _Load | None:
     counted = [p for p in pods if p.ready and not p.wedged]
     if not counted:
         return None
@@ -293,7 +269,7 @@ def _raw(current: int, load: _Load) -> int:
 
 
 def _stabilise(
-    scaling: RoleScaling, mem: RoleMemory, cur: int, recommended: int, now: float
+    scaling: AutoscalingSpec, mem: RoleMemory, cur: int, recommended: int, now: float
 ) -> tuple[int, str]:
     """The count the windows allow, and what held the change back (for the message)."""
     up_window = scaling.scale_up.stabilization_seconds
@@ -314,7 +290,9 @@ def _stabilise(
     return cur, f"the highest recommendation in the last {_num(down_window)}s scale-down window is {highest}"
 
 
-def _step(scaling: RoleScaling, mem: RoleMemory, cur: int, stabilised: int, now: float) -> tuple[int, str]:
+def _step(
+    scaling: AutoscalingSpec, mem: RoleMemory, cur: int, stabilised: int, now: float
+) -> tuple[int, str]:
     """The count the step limit allows, and the limit when it cut the change ("" when not)."""
     delta = stabilised - cur
     if delta == 0:
@@ -540,7 +518,7 @@ def _record(mem: RoleMemory, now: float, recommended: int) -> RoleMemory:
     return replace(mem, recommendations=(*mem.recommendations, (now, recommended)))
 
 
-def _prune(mem: RoleMemory, scaling: RoleScaling, now: float) -> RoleMemory:
+def _prune(mem: RoleMemory, scaling: AutoscalingSpec, now: float) -> RoleMemory:
     window = max(scaling.scale_up.stabilization_seconds, scaling.scale_down.stabilization_seconds)
     period = max(scaling.scale_up.period_seconds, scaling.scale_down.period_seconds)
     return replace(

@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Final
 
 from pdwarden_contract import OUTCOME_DEADLINE, OUTCOME_FAILED, OUTCOME_SUCCESS, PEER_OTHER, RUNTIME_ROLES
-from pdwarden_operator.watchdog.history import Observation
+from pdwarden_operator.watchdog.history import PodScrape
 from pdwarden_operator.watchdog.parse import PeerFigures
 from pdwarden_operator.watchdog.verdict import Blame, PodView, Pointer, Verdict, VerdictState
 
@@ -48,7 +48,7 @@ class Attribution:
     blames: tuple[Blame, ...]
 
 
-def _peer_run(observations: Sequence[Observation]) -> list[tuple[float, PeerFigures]]:
+def _peer_run(observations: Sequence[PodScrape]) -> list[tuple[float, PeerFigures]]:
     """The latest consecutive samples that carry per-peer figures; oldest first."""
     run: list[tuple[float, PeerFigures]] = []
     for obs in reversed(observations):
@@ -133,7 +133,7 @@ def _pointers_of(
 def attribute(
     *,
     pods: Sequence[PodView],
-    observations: Mapping[str, Sequence[Observation]],
+    observations: Mapping[str, Sequence[PodScrape]],
     verdicts: Mapping[str, Verdict],
     stuck_after: float,
 ) -> Attribution:

@@ -14,9 +14,10 @@ import logging
 from dataclasses import dataclass, field
 
 from pdwarden_operator.cache import ChildStore
+from pdwarden_operator.kube.client import KubeClient
 from pdwarden_operator.leader import Leadership
 from pdwarden_operator.metrics import OperatorMetrics
-from pdwarden_operator.status_writer import StatusWriter
+from pdwarden_operator.status_writer import StatusWriter, patching_through
 from pdwarden_operator.watchdog.brake import (
     DEFAULT_FLEET,
     DEFAULT_NAMESPACE,
@@ -72,12 +73,14 @@ class WatchdogContext:
     """The process-wide parts: the brakes every model reports to, the one pod watch's cache,
     the autoscaled roles' loads (read by the external metrics API), the scrape budget shared
     by every model's scrapes, the operator's metrics, the registry of running watchdogs, and
-    what the watchdogs share with the reconciler: the status writer, the child store (the
-    autoscaler reads the Deployments' counts from it) and leadership (asked before acting)."""
+    what the watchdogs share with the reconciler: the API client, the status writer, the child
+    store (the autoscaler reads the Deployments' counts from it) and leadership (asked before
+    acting)."""
 
     metrics: OperatorMetrics
     brakes: Brakes
-    writer: StatusWriter = field(default_factory=StatusWriter)
+    kube: KubeClient
+    writer: StatusWriter
     children: ChildStore = field(default_factory=ChildStore)
     leadership: Leadership = field(default_factory=Leadership)
     pods: PodCache = field(default_factory=PodCache)
@@ -92,16 +95,19 @@ class WatchdogContext:
         fleet: FleetLimits = DEFAULT_FLEET,
         namespace: BrakeLimits = DEFAULT_NAMESPACE,
         *,
+        kube: KubeClient,
         writer: StatusWriter | None = None,
         children: ChildStore | None = None,
     ) -> WatchdogContext:
-        """A context with the brakes' limits (ValueError when they do not fit together);
-        what is not given is its own (a model watched alone, as in a test)."""
+        """A context with the brakes' limits (ValueError when they do not fit together), its
+        requests sent with `kube`; what is not given is its own (a model watched alone, as in
+        a test)."""
         metrics = metrics if metrics is not None else OperatorMetrics()
         return cls(
             metrics=metrics,
             brakes=Brakes(fleet, namespace, metrics=metrics),
-            writer=writer if writer is not None else StatusWriter(),
+            kube=kube,
+            writer=writer if writer is not None else StatusWriter(patching_through(kube)),
             children=children if children is not None else ChildStore(),
         )
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pdwarden_operator.watchdog.history import Observation
+from pdwarden_operator.watchdog.history import PodScrape
 from pdwarden_operator.watchdog.parse import PodSample
 
 
-def healthy_requests_done(observations: Sequence[Observation], since: float) -> bool:
+def healthy_requests_done(observations: Sequence[PodScrape], since: float) -> bool:
     """`observations` oldest first, `since` on the same (monotonic) clock as their `at`."""
     run: list[PodSample] = []
     for obs in reversed(observations):

@@ -16,7 +16,7 @@ from typing import Literal
 
 import pdwarden_contract as contract
 from pdwarden_operator.kube import events, pods
-from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.client import KubeApiError, KubeClient
 from pdwarden_operator.kube.model_status import DM_API_VERSION
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.timestamps import to_rfc3339
@@ -52,11 +52,13 @@ class Executor:
     def __init__(
         self,
         model: ModelIdentity,
+        kube: KubeClient,
         metrics: OperatorMetrics,
         may_act: Callable[[], Awaitable[bool]],
     ) -> None:
         """`may_act`: whether this replica still leads (`leader.Leadership.still_leading`)."""
         self.model = model
+        self.kube = kube
         self.metrics = metrics
         self.may_act = may_act
 
@@ -88,10 +90,12 @@ class Executor:
         if unit.kind == "group":
             return await self._restart_group(action, unit.ranks)
         if action.kind == "quarantine":
-            return await pods.quarantine_pod(ns, unit.name, unit.uid, self._owner(), to_rfc3339(time.time()))
+            return await pods.quarantine_pod(
+                self.kube, ns, unit.name, unit.uid, self._owner(), to_rfc3339(time.time())
+            )
         if action.kind == "evict":
-            return await pods.evict_pod(ns, unit.name, unit.uid)
-        return await pods.delete_pod(ns, unit.name, unit.uid)  # restart, finish-drain
+            return await pods.evict_pod(self.kube, ns, unit.name, unit.uid)
+        return await pods.delete_pod(self.kube, ns, unit.name, unit.uid)  # restart, finish-drain
 
     async def _perform(self, action: Action) -> ActionResult:
         ns = self.model.namespace
@@ -119,9 +123,9 @@ class Executor:
         first = "gone"
         for i, (name, uid) in enumerate(ranks):
             if action.kind == "evict" and i == 0:
-                done = await pods.evict_pod(ns, name, uid)
+                done = await pods.evict_pod(self.kube, ns, name, uid)
             else:
-                done = await pods.delete_pod(ns, name, uid)
+                done = await pods.delete_pod(self.kube, ns, name, uid)
             first = "done" if done == "done" else first
         return first
 
@@ -217,10 +221,13 @@ class Executor:
     ) -> None:
         ns = self.model.namespace
         await events.post_event(
+            self.kube,
             events.involved(DM_API_VERSION, contract.KIND, ns, self.model.name, self.model.uid),
             reason,
             message,
             kind,
         )
         if pod:
-            await events.post_event(events.involved("v1", "Pod", ns, pod, pod_uid), reason, message, kind)
+            await events.post_event(
+                self.kube, events.involved("v1", "Pod", ns, pod, pod_uid), reason, message, kind
+            )

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pdwarden_operator.kube import configmaps as kube_configmaps
+from pdwarden_operator.kube.client import KubeClient
 from pdwarden_operator.render.gone_pods import gone_pods_configmap, gone_pods_name
 from pdwarden_operator.render.meta import Owner
 from pdwarden_operator.watchdog.executor import ModelIdentity
@@ -24,8 +25,9 @@ log = logging.getLogger("pdwarden.watchdog")
 
 
 class GoneList:
-    def __init__(self, model: ModelIdentity) -> None:
+    def __init__(self, model: ModelIdentity, kube: KubeClient) -> None:
         self.model = model
+        self.kube = kube
         self.gone: GonePods | None = None  # read back from its ConfigMap on the first round
         self._unwritten = False
         self._foreign = False  # a ConfigMap of the list's name is not the model's
@@ -44,7 +46,9 @@ class GoneList:
                 self.gone = GonePods(from_json(document))
             listed = [s for obj in pod_objs if (s := seen(obj)) is not None]
             confirmed = [
-                p.uid for p in self.gone.missing(listed) if await kube_configmaps.pod_gone(ns, p.name, p.uid)
+                p.uid
+                for p in self.gone.missing(listed)
+                if await kube_configmaps.pod_gone(self.kube, ns, p.name, p.uid)
             ]
             self._unwritten |= self.gone.observe(listed, confirmed, time.time())
         except Exception as exc:  # never the round's failure: judging and remediating go on
@@ -60,7 +64,7 @@ class GoneList:
             if not ours:  # written once the name is free (the list stays unwritten until then)
                 return
             owner = Owner(name=name, namespace=ns, uid=self.model.uid)
-            await kube_configmaps.write(gone_pods_configmap(owner, to_json(self.gone.entries())))
+            await kube_configmaps.write(self.kube, gone_pods_configmap(owner, to_json(self.gone.entries())))
             self._unwritten = False
         except Exception as exc:
             log.warning("%s/%s: publishing the gone runtime pods: %s", ns, name, exc)
@@ -70,7 +74,7 @@ class GoneList:
         one is logged when first found."""
         ns, name = self.model.namespace, self.model.name
         cm_name = gone_pods_name(name)
-        ours, document = published(await kube_configmaps.read(ns, cm_name), self.model.uid)
+        ours, document = published(await kube_configmaps.read(self.kube, ns, cm_name), self.model.uid)
         if not ours and not self._foreign:
             log.warning(
                 "%s/%s: ConfigMap %s exists and is not this model's: its gone pods are neither read "

@@ -1,4 +1,4 @@
-"""A short, bounded, per-pod history of scrape observations (in memory; rebuilt after a restart)."""
+"""A short, bounded, per-pod history of scrapes (in memory; rebuilt after a restart)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pdwarden_operator.watchdog.parse import PodSample
 
 
 @dataclass(frozen=True, slots=True)
-class Observation:
+class PodScrape:
     """One scrape of one pod at monotonic time `at`: a sample, or the error that prevented one."""
 
     at: float
@@ -19,22 +19,22 @@ class Observation:
 
 
 class PodHistory:
-    """Observations of one pod, oldest first, trimmed to what the wedge rule can use."""
+    """Scrapes of one pod, oldest first, trimmed to what the wedge rule can use."""
 
     def __init__(self, keep_seconds: float, keep_min: int = 3, keep_max: int = 512) -> None:
         self.keep_seconds = keep_seconds
         self.keep_min = keep_min
-        self._items: deque[Observation] = deque(maxlen=keep_max)
+        self._items: deque[PodScrape] = deque(maxlen=keep_max)
 
-    def add(self, observation: Observation) -> None:
-        if self._items and observation.at < self._items[-1].at:
+    def add(self, scrape: PodScrape) -> None:
+        if self._items and scrape.at < self._items[-1].at:
             self._items.clear()  # the clock went backwards: start over rather than mis-measure
-        self._items.append(observation)
-        horizon = observation.at - self.keep_seconds
+        self._items.append(scrape)
+        horizon = scrape.at - self.keep_seconds
         while len(self._items) > self.keep_min and self._items[0].at < horizon:
             self._items.popleft()
 
-    def observations(self) -> tuple[Observation, ...]:
+    def observations(self) -> tuple[PodScrape, ...]:
         return tuple(self._items)
 
     def __len__(self) -> int:
@@ -53,11 +53,11 @@ class Histories:
         for history in self._by_pod.values():
             history.keep_seconds = keep_seconds
 
-    def add(self, pod_uid: str, observation: Observation) -> PodHistory:
+    def add(self, pod_uid: str, scrape: PodScrape) -> PodHistory:
         history = self._by_pod.get(pod_uid)
         if history is None:
             history = self._by_pod[pod_uid] = PodHistory(self.keep_seconds)
-        history.add(observation)
+        history.add(scrape)
         return history
 
     def get(self, pod_uid: str) -> PodHistory | None:

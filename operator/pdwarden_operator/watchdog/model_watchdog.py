@@ -93,23 +93,29 @@ class ModelWatchdog:
         uid: str,
         metrics: OperatorMetrics | None = None,
         *,
-        context: WatchdogContext | None = None,
+        context: WatchdogContext,
     ) -> None:
-        """`context`: what the operator's watchdogs share (a model watched alone, as in a test,
-        gets one of its own); `metrics` defaults to the context's."""
-        if context is None:
-            context = WatchdogContext.build(metrics)
+        """`context`: what the operator's watchdogs share (a test watching one model alone
+        builds one of its own); `metrics` defaults to the context's."""
         self.model = ModelIdentity(namespace, name, uid)
+        self.kube = context.kube
         self.metrics = metrics if metrics is not None else context.metrics
         self.brakes = context.brakes
         self.writer = context.writer
-        self.observer = Observer(self.model, context.pods, context.budget, self.metrics, context.children)
+        self.observer = Observer(
+            self.model, context.kube, context.pods, context.budget, self.metrics, context.children
+        )
         self.watchdog = WatchdogController(
-            self.model, context.brakes, self.metrics, context.leadership.still_leading
+            self.model, context.kube, context.brakes, self.metrics, context.leadership.still_leading
         )
         executor = self.watchdog.executor
         self.scaler = ModelScaler(
-            self.model, self.metrics, executor.post_model_event, executor.may_act, context.role_loads
+            self.model,
+            context.kube,
+            self.metrics,
+            executor.post_model_event,
+            executor.may_act,
+            context.role_loads,
         )
         self._autoscaling: dict[str, Any] | None = None  # the status part of the last round
         self._written: Mapping[str, Any] | None = None  # the last status patch this process wrote
@@ -156,7 +162,7 @@ class ModelWatchdog:
     async def _model_gone(self) -> bool:
         """Whether this watchdog's model is gone (a round's write found nothing)."""
         ns, name = self.model.namespace, self.model.name
-        if await kube_model_status.still_exists(ns, name, self.model.uid):
+        if await kube_model_status.still_exists(self.kube, ns, name, self.model.uid):
             return False
         log.warning("%s/%s: watchdog stopped: the model (uid %s) is gone", ns, name, self.model.uid)
         return True
@@ -258,7 +264,9 @@ class ModelWatchdog:
         here depends on it)."""
         for pod, uid, rank in group_health.unlabelled_ranks(obs.pods):
             try:
-                await kube_pods.label_pod(self.model.namespace, pod, uid, {contract.LABEL_RANK: rank})
+                await kube_pods.label_pod(
+                    self.kube, self.model.namespace, pod, uid, {contract.LABEL_RANK: rank}
+                )
             except KubeApiError as exc:
                 log.info(
                     "%s/%s: labelling %s with its rank: %s", self.model.namespace, self.model.name, pod, exc

@@ -8,6 +8,7 @@ connections, which pods the model controls (ownership.py) and its gone pods (gon
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,7 @@ from pdwarden_operator import replicas
 from pdwarden_operator.cache import ChildStore
 from pdwarden_operator.kube import apply as kube_apply
 from pdwarden_operator.kube import pods as kube_pods
+from pdwarden_operator.kube.client import KubeClient
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.render.meta import child_name
@@ -27,7 +29,7 @@ from pdwarden_operator.resource.watchdog import WatchdogSpec
 from pdwarden_operator.watchdog.budget import ScrapeBudget
 from pdwarden_operator.watchdog.executor import ModelIdentity
 from pdwarden_operator.watchdog.gone_list import GoneList
-from pdwarden_operator.watchdog.history import Histories, Observation
+from pdwarden_operator.watchdog.history import Histories, PodScrape
 from pdwarden_operator.watchdog.ownership import Owners
 from pdwarden_operator.watchdog.parse import PodSample
 from pdwarden_operator.watchdog.pod_cache import PodCache
@@ -55,7 +57,7 @@ class ModelObservation:
     pods: tuple[Obj, ...]  # the model's own runtime pods
     paired: tuple[tuple[PodView, Obj], ...]  # each runtime pod's view with its object
     scraped: tuple[str, ...]  # the pods scraped this round (uids), in order
-    histories: Mapping[str, tuple[Observation, ...]]  # per pod uid: its recent scrapes, oldest first
+    histories: Mapping[str, tuple[PodScrape, ...]]  # per pod uid: its recent scrapes, oldest first
     deployments: Mapping[str, Obj | None]  # per runtime role: its Deployment as the watch holds it
 
     @cached_property
@@ -84,6 +86,7 @@ class Observer:
     def __init__(
         self,
         model: ModelIdentity,
+        kube: KubeClient,
         pods: PodCache,
         budget: ScrapeBudget,
         metrics: OperatorMetrics,
@@ -91,6 +94,7 @@ class Observer:
     ) -> None:
         """`children`: the reconciler's child store (the Deployments' counts as the watch holds them)."""
         self.model = model
+        self.kube = kube
         self.pod_cache = pods
         self.children = children
         self.budget = budget
@@ -98,7 +102,7 @@ class Observer:
         self.histories = Histories(keep_seconds=150.0)
         self.scraper: Scraper | None = None
         self.owners = Owners(model.uid, model.namespace)
-        self.gone = GoneList(model)
+        self.gone = GoneList(model, kube)
         self._strangers: set[str] = set()  # look-alike pods already logged
 
     def seen_any(self) -> bool:
@@ -115,7 +119,8 @@ class Observer:
         settings = spec.watchdog
         scraper = await self._scraper(settings)
         self.histories.set_keep_seconds(settings.stuck_after_seconds + 3 * settings.scrape_interval_seconds)
-        listed = await self.pod_cache.pods(ns, name, kube_pods.list_namespace_runtime_pods)
+        lister = functools.partial(kube_pods.list_namespace_runtime_pods, self.kube)
+        listed = await self.pod_cache.pods(ns, name, lister)
         pod_objs = await self._own_pods(listed)
         await self.gone.observe(pod_objs)
         paired, targets = self._targets(pod_objs)
@@ -182,14 +187,14 @@ class Observer:
         """Each scrape into its pod's history; a failed one counted."""
         ns, name = self.model.namespace, self.model.name
         for res in results:
-            self.histories.add(res.key, Observation(at, res.sample, res.error))
+            self.histories.add(res.key, PodScrape(at, res.sample, res.error))
             if res.error is not None:
                 self.metrics.scrape_errors.labels(ns, name, roles[res.key]).inc()
 
     async def _own_pods(self, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The listed pods the model controls (ownership.py); look-alikes are logged once and
         never scraped, judged or touched."""
-        await self.owners.learn(listed, kube_apply.get)
+        await self.owners.learn(listed, functools.partial(kube_apply.get, self.kube))
         own = [p for p in listed if self.owners.ours(p)]
         if len(own) < len(listed):
             for pod in listed:

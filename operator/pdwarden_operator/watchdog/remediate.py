@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import pdwarden_contract as contract
+from pdwarden_operator.kube.client import KubeClient
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.watchdog import blame, group_health, ladder
 from pdwarden_operator.watchdog.brake import Brakes, BrakeState
@@ -70,6 +71,7 @@ class WatchdogController:
     def __init__(
         self,
         model: ModelIdentity,
+        kube: KubeClient,
         brakes: Brakes,
         metrics: OperatorMetrics,
         may_act: Callable[[], Awaitable[bool]],
@@ -77,7 +79,7 @@ class WatchdogController:
         self.model = model
         self.brakes = brakes
         self.metrics = metrics
-        self.executor = Executor(model, metrics, may_act)
+        self.executor = Executor(model, kube, metrics, may_act)
         self.state: WatchdogState | None = None
         self.brake = BrakeState(False, "")  # as this model last saw it (Events on changes)
         self._verdicts: Mapping[str, Verdict] = {}  # last round's, per pod (log lines on changes)

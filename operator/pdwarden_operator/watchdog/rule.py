@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pdwarden_operator.watchdog.history import Observation
+from pdwarden_operator.watchdog.history import PodScrape
 from pdwarden_operator.watchdog.parse import STUCK_STATE, PodSample
 from pdwarden_operator.watchdog.verdict import Verdict, VerdictState
 
@@ -30,7 +30,7 @@ from pdwarden_operator.watchdog.verdict import Verdict, VerdictState
 AGEING_FRACTION = 0.5
 
 
-def _trusted_run(observations: Sequence[Observation]) -> list[tuple[float, PodSample]]:
+def _trusted_run(observations: Sequence[PodScrape]) -> list[tuple[float, PodSample]]:
     """The latest consecutive successful samples, cut at a counter reset; oldest first."""
     run: list[tuple[float, PodSample]] = []
     for obs in reversed(observations):
@@ -61,7 +61,7 @@ def _dead_threads_clause(run: list[tuple[float, PodSample]], figures: dict[str, 
     )
 
 
-def judge(observations: Sequence[Observation], stuck_after: float) -> Verdict:
+def judge(observations: Sequence[PodScrape], stuck_after: float) -> Verdict:
     """Verdict for one pod from its observations (oldest first)."""
     if not observations:
         return Verdict(VerdictState.UNOBSERVED, "not scraped yet")

@@ -23,11 +23,11 @@ from typing import Any, Literal
 from pdwarden_contract import RUNTIME_ROLES
 from pdwarden_operator import replicas
 from pdwarden_operator.kube import scale as kube_scale
-from pdwarden_operator.kube.client import KubeApiError
+from pdwarden_operator.kube.client import KubeApiError, KubeClient
 from pdwarden_operator.metrics import OperatorMetrics
 from pdwarden_operator.models import DisaggregatedModelSpec
 from pdwarden_operator.render.meta import child_name
-from pdwarden_operator.resource.autoscaling import AutoscalingSpec, ScalePolicy
+from pdwarden_operator.resource.autoscaling import AutoscalingSpec, RatioBand
 from pdwarden_operator.resource.status_parts import RoleAutoscalingStatus
 from pdwarden_operator.timestamps import to_rfc3339
 from pdwarden_operator.watchdog import autoscale
@@ -53,20 +53,14 @@ class RolePod:
     annotations: Mapping[str, str]
 
 
-def scaling_of(spec: AutoscalingSpec) -> autoscale.RoleScaling:
-    """The planner's view of a role's `autoscaling`."""
-
-    def policy(p: ScalePolicy) -> autoscale.Policy:
-        return autoscale.Policy(float(p.stabilization_seconds), p.max_step, float(p.period_seconds))
-
-    t = spec.target
-    return autoscale.RoleScaling(
-        min_replicas=spec.min_replicas,
-        max_replicas=spec.max_replicas,
-        target=autoscale.Target(t.inflight_per_pod, t.queue_age_seconds, t.kv_pages_in_use),
-        scale_up=policy(spec.scale_up),
-        scale_down=policy(spec.scale_down),
-    )
+def driven_roles(spec: DisaggregatedModelSpec) -> dict[str, AutoscalingSpec]:
+    """The roles pdwarden scales itself (driver pdwarden), each with its `autoscaling`: what
+    the planner takes."""
+    return {
+        role: a
+        for role in spec.autoscaled_roles
+        if (a := spec.role(role).autoscaling) is not None and a.driver == "pdwarden"
+    }
 
 
 def pod_load(pod: RolePod) -> autoscale.PodLoad:
@@ -174,7 +168,7 @@ class ScalePlan:
 
     plan: autoscale.ScalingPlan
     aims: Mapping[str, RoleAim]
-    band: autoscale.RatioBand | None
+    band: RatioBand | None
 
 
 def plan_scaling(
@@ -186,26 +180,21 @@ def plan_scaling(
     now: float,
 ) -> ScalePlan:
     """The planner's decisions for the roles pdwarden scales, and their aims (pure)."""
-    driven = {
-        role: scaling_of(a)
-        for role in spec.autoscaled_roles
-        if (a := spec.role(role).autoscaling) is not None and a.driver == "pdwarden"
-    }
+    driven = driven_roles(spec)
     band = spec.prefill_decode_ratio
-    ratio = autoscale.RatioBand(band.min, band.max) if band else None
     plan = autoscale.plan(
         roles=driven,
         current=current,
         loads={role: loads[role] for role in driven},
         memory=memory,
-        ratio=ratio,
+        ratio=band,
         now=now,
     )
     aims = {
         role: aim(role, decision, plan.memory[role], pods.get(role, ()), now)
         for role, decision in plan.decisions.items()
     }
-    return ScalePlan(plan, aims, ratio)
+    return ScalePlan(plan, aims, band)
 
 
 class ModelScaler:
@@ -215,12 +204,14 @@ class ModelScaler:
     def __init__(
         self,
         model: ModelIdentity,
+        kube: KubeClient,
         metrics: OperatorMetrics,
         post_event: EventPoster,
         may_act: Callable[[], Awaitable[bool]],
         loads: RoleLoads,
     ) -> None:
         self.model = model
+        self.kube = kube
         self.metrics = metrics
         self.post_event = post_event
         self.may_act = may_act
@@ -239,7 +230,7 @@ class ModelScaler:
         cached = obs.deployments.get(role)
         if cached is not None and replicas.deployed(cached) is not None:
             return kube_scale.Scale.of(dict(cached))
-        return await kube_scale.read(self.model.namespace, self._deployment(role))
+        return await kube_scale.read(self.kube, self.model.namespace, self._deployment(role))
 
     def seed(self, status: Mapping[str, Any] | None) -> None:
         """Last scale times from the status this process found (for status continuity)."""
@@ -341,7 +332,7 @@ class ModelScaler:
         self,
         aims: Mapping[str, RoleAim],
         scales: dict[str, kube_scale.Scale],
-        band: autoscale.RatioBand | None,
+        band: RatioBand | None,
     ) -> dict[str, int]:
         """Write the aimed counts, one Deployment at a time in an order that keeps the band
         between the writes (autoscale.write_order); returns the last count written per role. A
@@ -358,7 +349,7 @@ class ModelScaler:
                 if role_aim.victim is not None:
                     await self._mark(role_aim.victim, role_aim.pods)
                 scales[role] = await kube_scale.write(
-                    ns, self._deployment(role), count, scales[role].resource_version
+                    self.kube, ns, self._deployment(role), count, scales[role].resource_version
                 )
             except KubeApiError as exc:
                 log.info(
@@ -390,8 +381,8 @@ class ModelScaler:
                 pod is not victim
                 and pod.annotations.get(kube_scale.POD_DELETION_COST) == kube_scale.REMOVE_FIRST_COST
             ):
-                await kube_scale.mark(ns, pod.view.name, pod.view.uid, None)
-        await kube_scale.mark(ns, victim.view.name, victim.view.uid, kube_scale.REMOVE_FIRST_COST)
+                await kube_scale.mark(self.kube, ns, pod.view.name, pod.view.uid, None)
+        await kube_scale.mark(self.kube, ns, victim.view.name, victim.view.uid, kube_scale.REMOVE_FIRST_COST)
 
     async def _report(self, role: str, decision: autoscale.RoleDecision) -> None:
         ns, name = self.model.namespace, self.model.name
