@@ -262,8 +262,7 @@ async def _operator_arm(
         if conds.get("Established") == "True":
             break
         await asyncio.sleep(0.1)
-    namespace = f"pdw-bench-reconcile-{uuid.uuid4().hex[:6]}"
-    await kube_apply.apply(client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    namespace = await _new_namespace(client, "reconcile")
     log_path = Path(tempfile.gettempdir()) / f"{namespace}-operator.log"
     op = OperatorProcess(
         kubeconfig, namespaces=(namespace,), health_port=health_port or None, log_path=log_path
@@ -401,6 +400,13 @@ async def _operator_arm(
     }
 
 
+async def _new_namespace(client: KubeClient, purpose: str) -> str:
+    """A fresh namespace of this run's, `pdw-bench-<purpose>-<suffix>` (`_delete_namespace` ends it)."""
+    namespace = f"pdw-bench-{purpose}-{uuid.uuid4().hex[:6]}"
+    await kube_apply.apply(client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    return namespace
+
+
 async def _delete_namespace(client: KubeClient, namespace: str) -> None:
     """Delete `namespace` and wait for the namespace controller to finish, so what follows is
     not measured against this teardown (thousands of objects to delete)."""
@@ -451,8 +457,7 @@ async def _floor(client: KubeClient, models: int, kubeconfig: str) -> dict[str, 
       returns: seconds from the first model's apply to the last answer. The operator cannot
       reconcile a model before it arrives, and its writes slow the arrivals as these do: this
       one is the same clock as `all_reconciled_s`."""
-    namespace = f"pdw-bench-floor-{uuid.uuid4().hex[:6]}"
-    await kube_apply.apply(client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    namespace = await _new_namespace(client, "floor")
     try:
         _say(f"floor: {models} models in {namespace}, no operator")
         bodies = [await kube_apply.apply(client, _model(f"floor-{i:04d}", namespace)) for i in range(models)]
@@ -474,8 +479,7 @@ async def _floor(client: KubeClient, models: int, kubeconfig: str) -> dict[str, 
 
 
 async def _floor_with_arrivals(client: KubeClient, models: int, kubeconfig: str) -> dict[str, Any]:
-    namespace = f"pdw-bench-arrivals-{uuid.uuid4().hex[:6]}"
-    await kube_apply.apply(client, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    namespace = await _new_namespace(client, "arrivals")
     api = KubeApi.from_kubeconfig(Path(kubeconfig))
     loop = asyncio.get_running_loop()
     arrived: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()

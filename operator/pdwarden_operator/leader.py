@@ -211,12 +211,14 @@ class Elector:
     def until_next_try(self) -> float:
         """Seconds until the leader's next renewal: `renew_period` after its last one, a failed
         try again `retry_period` after it."""
+        if self._tried_at is None:
+            return 0.0
         with self._lock:
             renewed = self._renewed_at
-        due = [self._tried_at + self.timing.retry_period] if self._tried_at is not None else []
+        due = self._tried_at + self.timing.retry_period
         if renewed is not None:
-            due.append(renewed + self.timing.renew_period)
-        return max(0.0, max(due, default=0.0) - self._clock())
+            due = max(due, renewed + self.timing.renew_period)
+        return max(0.0, due - self._clock())
 
     async def hold(self) -> None:
         """Renew (`until_next_try`); return when leadership is lost (the caller must stop acting)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -94,6 +94,20 @@ def one_pair(fleet: Fleet, pairs: tuple[list[Runtime], list[Runtime]]) -> tuple[
     return prefills[1], bare, gated
 
 
+async def _post(
+    session: aiohttp.ClientSession, router: Router, body: Mapping[str, object], since: float
+) -> Answer:
+    """One /generate through `router` and what it answered (a connection error as its name)."""
+    t = time.monotonic()
+    try:
+        async with session.post(f"{router.url}/generate", json=body) as resp:
+            status: int | str = resp.status
+            text = await resp.text()
+    except aiohttp.ClientError as err:
+        status, text = type(err).__name__, str(err)
+    return Answer(round(t - since, 2), time.monotonic() - t, status, text[:200])
+
+
 async def _traffic(router: Router, since: float) -> list[Answer]:
     """CLIENTS clients, each sending its own prompt (so smg's cache-aware policy pins some of
     them to the wedged pair) one request after the other for TRAFFIC_S."""
@@ -106,14 +120,7 @@ async def _traffic(router: Router, since: float) -> list[Answer]:
             "sampling_params": {"max_new_tokens": 4},
         }
         while time.monotonic() < end:
-            t = time.monotonic()
-            try:
-                async with session.post(f"{router.url}/generate", json=body) as resp:
-                    status: int | str = resp.status
-                    text = await resp.text()
-            except aiohttp.ClientError as err:
-                status, text = type(err).__name__, str(err)
-            answers.append(Answer(round(t - since, 2), time.monotonic() - t, status, text[:200]))
+            answers.append(await _post(session, router, body, since))
             await asyncio.sleep(0.05)
 
     timeout = aiohttp.ClientTimeout(total=120)
@@ -152,11 +159,8 @@ async def _burst_into_a_stall(router: Router, prefill: Runtime) -> list[Answer]:
     assert status == 200 and answer == {"fault": c.FAULT_STALL}, (status, answer)
     since = time.monotonic()
 
-    async def client(session: aiohttp.ClientSession, k: int) -> Answer:
-        body = {"text": f"burst {k}: " + "every breaker open " * 4, "sampling_params": {"max_new_tokens": 4}}
-        t = time.monotonic()
-        async with session.post(f"{router.url}/generate", json=body) as resp:
-            return Answer(round(t - since, 2), time.monotonic() - t, resp.status, (await resp.text())[:200])
+    def body(k: int) -> dict[str, object]:
+        return {"text": f"burst {k}: " + "every breaker open " * 4, "sampling_params": {"max_new_tokens": 4}}
 
     async def end_the_stall() -> None:
         while (await asyncio.to_thread(prefill.state))["failed"] <= failed_before:
@@ -166,7 +170,7 @@ async def _burst_into_a_stall(router: Router, prefill: Runtime) -> list[Answer]:
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
             ending = asyncio.create_task(end_the_stall())
-            answers = await asyncio.gather(*(client(session, k) for k in range(BURST)))
+            answers = await asyncio.gather(*(_post(session, router, body(k), since) for k in range(BURST)))
             await asyncio.wait_for(ending, 30)
     finally:
         http_post_json(f"{prefill.url}{c.FAULT_PATH}", {"fault": c.FAULT_NONE})
